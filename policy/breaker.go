@@ -1,0 +1,72 @@
+package policy
+
+import "time"
+
+// Breaker is a circuit breaker per scope: closed, open, half-open.
+type Breaker struct {
+	// ConsecutiveFailures trips the breaker after that many failures in a
+	// row. If zero, 5 is used. If negative, consecutive failures alone
+	// never trip it.
+	ConsecutiveFailures int
+
+	// FailureRatio, when positive, trips the breaker when the windowed
+	// failure rate reaches it, in (0, 1]. If zero, only the relative trip
+	// and ConsecutiveFailures apply.
+	FailureRatio float64
+
+	// MinimumCalls is the number of outcomes the window must hold before a
+	// rate is judged. If zero, 20 is used.
+	MinimumCalls int
+
+	// Window is how much history the failure rate is taken over. If zero,
+	// 30s is used.
+	Window time.Duration
+
+	// OpenFor is how long the breaker stays open before it lets probes
+	// through, before jitter. If zero, 5s is used.
+	OpenFor time.Duration
+
+	// Probes is the number of calls admitted at once while half-open. If
+	// zero, 3 is used.
+	Probes int
+}
+
+func (b *Breaker) validate() error {
+	switch {
+	case b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio:
+		return fieldErr("Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio)
+	case b.MinimumCalls < 0:
+		return fieldErr("Breaker.MinimumCalls", "must be >= 0, got %d", b.MinimumCalls)
+	case b.Window < 0:
+		return fieldErr("Breaker.Window", "must be >= 0, got %v", b.Window)
+	case b.OpenFor < 0:
+		return fieldErr("Breaker.OpenFor", "must be >= 0, got %v", b.OpenFor)
+	case b.Probes < 0:
+		return fieldErr("Breaker.Probes", "must be >= 0, got %d", b.Probes)
+	}
+	return nil
+}
+
+// BreakerState is the state of a circuit breaker.
+type BreakerState uint8
+
+const (
+	// BreakerClosed admits every call and counts outcomes.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen refuses every call, of every priority, with
+	// ErrCircuitOpen.
+	BreakerOpen
+	// BreakerHalfOpen admits a few probes; a probe's success closes the
+	// breaker, its failure opens it again.
+	BreakerHalfOpen
+)
+
+var breakerStateNames = [...]string{"closed", "open", "half_open"}
+
+// String returns "closed", "open" or "half_open".
+func (s BreakerState) String() string {
+	if int(s) < len(breakerStateNames) {
+		return breakerStateNames[s]
+	}
+	return "BreakerState(?)"
+}

@@ -1,0 +1,89 @@
+package policy
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/resilix/resilix/shedding"
+)
+
+// ErrRejected matches every refusal by a resilix gate:
+// errors.Is(err, ErrRejected) is true whichever gate said no. Each gate also
+// has its own sentinel below, and both are carried by one *RejectedError.
+var ErrRejected = errors.New("resilix: rejected")
+
+// The per-gate sentinels. Each is matched by errors.Is on the *RejectedError
+// that the gate returns, as is ErrRejected.
+var (
+	ErrCircuitOpen     = errors.New("resilix: circuit open")
+	ErrBulkheadFull    = errors.New("resilix: bulkhead full")
+	ErrRateLimited     = errors.New("resilix: rate limited")
+	ErrShed            = errors.New("resilix: shed")
+	ErrThrottled       = errors.New("resilix: throttled")
+	ErrBudgetExhausted = errors.New("resilix: retry budget exhausted")
+)
+
+// ErrAttemptTimeout is the cause of a wire attempt that Timeout.PerAttempt
+// cut short before response headers arrived. The error such an attempt
+// returns matches both it and context.DeadlineExceeded; the caller's own
+// deadline matches only the latter.
+var ErrAttemptTimeout = errors.New("resilix: attempt timed out")
+
+// Gate names the admission gate that refused a call.
+type Gate uint8
+
+const (
+	GateThrottler Gate = iota + 1
+	GateBreaker
+	GateLimiter
+	GateBulkhead
+	GateRateLimit
+	GateBudget
+)
+
+var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "rate_limit", "budget"}
+
+// String returns the gate's name as it appears in metrics: "breaker",
+// "rate_limit", ...
+func (g Gate) String() string {
+	if int(g) < len(gateNames) && g != 0 {
+		return gateNames[g]
+	}
+	return "Gate(" + strconv.Itoa(int(g)) + ")"
+}
+
+// RejectedError is the one error type of every refusal. It matches
+// ErrRejected and its own sentinel (Err) with errors.Is, through
+// *url.Error and any other wrapper that unwraps.
+type RejectedError struct {
+	Gate     Gate
+	Err      error // the gate's sentinel, e.g. ErrCircuitOpen
+	Key      string
+	Priority shedding.Priority
+	// RetryAfter, when positive, is the gate's estimate of how long until
+	// it would admit a call like this one.
+	RetryAfter time.Duration
+}
+
+func (e *RejectedError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Err.Error())
+	b.WriteString(" (key ")
+	b.WriteString(strconv.Quote(e.Key))
+	b.WriteString(", priority ")
+	b.WriteString(e.Priority.String())
+	if e.RetryAfter > 0 {
+		b.WriteString(", retry after ")
+		b.WriteString(e.RetryAfter.String())
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// Is reports whether target is ErrRejected.
+func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
+
+// Unwrap returns the gate's sentinel.
+func (e *RejectedError) Unwrap() error { return e.Err }

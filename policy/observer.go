@@ -1,0 +1,154 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/resilix/resilix/shedding"
+)
+
+// Observer receives what resilix does to each call, in the style of
+// net/http/httptrace.ClientTrace: a struct of optional funcs, so it can grow
+// without breaking anyone. A nil func, or a nil *Observer, costs nothing.
+//
+// The funcs are called synchronously on the goroutine that made the
+// decision, never with a lock held, and may be called concurrently: they
+// must be safe for concurrent use and should return quickly. The info
+// structs are passed by value and may be kept.
+type Observer struct {
+	// CallDone is called once per RoundTrip, just before it returns.
+	CallDone func(CallInfo)
+
+	// AttemptDone is called once per wire attempt: when its response
+	// headers or error arrive, or, for a leg resilix cancelled, at the
+	// moment of cancellation (Outcome Discarded).
+	AttemptDone func(AttemptInfo)
+
+	// Refused is called when a gate refuses an attempt.
+	Refused func(Refusal)
+
+	// RetrySkipped is called when a failed attempt is not retried for a
+	// reason other than the attempts running out.
+	RetrySkipped func(RetrySkip)
+
+	// BreakerTransition is called when a scope's breaker changes state.
+	BreakerTransition func(BreakerTransition)
+
+	// MalformedHeader is called when a priority header cannot be parsed;
+	// the call goes on at the default priority.
+	MalformedHeader func(MalformedHeader)
+}
+
+// AttemptKind says why a wire attempt was made.
+type AttemptKind uint8
+
+const (
+	AttemptFirst AttemptKind = iota + 1
+	AttemptRetry
+	AttemptHedge
+)
+
+var attemptKindNames = [...]string{"", "first", "retry", "hedge"}
+
+// String returns "first", "retry" or "hedge".
+func (k AttemptKind) String() string {
+	if int(k) < len(attemptKindNames) && k != 0 {
+		return attemptKindNames[k]
+	}
+	return "AttemptKind(?)"
+}
+
+// CallInfo describes one finished logical call.
+type CallInfo struct {
+	Key      string
+	Priority shedding.Priority
+	// Outcome is the classification of what the caller got: Success,
+	// Failure, Canceled, or Rejected when a gate refused it.
+	Outcome Outcome
+	// Duration runs from RoundTrip's start to its return (response
+	// headers or error).
+	Duration time.Duration
+	// WireAttempts is how many attempts reached the base RoundTripper.
+	WireAttempts int
+	// StatusCode is the returned response's status, or 0 with Err set.
+	StatusCode int
+	Err        error
+}
+
+// AttemptInfo describes one wire attempt.
+type AttemptInfo struct {
+	Key  string
+	Kind AttemptKind
+	// Attempt is the wire attempt's number within its call, from 1.
+	Attempt int
+	// Outcome is Success or Failure as classified, Canceled when the
+	// caller gave up, or Discarded when resilix cancelled the leg.
+	Outcome Outcome
+	// Latency runs from dispatch to the base RoundTripper (after the
+	// gates) to response headers or error.
+	Latency    time.Duration
+	StatusCode int
+	Err        error
+}
+
+// Refusal describes a gate's refusal of one attempt.
+type Refusal struct {
+	Key      string
+	Gate     Gate
+	Priority shedding.Priority
+	// HeavyTenant is true when the request's tenant was above its fair
+	// share when it was refused.
+	HeavyTenant bool
+	Err         *RejectedError
+}
+
+// SkipReason says why a failed attempt was not retried.
+type SkipReason uint8
+
+const (
+	// SkipNotReplayable: the request may not be sent twice (method,
+	// no idempotency key, not marked repeatable) or its body cannot be
+	// replayed.
+	SkipNotReplayable SkipReason = iota + 1
+	// SkipDeadline: the next attempt could not start before the caller's
+	// deadline.
+	SkipDeadline
+	// SkipBudget: the scope's budget had no token left.
+	SkipBudget
+	// SkipRetryAfter: the response asked for a longer wait than
+	// Retry.MaxRetryAfter.
+	SkipRetryAfter
+	// SkipBodyError: Request.GetBody failed.
+	SkipBodyError
+)
+
+var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error"}
+
+// String returns the reason's name as it appears in metrics.
+func (r SkipReason) String() string {
+	if int(r) < len(skipReasonNames) && r != 0 {
+		return skipReasonNames[r]
+	}
+	return "SkipReason(?)"
+}
+
+// RetrySkip describes a retry that was not sent.
+type RetrySkip struct {
+	Key      string
+	Priority shedding.Priority
+	Reason   SkipReason
+	// Attempt is the number of the failed attempt that was not retried.
+	Attempt int
+}
+
+// BreakerTransition describes a breaker's change of state.
+type BreakerTransition struct {
+	Key      string
+	From, To BreakerState
+}
+
+// MalformedHeader describes a request header resilix could not parse.
+type MalformedHeader struct {
+	Key    string
+	Header string
+	Value  string
+}

@@ -1,0 +1,75 @@
+package policy
+
+import (
+	"net/http"
+	"strconv"
+)
+
+// Outcome is what one wire attempt, or one call, says about the health of
+// the dependency.
+type Outcome uint8
+
+const (
+	// Success: the dependency answered as a healthy dependency does. A 404
+	// is a success: the dependency is fine, the caller asked for something
+	// that is not there.
+	Success Outcome = iota + 1
+	// Failure: the dependency failed, or could not be reached. Failures are
+	// what Retry retries and what the breaker counts.
+	Failure
+	// Canceled: the caller gave up (its context was cancelled or its
+	// deadline passed). Not evidence about the dependency: never retried,
+	// never counted as a failure.
+	Canceled
+	// Discarded: resilix cancelled the attempt itself, as the loser of a
+	// hedge race. Not evidence either: a discarded attempt records nothing
+	// with the breaker and deposits nothing in the budget.
+	Discarded
+	// Rejected: a gate refused the call before it reached the wire. Used
+	// only for calls, never returned by Classify.
+	Rejected
+)
+
+var outcomeNames = [...]string{"", "success", "failure", "canceled", "discarded", "rejected"}
+
+// String returns the outcome's name as it appears in metrics.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && o != 0 {
+		return outcomeNames[o]
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Evidence reports whether the outcome says anything about the dependency:
+// true for Success and Failure only.
+func (o Outcome) Evidence() bool { return o == Success || o == Failure }
+
+// A Classify func decides what one wire attempt says about the dependency.
+// It is called with the response or the error of the base RoundTripper,
+// exactly one of them non-nil, and must return Success or Failure; it must
+// not read or close the body. Cancellation by the caller or by resilix is
+// recognised before Classify is asked, so it never sees those.
+type Classify func(resp *http.Response, err error) Outcome
+
+// DefaultClassify is the Classify used when Set.Classify is nil:
+//
+//   - any transport error (refused or reset connection, per-attempt timeout,
+//     malformed response) is a Failure;
+//   - 5xx statuses except 501 Not Implemented are failures, and so are
+//     429 Too Many Requests and 408 Request Timeout;
+//   - every other status is a Success: other 4xx are the caller's problem
+//     and say nothing bad about the dependency's health.
+//
+// Wrap it to change one case and keep the rest.
+func DefaultClassify(resp *http.Response, err error) Outcome {
+	if err != nil || resp == nil {
+		return Failure
+	}
+	switch c := resp.StatusCode; {
+	case c == http.StatusTooManyRequests, c == http.StatusRequestTimeout:
+		return Failure
+	case c >= 500 && c != http.StatusNotImplemented:
+		return Failure
+	}
+	return Success
+}

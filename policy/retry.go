@@ -1,0 +1,75 @@
+package policy
+
+import "time"
+
+// Retry re-sends a call whose attempt failed (see Classify), up to
+// Set.Attempts wire calls in all.
+//
+// It re-sends only what is safe to send twice: a request whose method is
+// GET, HEAD, OPTIONS, TRACE, PUT or DELETE, or that carries an
+// Idempotency-Key or X-Idempotency-Key header (net/http's own convention),
+// or whose context was marked with transport.MarkRepeatable; and only when
+// its body can be replayed, through Request.GetBody, or there is none. It
+// never reads the caller's body itself.
+//
+// Between attempts it sleeps an exponential backoff with full jitter (a
+// uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ))), or longer if the
+// response asked for it with Retry-After. It never sleeps past the caller's
+// deadline: when the next attempt could not start before it, the last
+// response or error is returned at once. Each retry withdraws one token
+// from the scope's Budget; when none is left the last response is returned.
+// A response a retry supersedes is drained (at most 4 KiB, so its
+// connection can be reused) and closed.
+//
+// When attempts run out on a response, that response is returned with a nil
+// error, so the caller sees the 503 and its body; when they run out on an
+// error, the last error is returned.
+type Retry struct {
+	// BaseDelay is the backoff before the first retry, before jitter. If
+	// zero, 50ms is used.
+	BaseDelay time.Duration
+
+	// MaxDelay caps the backoff before jitter. If zero, 5s is used.
+	MaxDelay time.Duration
+
+	// MaxRetryAfter is the longest Retry-After (delta-seconds or HTTP-date)
+	// that is honoured. A response asking for a longer wait is returned to
+	// the caller at once rather than retried early against the server's
+	// wish or held for longer than the caller is likely to wait (Envoy's
+	// rate-limited retry back-off makes the same choice). If zero, 10s is
+	// used. If negative, Retry-After is ignored and only the backoff
+	// applies.
+	MaxRetryAfter time.Duration
+}
+
+func (r *Retry) validate() error {
+	switch {
+	case r.BaseDelay < 0:
+		return fieldErr("Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay)
+	case r.MaxDelay < 0:
+		return fieldErr("Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay)
+	case r.MaxDelay > 0 && r.MaxDelay < or(r.BaseDelay, 50*time.Millisecond):
+		return fieldErr("Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, or(r.BaseDelay, 50*time.Millisecond))
+	}
+	return nil
+}
+
+// WithDefaults returns r with every zero field set to its default.
+func (r Retry) WithDefaults() Retry {
+	r.BaseDelay = or(r.BaseDelay, 50*time.Millisecond)
+	r.MaxDelay = or(r.MaxDelay, 5*time.Second)
+	r.MaxRetryAfter = or(r.MaxRetryAfter, 10*time.Second)
+	return r
+}
+
+// Backoff returns the sleep before retry number n (1 for the first retry)
+// with full jitter, given a uniform draw u in [0, 1). The caller supplies u
+// so the function is pure; r must have its defaults applied.
+func (r *Retry) Backoff(n int, u float64) time.Duration {
+	ceil := r.BaseDelay
+	for i := 1; i < n && ceil < r.MaxDelay; i++ {
+		ceil *= 2
+	}
+	ceil = min(ceil, r.MaxDelay)
+	return time.Duration(u * float64(ceil))
+}

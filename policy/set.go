@@ -1,0 +1,108 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Set is the configuration of one chain: which policies run and how. The
+// chain's order is fixed,
+//
+//	Retry → Hedge → Throttler → Breaker → Limiter → Bulkhead → RateLimit → Timeout → base
+//
+// and a nil policy is off. A non-nil zero-valued policy is on with the
+// defaults its fields document, which are the recommended production
+// settings. Configs are values: transport.New copies what it needs, so
+// changing a Set after New has no effect.
+type Set struct {
+	// Attempts is the number of wire calls one logical call may make,
+	// retries and hedges together, the first included. One number bounds
+	// the load a call can add.
+	//
+	// If zero, it is 3 when Retry or Hedge is set and 1 otherwise. It must
+	// not be negative, and a value above 1 needs Retry or Hedge.
+	Attempts int
+
+	// Classify decides whether an attempt succeeded or failed as far as the
+	// dependency's health goes; failures are what Retry retries and what
+	// the Breaker counts. If nil, DefaultClassify is used.
+	Classify Classify
+
+	// Budget bounds retries and hedges together, as a fraction of the
+	// calls made. The zero value is the default budget; see Budget. It
+	// only applies when Retry or Hedge is set.
+	Budget Budget
+
+	Retry     *Retry
+	Hedge     *Hedge
+	Throttler *Throttler
+	Breaker   *Breaker
+	Limiter   *Limiter
+	Bulkhead  *Bulkhead
+	RateLimit *RateLimit
+	Timeout   *Timeout
+}
+
+// Amplifies reports whether the set may send more than one wire call per
+// logical call.
+func (s *Set) Amplifies() bool { return s.Retry != nil || s.Hedge != nil }
+
+// MaxAttempts returns Attempts with its default applied.
+func (s *Set) MaxAttempts() int {
+	switch {
+	case s.Attempts > 0:
+		return s.Attempts
+	case s.Amplifies():
+		return 3
+	}
+	return 1
+}
+
+// Validate reports the first invalid field of the set, naming it, as in
+// "policy: RateLimit.PerSecond must be > 0". transport.New calls it; a Set
+// that passes it never makes the transport panic.
+func (s *Set) Validate() error {
+	if s.Attempts < 0 {
+		return fieldErr("Attempts", "must be >= 0, got %d", s.Attempts)
+	}
+	if s.Attempts > 1 && !s.Amplifies() {
+		return fieldErr("Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts)
+	}
+	return errors.Join(
+		s.Budget.validate(),
+		validateIf(s.Retry),
+		validateIf(s.Hedge),
+		validateIf(s.Throttler),
+		validateIf(s.Breaker),
+		validateIf(s.Limiter),
+		validateIf(s.Bulkhead),
+		validateIf(s.RateLimit),
+		validateIf(s.Timeout),
+	)
+}
+
+type validator interface{ validate() error }
+
+// validateIf validates p unless it is a nil pointer.
+func validateIf[T any, P interface {
+	*T
+	validator
+}](p P) error {
+	if p == nil {
+		return nil
+	}
+	return p.validate()
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("policy: %s "+format, append([]any{field}, args...)...)
+}
+
+// or returns v, or def when v is zero.
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
