@@ -1,0 +1,81 @@
+// Package httpx holds the HTTP mechanics the transport shares: Retry-After
+// parsing, draining superseded responses, and the replayability rules.
+package httpx
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseRetryAfter returns the wait a Retry-After header value asks for, as
+// delta-seconds or an HTTP-date relative to now (RFC 9110 §10.2.3), and
+// whether the value was valid. A date in the past is a wait of zero. An
+// empty or malformed value is not valid; it never panics.
+func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			// All digits but too large: an absurd wait, capped.
+			if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
+				return maxWait, true
+			}
+			return 0, false
+		}
+		if secs > uint64(maxWait/time.Second) {
+			return maxWait, true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return min(max(t.Sub(now), 0), maxWait), true
+}
+
+// maxWait bounds parsed waits so that arithmetic on them cannot overflow.
+const maxWait = 100 * 365 * 24 * time.Hour
+
+// DrainLimit is the most of a superseded response body Discard reads
+// before closing it.
+const DrainLimit = 4 << 10
+
+// Discard drains up to DrainLimit bytes of resp's body, so that a small
+// body's connection can be reused, and closes it. A nil resp is ignored.
+func Discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, DrainLimit)
+	_ = resp.Body.Close()
+}
+
+// Replayable reports whether req may be sent more than once: its method is
+// idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or it carries an
+// Idempotency-Key or X-Idempotency-Key header, which is net/http's own
+// rule, or marked is true; and its body can be re-created, through GetBody,
+// or it has none.
+func Replayable(req *http.Request, marked bool) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false
+	}
+	if marked {
+		return true
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	if _, ok := req.Header["Idempotency-Key"]; ok {
+		return true
+	}
+	_, ok := req.Header["X-Idempotency-Key"]
+	return ok
+}

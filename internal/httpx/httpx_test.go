@@ -1,0 +1,122 @@
+package httpx
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestParseRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"0", 0, true},
+		{"7", 7 * time.Second, true},
+		{" 120 ", 120 * time.Second, true},
+		{"99999999999999999999999", maxWait, true},
+		{"1e3", 0, false},
+		{"-5", 0, false},
+		{"", 0, false},
+		{"soon", 0, false},
+		{"3.5", 0, false},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{"Sunday, 29-Nov-26 12:00:30 GMT", 30 * time.Second, true}, // RFC 850
+		{"Sun Nov 29 12:01:00 2026", time.Minute, true},            // asctime
+		{"Sun, 29 Nov 2026 25:00:00 GMT", 0, false},
+	} {
+		got, ok := ParseRetryAfter(tc.in, now)
+		if got != tc.want || ok != tc.wantOK {
+			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.wantOK)
+		}
+	}
+}
+
+func FuzzParseRetryAfter(f *testing.F) {
+	for _, s := range []string{"0", "120", "Sun, 29 Nov 2026 12:01:00 GMT", "", " 5", "99999999999999999999", "-1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, ok := ParseRetryAfter(s, now)
+		if d < 0 || d > maxWait {
+			t.Fatalf("ParseRetryAfter(%q) = %v out of [0, %v]", s, d, maxWait)
+		}
+		if !ok && d != 0 {
+			t.Fatalf("ParseRetryAfter(%q) = %v with ok=false", s, d)
+		}
+	})
+}
+
+func TestReplayable(t *testing.T) {
+	body := func() io.ReadCloser { return io.NopCloser(strings.NewReader("x")) }
+	for _, tc := range []struct {
+		name   string
+		method string
+		header string
+		body   bool
+		get    bool
+		marked bool
+		want   bool
+	}{
+		{"GET", "GET", "", false, false, false, true},
+		{"empty method is GET", "", "", false, false, false, true},
+		{"HEAD", "HEAD", "", false, false, false, true},
+		{"PUT with GetBody", "PUT", "", true, true, false, true},
+		{"PUT body without GetBody", "PUT", "", true, false, false, false},
+		{"DELETE", "DELETE", "", false, false, false, true},
+		{"plain POST", "POST", "", true, true, false, false},
+		{"PATCH", "PATCH", "", false, false, false, false},
+		{"POST with Idempotency-Key", "POST", "Idempotency-Key", true, true, false, true},
+		{"POST with X-Idempotency-Key", "POST", "X-Idempotency-Key", true, true, false, true},
+		{"marked POST", "POST", "", true, true, true, true},
+		{"marked POST, body not replayable", "POST", "", true, false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &http.Request{Method: tc.method, Header: http.Header{}}
+			if tc.header != "" {
+				r.Header[tc.header] = nil // presence is what counts, as in net/http
+			}
+			if tc.body {
+				r.Body = body()
+			}
+			if tc.get {
+				r.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+			}
+			if got := Replayable(r, tc.marked); got != tc.want {
+				t.Errorf("Replayable = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+type countingBody struct {
+	r      io.Reader
+	read   int64
+	closed bool
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.read += int64(n)
+	return n, err
+}
+func (b *countingBody) Close() error { b.closed = true; return nil }
+
+func TestDiscardIsBounded(t *testing.T) {
+	b := &countingBody{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+	Discard(&http.Response{Body: b})
+	if b.read > DrainLimit || !b.closed {
+		t.Fatalf("read %d bytes (limit %d), closed=%v", b.read, DrainLimit, b.closed)
+	}
+	Discard(nil) // no panic
+}

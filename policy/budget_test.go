@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestBudgetSteps(t *testing.T) {
+	// Ratio 0.5, floor 1/s, max 2: starts full.
+	b := NewBudgetBucket(Budget{Ratio: 0.5, MinPerSecond: 1, Max: 2}, t0)
+	type step struct {
+		at      time.Duration
+		op      string // "deposit", "withdraw"
+		want    bool   // for withdraw
+		balance float64
+	}
+	steps := []step{
+		{0, "withdraw", true, 1},
+		{0, "withdraw", true, 0},
+		{0, "withdraw", false, 0},
+		{0, "deposit", false, 0.5},
+		{0, "withdraw", false, 0.5},
+		{0, "deposit", false, 1},
+		{0, "withdraw", true, 0},
+		{500 * time.Millisecond, "withdraw", false, 0.5}, // the floor accrues 0.5 in 500ms
+		{time.Second, "withdraw", true, 0},
+		{time.Hour, "deposit", false, 2}, // capped at Max
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		switch s.op {
+		case "deposit":
+			b.Deposit(now)
+		case "withdraw":
+			if got := b.Withdraw(now); got != s.want {
+				t.Fatalf("step %d: Withdraw = %v, want %v", i, got, s.want)
+			}
+		}
+		if got := b.Balance(now); math.Abs(got-s.balance) > 1e-9 {
+			t.Fatalf("step %d: balance %v, want %v", i, got, s.balance)
+		}
+	}
+}
+
+func TestBudgetBoundsAmplification(t *testing.T) {
+	// With no floor, 1000 calls at Ratio 0.1 allow at most Max + 100 retries.
+	b := NewBudgetBucket(Budget{Ratio: 0.1, MinPerSecond: -1}, t0)
+	retries := 0
+	for range 1000 {
+		b.Deposit(t0)
+		for b.Withdraw(t0) {
+			retries++
+		}
+	}
+	if retries > 110 || retries < 100 {
+		t.Fatalf("retries = %d, want within [100, 110]", retries)
+	}
+}
+
+func TestBudgetDefaultsAndOff(t *testing.T) {
+	b := NewBudgetBucket(Budget{}, t0)
+	if got := b.Balance(t0); got != 10 {
+		t.Fatalf("default starting balance = %v, want 10", got)
+	}
+	var off *BudgetBucket = NewBudgetBucket(Budget{Ratio: -1}, t0)
+	if off != nil {
+		t.Fatal("negative Ratio should turn the budget off")
+	}
+	off.Deposit(t0)
+	if !off.Withdraw(t0) || !math.IsInf(off.Balance(t0), 1) {
+		t.Fatal("a nil budget must always allow")
+	}
+}
+
+func TestBudgetAllocs(t *testing.T) {
+	b := NewBudgetBucket(Budget{}, t0)
+	if n := testing.AllocsPerRun(100, func() { b.Deposit(t0); b.Withdraw(t0) }); n != 0 {
+		t.Fatalf("Deposit+Withdraw allocate %v times", n)
+	}
+}

@@ -1,0 +1,180 @@
+package transport
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// chain is a validated policy.Set with its defaults applied: what every
+// scope of a key shares, read-only.
+type chain struct {
+	attempts int
+	classify policy.Classify
+	retry    *policy.Retry // nil: off
+	timeout  time.Duration // 0: off
+	budget   policy.Budget // used when amplifying
+	// plain is true when no policy is on: RoundTrip goes straight to base.
+	plain bool
+}
+
+// errNotYet reports a policy that this version declares but does not run
+// yet. Refusing it is honest: accepting it would silently do nothing.
+func errNotYet(field string) error {
+	return errors.New("policy: " + field + " is not supported by this version of resilix yet")
+}
+
+func compile(s policy.Set) (*chain, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, p := range []struct {
+		field string
+		set   bool
+	}{
+		{"Hedge", s.Hedge != nil},
+		{"Throttler", s.Throttler != nil},
+		{"Breaker", s.Breaker != nil},
+		{"Limiter", s.Limiter != nil},
+		{"Bulkhead", s.Bulkhead != nil},
+		{"RateLimit", s.RateLimit != nil},
+	} {
+		if p.set {
+			errs = append(errs, errNotYet(p.field))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	c := &chain{
+		attempts: s.MaxAttempts(),
+		classify: s.Classify,
+		budget:   s.Budget,
+	}
+	if c.classify == nil {
+		c.classify = policy.DefaultClassify
+	}
+	if s.Retry != nil {
+		r := s.Retry.WithDefaults()
+		c.retry = &r
+	}
+	if s.Timeout != nil {
+		c.timeout = s.Timeout.WithDefaults().PerAttempt
+	}
+	c.plain = c.retry == nil && c.timeout == 0
+	return c, nil
+}
+
+// scope is the state of one key: everything its calls share.
+type scope struct {
+	key    string
+	chain  *chain
+	budget *policy.BudgetBucket // nil: unlimited or not amplifying
+
+	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
+	malformed atomic.Uint64
+}
+
+func (t *Transport) newScope(key string, now time.Time) *scope {
+	c := t.def
+	if pk, ok := t.perKey[key]; ok {
+		c = pk
+	}
+	s := &scope{key: key, chain: c}
+	if c.retry != nil {
+		s.budget = policy.NewBudgetBucket(c.budget, now)
+	}
+	s.lastUsed.Store(now.UnixNano())
+	return s
+}
+
+func (s *scope) measured(now time.Time) Measured {
+	m := Measured{
+		Known:            true,
+		MalformedHeaders: s.malformed.Load(),
+	}
+	if s.budget != nil {
+		m.Budgeted = true
+		m.BudgetBalance = s.budget.Balance(now)
+	}
+	return m
+}
+
+// registry maps keys to scopes, bounded by max. Lookups take a read lock;
+// only a new key takes the write lock. No goroutine or timer runs for it.
+type registry struct {
+	mu     sync.RWMutex
+	m      map[string]*scope
+	max    int
+	create func(key string, now time.Time) *scope
+}
+
+func (r *registry) init(max int, create func(string, time.Time) *scope) {
+	r.m = make(map[string]*scope)
+	r.max = max
+	r.create = create
+}
+
+// lookup returns key's scope, or nil.
+func (r *registry) lookup(key string) *scope {
+	r.mu.RLock()
+	s := r.m[key]
+	r.mu.RUnlock()
+	return s
+}
+
+// get returns key's scope, creating it if needed: one map lookup when it
+// exists.
+func (r *registry) get(key string, now time.Time) *scope {
+	if s := r.lookup(key); s != nil {
+		s.lastUsed.Store(now.UnixNano())
+		return s
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.m[key]; s != nil {
+		return s
+	}
+	if len(r.m) >= r.max {
+		r.evictLocked()
+	}
+	s := r.create(key, now)
+	r.m[key] = s
+	return s
+}
+
+// evictSample is how many scopes eviction compares. Go's map iteration
+// starts at a random position, so these are a cheap random sample, and the
+// least recently used of them approximates the least recently used overall
+// (Redis evicts the same way).
+const evictSample = 8
+
+// evictLocked forgets the least recently used scope of a sample. Calls in
+// flight on it finish normally against state nobody else will see.
+func (r *registry) evictLocked() {
+	var (
+		victim string
+		oldest int64
+		n      int
+	)
+	for k, s := range r.m {
+		if lu := s.lastUsed.Load(); n == 0 || lu < oldest {
+			victim, oldest = k, lu
+		}
+		if n++; n == evictSample {
+			break
+		}
+	}
+	delete(r.m, victim)
+}
+
+// len returns the number of scopes held.
+func (r *registry) len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.m)
+}

@@ -1,0 +1,214 @@
+// Package transport is resilix's http.RoundTripper: set it as an
+// http.Client's Transport and every request runs through one fixed chain of
+// policies, with state kept per upstream (per key):
+//
+//	retry → hedge → throttler → breaker → limiter → bulkhead → rateLimit → timeout → base
+//
+// New validates the whole configuration once; RoundTrip then never panics
+// on anything a caller or a server sends.
+package transport
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// Config configures a Transport. The zero Config is valid: it forwards to a
+// pooled cleanhttp transport with no policy on, and is then a plain
+// RoundTripper with per-host bookkeeping.
+type Config struct {
+	// Base sends the wire attempts. If nil,
+	// cleanhttp.DefaultPooledTransport() is used.
+	Base http.RoundTripper
+
+	// Policies is the chain applied to every key without an entry in
+	// PerKey.
+	Policies policy.Set
+
+	// PerKey replaces Policies for the keys it names (whole sets, not
+	// merged field by field). Every entry is validated by New.
+	PerKey map[string]policy.Set
+
+	// Key maps a request to the key whose state it shares: breaker,
+	// budget, latency window, limits. If nil, req.URL.Host is used, so
+	// each upstream host:port is isolated from the others.
+	Key func(*http.Request) string
+
+	// MaxKeys bounds the number of keys whose state is kept. When a new
+	// key arrives and the bound is reached, the least recently used key
+	// (approximately: the oldest of a small sample) is forgotten, so
+	// memory stays bounded whatever hosts requests name. If zero, 1024 is
+	// used.
+	MaxKeys int
+
+	// Observer receives events about calls, attempts and refusals. If
+	// nil, nothing is reported and nothing is paid.
+	Observer *policy.Observer
+
+	// PriorityHeader is the request header a priority is read from when
+	// the context carries none (shedding.WithPriority wins). If empty,
+	// "Resilix-Priority" is used. An unparsable value is tolerated: the
+	// call goes on as Critical and the header is reported to
+	// Observer.MalformedHeader and counted in Measured.
+	PriorityHeader string
+
+	// TenantHeader is the request header a tenant id is read from when the
+	// context carries none (tenant.With wins). If empty, "Resilix-Tenant"
+	// is used.
+	TenantHeader string
+}
+
+// DefaultMaxKeys is the MaxKeys used when the field is zero.
+const DefaultMaxKeys = 1024
+
+// Transport is an http.RoundTripper that applies resilix's policies to each
+// request. Build one with New; it is safe for concurrent use, and meant to
+// be shared for the life of the process like http.DefaultTransport.
+type Transport struct {
+	base           http.RoundTripper
+	key            func(*http.Request) string
+	obs            *policy.Observer
+	priorityHeader string
+	tenantHeader   string
+	def            *chain
+	perKey         map[string]*chain
+	scopes         registry
+}
+
+// New validates cfg and returns a Transport. Every invalid field is
+// reported, by name, in the returned error; New never corrects a value
+// silently.
+func New(cfg Config) (*Transport, error) {
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys)
+	}
+	ph, err := headerName("PriorityHeader", cfg.PriorityHeader, "Resilix-Priority")
+	if err != nil {
+		return nil, err
+	}
+	th, err := headerName("TenantHeader", cfg.TenantHeader, "Resilix-Tenant")
+	if err != nil {
+		return nil, err
+	}
+	def, err := compile(cfg.Policies)
+	if err != nil {
+		return nil, fmt.Errorf("transport: Policies: %w", err)
+	}
+	t := &Transport{
+		base:           cfg.Base,
+		key:            cfg.Key,
+		obs:            cfg.Observer,
+		priorityHeader: ph,
+		tenantHeader:   th,
+		def:            def,
+	}
+	if t.base == nil {
+		t.base = cleanhttp.DefaultPooledTransport()
+	}
+	if t.key == nil {
+		t.key = hostKey
+	}
+	if len(cfg.PerKey) > 0 {
+		t.perKey = make(map[string]*chain, len(cfg.PerKey))
+		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
+			c, err := compile(cfg.PerKey[k])
+			if err != nil {
+				return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
+			}
+			t.perKey[k] = c
+		}
+	}
+	max := cfg.MaxKeys
+	if max == 0 {
+		max = DefaultMaxKeys
+	}
+	t.scopes.init(max, t.newScope)
+	return t, nil
+}
+
+func hostKey(r *http.Request) string { return r.URL.Host }
+
+// headerName validates a configured header name and returns it in
+// canonical form, so that the hot path can index req.Header directly.
+func headerName(field, v, def string) (string, error) {
+	if v == "" {
+		v = def
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return "", fmt.Errorf("transport: %s %q is not a valid header name", field, v)
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(v), nil
+}
+
+// CloseIdleConnections closes the idle connections of the base
+// RoundTripper, if it has such a method; http.Client.CloseIdleConnections
+// reaches it through this.
+func (t *Transport) CloseIdleConnections() {
+	type closeIdler interface{ CloseIdleConnections() }
+	if ci, ok := t.base.(closeIdler); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// Measured is a snapshot of what a key's state has learned. Fields are zero
+// until there is evidence.
+type Measured struct {
+	// Known is false when the key has no state (never called, or
+	// forgotten under MaxKeys); every other field is then zero.
+	Known bool
+
+	// HedgeThreshold is the latency after which a call to this key would
+	// be hedged: zero until enough samples are in.
+	HedgeThreshold time.Duration
+
+	// Budgeted is true when retries and hedges draw from a budget;
+	// BudgetBalance is then the tokens left.
+	Budgeted      bool
+	BudgetBalance float64
+
+	// BreakerState is the breaker's state; BreakerClosed when there is no
+	// breaker.
+	BreakerState policy.BreakerState
+
+	// MalformedHeaders counts requests whose priority header could not
+	// be parsed.
+	MalformedHeaders uint64
+}
+
+// Measured returns a snapshot of key's state. It does not create state for
+// an unknown key.
+func (t *Transport) Measured(key string) Measured {
+	s := t.scopes.lookup(key)
+	if s == nil {
+		return Measured{}
+	}
+	return s.measured(time.Now())
+}
+
+type repeatableKey struct{}
+
+// MarkRepeatable returns a copy of ctx under which requests may be retried
+// and hedged whatever their method: the caller asserts that sending the
+// request twice is safe. The body must still be replayable (GetBody, or no
+// body); http.NewRequest sets GetBody for the usual body types.
+func MarkRepeatable(ctx context.Context) context.Context {
+	return context.WithValue(ctx, repeatableKey{}, true)
+}
+
+func markedRepeatable(ctx context.Context) bool {
+	v, _ := ctx.Value(repeatableKey{}).(bool)
+	return v
+}
