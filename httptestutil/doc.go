@@ -1,0 +1,27 @@
+// Package httptestutil provides upstreams for testing HTTP clients against
+// slow and failing dependencies.
+//
+// An [Upstream] is an [http.Handler] with a configurable latency
+// distribution ([Constant], [Uniform], [Bimodal], [LogNormal], [Mix]) and
+// configurable faults ([Fault]: error statuses with a probability,
+// Retry-After, connection resets, slow headers, slow bodies). It counts
+// arrivals per method, requests in flight and the peak in flight, and can
+// enforce a fixed capacity. The latency and the faults can be switched while
+// it serves ([Upstream.SetLatency], [Upstream.SetFaults]) to simulate a
+// brownout.
+//
+// An Upstream can be served two ways:
+//
+//   - over loopback, as any handler: httptest.NewServer(u);
+//   - in memory, through [Upstream.RoundTripper] (or [InMemory] for any
+//     handler), which calls the handler in-process without sockets. The
+//     in-memory backend works inside [testing/synctest] bubbles, where the
+//     latencies are honoured exactly in virtual time.
+//
+// On the client side, [Track] wraps any [http.RoundTripper] and counts the
+// responses it handed out and how many of their bodies were closed, which is
+// how tests find response-body leaks.
+//
+// Randomness comes from a PCG source seeded with [Options.Seed], so the same
+// seed and the same arrival order give the same latencies and faults.
+package httptestutil
