@@ -1,0 +1,34 @@
+# resilix: the two commands a newcomer needs are `make demo` and `make test`.
+GO        ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHSTAT   := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+FUZZTIME  ?= 15s
+
+.PHONY: test demo bench lint fuzz
+
+## test: gofmt check, go vet, and every test with the race detector.
+test:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+## demo: the main job against a local upstream, printed as a table.
+demo:
+	$(GO) run ./examples/retry
+
+## bench: every benchmark, with allocations; compare runs with benchstat.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee bench.txt
+	@echo "compare two runs with: $(GO) run $(BENCHSTAT) old.txt bench.txt"
+
+## lint: staticcheck, fetched through the Go module proxy.
+lint:
+	$(GO) run $(STATICCHECK) ./...
+
+## fuzz: a short run of every fuzz target, one at a time (go test -fuzz takes one).
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
