@@ -1,0 +1,136 @@
+package transport
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
+)
+
+// Integration tests over real loopback sockets: few, fast, and asserting on
+// counts, never on times.
+
+func loopback(t *testing.T, o httptestutil.Options) (*httptestutil.Upstream, string) {
+	t.Helper()
+	u := httptestutil.NewUpstream(o)
+	srv := httptest.NewServer(u)
+	t.Cleanup(srv.Close)
+	return u, srv.URL
+}
+
+func trackedTransport(t *testing.T, set policy.Set) (*Transport, *httptestutil.Tracker) {
+	t.Helper()
+	base := cleanhttp.DefaultPooledTransport()
+	t.Cleanup(base.CloseIdleConnections)
+	tracker := httptestutil.Track(base)
+	return mustNew(t, Config{Base: tracker, Policies: set}), tracker
+}
+
+var always503 = []httptestutil.Fault{{Probability: 1, Status: 503}}
+
+func TestLoopbackPlainPostReachesA503UpstreamOnce(t *testing.T) {
+	up, url := loopback(t, httptestutil.Options{Faults: always503})
+	tr, tracker := trackedTransport(t, retrySet())
+	resp, err := (&http.Client{Transport: tr}).Post(url, "text/plain", strings.NewReader("charge=1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || up.Stats().ByMethod["POST"] != 1 {
+		t.Fatalf("status %d, POSTs received %d; want one 503", resp.StatusCode, up.Stats().ByMethod["POST"])
+	}
+	if tracker.Open() != 0 {
+		t.Fatalf("%d response bodies left open", tracker.Open())
+	}
+}
+
+func TestLoopbackRepeatablePostCarriesItsBodyEveryTime(t *testing.T) {
+	payload := bytes.Repeat([]byte("0123456789"), 1000) // 10 KB, more than one read
+	for _, mark := range []string{"Idempotency-Key", "MarkRepeatable"} {
+		t.Run(mark, func(t *testing.T) {
+			up, url := loopback(t, httptestutil.Options{Faults: always503, KeepBodies: 10})
+			tr, tracker := trackedTransport(t, retrySet())
+			ctx := t.Context()
+			if mark == "MarkRepeatable" {
+				ctx = MarkRepeatable(ctx)
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+			if mark == "Idempotency-Key" {
+				req.Header.Set("Idempotency-Key", "order-42")
+			}
+			resp, err := (&http.Client{Transport: tr}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			st := up.Stats()
+			if st.ByMethod["POST"] != 3 || len(st.Bodies) != 3 {
+				t.Fatalf("POSTs %d, bodies kept %d; want 3", st.ByMethod["POST"], len(st.Bodies))
+			}
+			for i, b := range st.Bodies {
+				if !bytes.Equal(b, payload) {
+					t.Errorf("attempt %d carried %d bytes, want the whole %d", i+1, len(b), len(payload))
+				}
+			}
+			if tracker.Responses() != 3 || tracker.BodiesClosed() != 3 {
+				t.Fatalf("responses %d, bodies closed %d: every superseded body must be closed",
+					tracker.Responses(), tracker.BodiesClosed())
+			}
+		})
+	}
+}
+
+func TestLoopbackBudgetsArePerHost(t *testing.T) {
+	// A budget of one token and no refill: host a spends it, host b still
+	// has its own.
+	set := retrySet()
+	set.Budget = policy.Budget{Max: 1, Ratio: 0.001, MinPerSecond: -1}
+	upA, urlA := loopback(t, httptestutil.Options{Faults: always503})
+	upB, urlB := loopback(t, httptestutil.Options{Faults: always503})
+	tr, tracker := trackedTransport(t, set)
+	c := &http.Client{Transport: tr}
+	for _, url := range []string{urlA, urlA, urlA, urlB} {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	// a: 2 wire calls for the first call (1 retry), then 1 each. b: 2.
+	if a, b := upA.Stats().Requests, upB.Stats().Requests; a != 4 || b != 2 {
+		t.Fatalf("requests a=%d b=%d, want 4 and 2", a, b)
+	}
+	if tracker.Open() != 0 {
+		t.Fatalf("%d bodies open", tracker.Open())
+	}
+}
+
+func TestLoopbackSlowBodyIsNotCutByPerAttempt(t *testing.T) {
+	_, url := loopback(t, httptestutil.Options{
+		BodySize: 400,
+		Chunks:   4,
+		Faults:   []httptestutil.Fault{{Probability: 1, Status: 200, SlowBody: 60 * time.Millisecond}},
+	})
+	set := policy.Set{Timeout: &policy.Timeout{PerAttempt: 50 * time.Millisecond}}
+	tr, tracker := trackedTransport(t, set)
+	resp, err := (&http.Client{Transport: tr}).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || len(b) != 400 {
+		t.Fatalf("read %d bytes, %v; the body streams under the caller's context, not PerAttempt", len(b), err)
+	}
+	if tracker.Open() != 0 {
+		t.Fatal("body left open")
+	}
+}
