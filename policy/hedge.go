@@ -1,6 +1,11 @@
 package policy
 
-import "time"
+import (
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/estimator"
+)
 
 // Hedge sends a second copy of a slow call and takes whichever answers
 // first, cancelling the other.
@@ -77,4 +82,230 @@ func (h *Hedge) validate() error {
 		}
 	}
 	return nil
+}
+
+// WithDefaults returns h with every zero field set to its default.
+func (h Hedge) WithDefaults() Hedge {
+	h.Quantile = or(h.Quantile, 0.95)
+	h.MaximumConcurrent = or(h.MaximumConcurrent, 2)
+	h.MinimumSamples = or(h.MinimumSamples, 20)
+	h.Window = or(h.Window, 30*time.Second)
+	h.SuppressAt = or(h.SuppressAt, 0.5)
+	if h.WinRate != nil {
+		w := *h.WinRate
+		w.Floor = or(w.Floor, 0.1)
+		w.MinimumAllowance = or(w.MinimumAllowance, 0.05)
+		w.MinimumSamples = or(w.MinimumSamples, 10)
+		h.WinRate = &w
+	}
+	return h
+}
+
+// SuppressReason says which gate stopped a hedge.
+type SuppressReason uint8
+
+// The hedging gates, in the order they are asked when a hedge timer fires.
+const (
+	// HedgeWarming: the latency window holds fewer than MinimumSamples,
+	// so there is no threshold yet. Counted when a call starts.
+	HedgeWarming SuppressReason = iota + 1
+	// HedgeDeadline: the hedge could not finish before the caller's
+	// deadline.
+	HedgeDeadline
+	// HedgeConcurrency: MaximumConcurrent legs are in flight, or the
+	// call's Attempts are spent.
+	HedgeConcurrency
+	// HedgePriority: Bulk requests are never hedged.
+	HedgePriority
+	// HedgeHealth: the scope's error rate has reached SuppressAt of the
+	// breaker's trip point.
+	HedgeHealth
+	// HedgeValue: recent hedges rarely won and WinRate's allowance has
+	// no credit for this one.
+	HedgeValue
+	// HedgeBudget: the shared retry-and-hedge budget had no token.
+	HedgeBudget
+	// HedgeRejected: an admission gate (breaker, bulkhead, rate limit, ...)
+	// refused the hedge leg.
+	HedgeRejected
+)
+
+var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected"}
+
+// String returns the reason's name as it appears in metrics.
+func (r SuppressReason) String() string {
+	if int(r) < len(suppressReasonNames) && r != 0 {
+		return suppressReasonNames[r]
+	}
+	return "SuppressReason(?)"
+}
+
+// Counter indexes in HedgeState.win.
+const (
+	hedgeCalls = iota
+	hedgeFailures
+	hedgeStarted
+	hedgeWon
+	hedgeCounters
+)
+
+// HedgeState is the runtime of a Hedge for one scope: the latency window
+// the threshold is read from, the outcome counts the health gate reads when
+// no Breaker is configured, and the win-rate allowance. It is safe for
+// concurrent use; the transport drives it, and every method takes now.
+type HedgeState struct {
+	cfg Hedge // with defaults
+	lat *estimator.LatencyWindow
+	win *estimator.Counters
+
+	mu        sync.Mutex
+	allowance float64   // hedges allowed per opportunity, in [MinimumAllowance, 1]
+	credit    float64   // deficit accounting: a hedge starts when it reaches 1
+	judged    time.Time // when the allowance was last judged
+	started   uint64    // hedges started since judged
+	won       uint64    // of which won
+}
+
+// NewHedgeState returns the runtime of h, whose windows start at now.
+func NewHedgeState(h Hedge, now time.Time) *HedgeState {
+	h = h.WithDefaults()
+	return &HedgeState{
+		cfg: h,
+		lat: estimator.NewLatencyWindow(estimator.LatencyConfig{
+			Window: h.Window, Quantile: h.Quantile, MinimumSamples: h.MinimumSamples,
+		}, now),
+		win:       estimator.NewCounters(h.Window, hedgeCounters, now),
+		allowance: 1,
+		judged:    now,
+	}
+}
+
+// Config returns the Hedge with its defaults applied.
+func (h *HedgeState) Config() Hedge { return h.cfg }
+
+// Record learns one attempt's latency, from dispatch to response headers.
+func (h *HedgeState) Record(now time.Time, d time.Duration) { h.lat.Record(now, d) }
+
+// Threshold returns the latency after which a call is hedged, and false
+// while the window holds fewer than MinimumSamples (the warming gate).
+func (h *HedgeState) Threshold(now time.Time) (time.Duration, bool) { return h.lat.Threshold(now) }
+
+// Median returns the window's median latency, which the deadline gate
+// takes as how long a hedge would plausibly need.
+func (h *HedgeState) Median(now time.Time) time.Duration {
+	d, _ := h.lat.Quantile(now, 0.5)
+	return d
+}
+
+// Outcome counts one attempt's evidence for the health gate; Canceled and
+// Discarded outcomes teach nothing.
+func (h *HedgeState) Outcome(now time.Time, o Outcome) {
+	switch o {
+	case Success:
+		h.win.Add(now, hedgeCalls, 1)
+	case Failure:
+		h.win.Add(now, hedgeCalls, 1)
+		h.win.Add(now, hedgeFailures, 1)
+	}
+}
+
+// Rate is the health gate's view of the scope when no Breaker is
+// configured: the window's outcomes against the breaker's default trip
+// point before it has a baseline, with the breaker's default MinimumCalls.
+func (h *HedgeState) Rate(now time.Time) BreakerRate {
+	var s [hedgeCounters]uint64
+	h.win.Sums(now, s[:])
+	r := BreakerRate{
+		Calls:        s[hedgeCalls],
+		Failures:     s[hedgeFailures],
+		TripPoint:    breakerWarmupTrip,
+		MinimumCalls: Breaker{}.WithDefaults().MinimumCalls,
+	}
+	if r.Calls > 0 {
+		r.ErrorRate = float64(r.Failures) / float64(r.Calls)
+	}
+	return r
+}
+
+// Healthy is the health gate: false when the rate has reached SuppressAt
+// of its trip point.
+func (h *HedgeState) Healthy(r BreakerRate) bool { return !r.Reached(h.cfg.SuppressAt) }
+
+// Value is the value gate: with WinRate set, it spends the allowance's
+// credit, deficit-accounted (each opportunity adds the allowance; a hedge
+// starts when the credit reaches 1). Without WinRate it always passes.
+func (h *HedgeState) Value(now time.Time) bool {
+	if h.cfg.WinRate == nil {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.judge(now)
+	h.credit = min(h.credit+h.allowance, 1+h.allowance)
+	if h.credit < 1 {
+		return false
+	}
+	h.credit--
+	return true
+}
+
+// judge moves the allowance once per Window by AIMD on the share of the
+// window's hedges that won: halved below Floor, a quarter added back at or
+// above it, and a quarter added when too few hedges ran to judge. The
+// caller holds h.mu.
+func (h *HedgeState) judge(now time.Time) {
+	if now.Sub(h.judged) < h.cfg.Window {
+		return
+	}
+	w := h.cfg.WinRate
+	switch {
+	case h.started < uint64(w.MinimumSamples):
+		h.allowance = min(1, h.allowance+0.25)
+	case float64(h.won) < w.Floor*float64(h.started):
+		h.allowance = max(w.MinimumAllowance, h.allowance/2)
+	default:
+		h.allowance = min(1, h.allowance+0.25)
+	}
+	h.judged, h.started, h.won = now, 0, 0
+}
+
+// Allowance returns the share of hedge opportunities WinRate lets through:
+// 1 without WinRate.
+func (h *HedgeState) Allowance(now time.Time) float64 {
+	if h.cfg.WinRate == nil {
+		return 1
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.judge(now)
+	return h.allowance
+}
+
+// Started records a hedge that was sent.
+func (h *HedgeState) Started(now time.Time) {
+	h.win.Add(now, hedgeStarted, 1)
+	if h.cfg.WinRate != nil {
+		h.mu.Lock()
+		h.started++
+		h.mu.Unlock()
+	}
+}
+
+// Won records a hedge that answered first.
+func (h *HedgeState) Won(now time.Time) {
+	h.win.Add(now, hedgeWon, 1)
+	if h.cfg.WinRate != nil {
+		h.mu.Lock()
+		h.won++
+		h.mu.Unlock()
+	}
+}
+
+// WinRate returns the hedges started and won over the window. A hedge is
+// counted as won in the slice it won in, which may be one after the slice
+// it started in, so won is capped at started.
+func (h *HedgeState) WinRate(now time.Time) (started, won uint64) {
+	var s [hedgeCounters]uint64
+	h.win.Sums(now, s[:])
+	return s[hedgeStarted], min(s[hedgeWon], s[hedgeStarted])
 }

@@ -30,6 +30,16 @@ type Observer struct {
 	// reason other than the attempts running out.
 	RetrySkipped func(RetrySkip)
 
+	// HedgeStarted is called when a hedge leg is sent, HedgeWon when a
+	// hedge leg's response is the one the caller gets. The win rate is
+	// won / started.
+	HedgeStarted func(HedgeInfo)
+	HedgeWon     func(HedgeInfo)
+
+	// HedgeSuppressed is called when a hedge was due but a hedging gate
+	// stopped it, with the gate's reason.
+	HedgeSuppressed func(HedgeSuppression)
+
 	// BreakerTransition is called when a scope's breaker changes state.
 	BreakerTransition func(BreakerTransition)
 
@@ -151,4 +161,21 @@ type MalformedHeader struct {
 	Key    string
 	Header string
 	Value  string
+}
+
+// HedgeInfo describes a hedge leg.
+type HedgeInfo struct {
+	Key      string
+	Priority shedding.Priority
+	// Attempt is the hedge's wire attempt number within its call.
+	Attempt int
+	// Threshold is the latency after which the hedge was sent.
+	Threshold time.Duration
+}
+
+// HedgeSuppression describes a hedge that a gate stopped.
+type HedgeSuppression struct {
+	Key      string
+	Priority shedding.Priority
+	Reason   SuppressReason
 }

@@ -2,11 +2,9 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/resilix/resilix/internal/httpx"
@@ -69,7 +67,8 @@ func (t *Transport) malformed(s *scope, header, value string) {
 	}
 }
 
-// call is the state of one logical call. It lives on RoundTrip's stack.
+// call is the state of one logical call. It lives on RoundTrip's stack,
+// except while a hedge is in flight.
 type call struct {
 	t     *Transport
 	s     *scope
@@ -78,27 +77,23 @@ type call struct {
 	start time.Time
 	prio  shedding.Priority
 
-	wire    int            // wire attempts made
+	wire    int            // wire attempts made; guarded by the round's lock while hedges run
 	outcome policy.Outcome // of what the call returns
 }
 
-// run is the retry loop: attempts until one is not a failure, attempts or
+// run is the retry loop: rounds until one is not a failure, attempts or
 // budget run out, or the next one could not start before the deadline.
 func (c *call) run() (*http.Response, error) {
 	ch := c.s.chain
 	c.s.budget.Deposit(c.start)
-	var body io.ReadCloser // the replayed body of the next attempt
-	for n := 1; ; n++ {
-		kind := policy.AttemptFirst
-		if n > 1 {
-			kind = policy.AttemptRetry
-		}
-		resp, err := c.attempt(n, kind, body)
-		if c.outcome != policy.Failure || ch.retry == nil || n >= ch.attempts {
+	var body io.ReadCloser // the replayed body of the next round
+	for first := true; ; first = false {
+		resp, err := c.round(first, body)
+		if c.outcome != policy.Failure || ch.retry == nil || c.wire >= ch.attempts {
 			return resp, err
 		}
 		now := time.Now()
-		delay, why := c.backoff(n, resp, now)
+		delay, why := c.backoff(resp, now)
 		if why == 0 && !c.s.budget.Withdraw(now) {
 			why = policy.SkipBudget
 		}
@@ -109,7 +104,7 @@ func (c *call) run() (*http.Response, error) {
 			}
 		}
 		if why != 0 {
-			c.skipped(why, n)
+			c.skipped(why)
 			return resp, err
 		}
 		httpx.Discard(resp)
@@ -121,13 +116,44 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// backoff returns the wait before retry n, or why there is no retry.
-func (c *call) backoff(n int, resp *http.Response, now time.Time) (time.Duration, policy.SkipReason) {
+// round makes one logical attempt: a single leg, or, when the chain hedges
+// and the request may be sent twice, a hedged round. The first round sends
+// the caller's own body; later ones the replayed body.
+func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
+	kind := policy.AttemptRetry
+	if first {
+		kind = policy.AttemptFirst
+		body = c.req.Body
+	}
+	now := time.Now()
+	var l leg
+	if rej := c.admit(&l, now, true); rej != nil {
+		closeBody(body)
+		c.outcome = policy.Rejected
+		return nil, rej
+	}
+	if c.s.hedge != nil && c.replayable() {
+		return c.hedged(&l, kind, body, !first, now)
+	}
+	c.prepare(&l, kind, body, !first, false)
+	c.send(&l)
+	c.outcome = l.outcome
+	c.attemptDone(&l)
+	return l.resp, l.err
+}
+
+// replayable reports whether the request may be sent more than once.
+func (c *call) replayable() bool {
+	return httpx.Replayable(c.req, markedRepeatable(c.ctx))
+}
+
+// backoff returns the wait before the next round, or why there is none.
+func (c *call) backoff(resp *http.Response, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
-	if !httpx.Replayable(c.req, markedRepeatable(c.ctx)) {
+	if !c.replayable() {
 		return 0, policy.SkipNotReplayable
 	}
-	d := r.Backoff(n, rand.Float64())
+	d := r.Backoff(c.wire, rand.Float64())
 	if resp != nil && r.MaxRetryAfter >= 0 {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)
@@ -155,78 +181,98 @@ func (c *call) newBody() (io.ReadCloser, error) {
 	return c.req.GetBody()
 }
 
-func (c *call) skipped(why policy.SkipReason, n int) {
+func (c *call) skipped(why policy.SkipReason) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Key: c.s.key, Priority: c.prio, Reason: why, Attempt: n})
+		o.RetrySkipped(policy.RetrySkip{Key: c.s.key, Priority: c.prio, Reason: why, Attempt: c.wire})
 	}
 }
 
-// attempt makes wire attempt n. For n > 1, body is the replayed body. It
-// sets c.outcome to the attempt's classification.
-func (c *call) attempt(n int, kind policy.AttemptKind, body io.ReadCloser) (*http.Response, error) {
-	ch := c.s.chain
-	r := c.req
-	var l *leg
-	if ch.timeout > 0 {
-		actx, cancel := context.WithCancelCause(c.ctx)
-		l = &leg{ctx: actx, cancel: cancel}
-		l.timer = time.AfterFunc(ch.timeout, l.expire)
-		r = r.WithContext(actx)
-	} else if n > 1 {
-		r = r.WithContext(c.ctx)
-	}
-	if n > 1 {
-		r.Body = body
-	}
+// noWait is a context that is already done: gates given it fail fast
+// instead of waiting. Hedge legs use it, since a hedge that has to queue
+// is no longer worth sending.
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
-	c.wire++
-	dispatch := time.Now()
-	resp, err := c.t.base.RoundTrip(r)
-	latency := time.Since(dispatch)
-	resp, err = sane(resp, err)
-
-	if l != nil {
-		resp, err = l.settle(c, resp, err, ch.timeout)
+// admit passes leg l through the admission gates in their order, breaker →
+// bulkhead → rate limit, and either records their permits in l or returns
+// the refusal, having released what earlier gates granted.
+func (c *call) admit(l *leg, now time.Time, wait bool) *policy.RejectedError {
+	s := c.s
+	ctx := c.ctx
+	if !wait {
+		ctx = noWait
 	}
-
-	switch {
-	case c.ctx.Err() != nil:
-		c.outcome = policy.Canceled
-	default:
-		c.outcome = ch.classify(resp, err)
+	if s.breaker != nil {
+		p, d := s.breaker.Allow(now)
+		c.transition(d.Change)
+		if !d.OK {
+			return c.refuse(policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter)
+		}
+		l.bp, l.breaker = p, true
 	}
+	if s.bulkhead != nil {
+		if !s.bulkhead.Acquire(ctx) {
+			c.unadmit(l, now)
+			return c.refuse(policy.GateBulkhead, policy.ErrBulkheadFull, 0)
+		}
+		l.bulkhead = true
+	}
+	if s.rate != nil {
+		if ok, ra := s.rate.Acquire(ctx, now); !ok {
+			c.unadmit(l, now)
+			return c.refuse(policy.GateRateLimit, policy.ErrRateLimited, ra)
+		}
+	}
+	return nil
+}
+
+// unadmit gives back what admit granted to a leg that will not be sent.
+func (c *call) unadmit(l *leg, now time.Time) {
+	if l.breaker {
+		c.transition(c.s.breaker.Done(now, l.bp, policy.Discarded))
+		l.breaker = false
+	}
+	if l.bulkhead {
+		c.s.bulkhead.Release()
+		l.bulkhead = false
+	}
+}
+
+func (c *call) refuse(g policy.Gate, sentinel error, retryAfter time.Duration) *policy.RejectedError {
+	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
+	if o := c.t.obs; o != nil && o.Refused != nil {
+		o.Refused(policy.Refusal{Key: c.s.key, Gate: g, Priority: c.prio, Err: err})
+	}
+	return err
+}
+
+func (c *call) transition(ch policy.BreakerChange) {
+	if !ch.Changed() {
+		return
+	}
+	if o := c.t.obs; o != nil && o.BreakerTransition != nil {
+		o.BreakerTransition(policy.BreakerTransition{Key: c.s.key, From: ch.From, To: ch.To})
+	}
+}
+
+func (c *call) attemptDone(l *leg) {
 	if o := c.t.obs; o != nil && o.AttemptDone != nil {
 		info := policy.AttemptInfo{
 			Key:     c.s.key,
-			Kind:    kind,
-			Attempt: n,
-			Outcome: c.outcome,
-			Latency: latency,
-			Err:     err,
+			Kind:    l.kind,
+			Attempt: l.n,
+			Outcome: l.outcome,
+			Latency: l.latency,
+			Err:     l.err,
 		}
-		if resp != nil {
-			info.StatusCode = resp.StatusCode
+		if l.resp != nil {
+			info.StatusCode = l.resp.StatusCode
 		}
 		o.AttemptDone(info)
 	}
-	return resp, err
-}
-
-// errNilResponse replaces a base RoundTripper's (nil, nil).
-var errNilResponse = errors.New("resilix: base RoundTripper returned a nil response and a nil error")
-
-// sane enforces the RoundTripper contract on what the base returned.
-func sane(resp *http.Response, err error) (*http.Response, error) {
-	switch {
-	case err != nil && resp != nil:
-		closeBody(resp.Body)
-		return nil, err
-	case err == nil && resp == nil:
-		return nil, errNilResponse
-	case resp != nil && resp.Body == nil:
-		resp.Body = http.NoBody
-	}
-	return resp, err
 }
 
 func closeBody(b io.ReadCloser) {
@@ -249,88 +295,3 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
-
-// leg holds what one wire attempt must release once its response is done
-// with: the attempt's context and timer. Once headers arrive it becomes the
-// response body, and releases on EOF, read error or Close, exactly once.
-type leg struct {
-	rc     io.ReadCloser
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	timer  *time.Timer
-	done   atomic.Bool
-}
-
-func (l *leg) expire() { l.cancel(policy.ErrAttemptTimeout) }
-
-// settle is called with the base's results. It turns a per-attempt timeout
-// into an error that says so, and either releases the leg now or hands it
-// the response body to release later.
-func (l *leg) settle(c *call, resp *http.Response, err error, after time.Duration) (*http.Response, error) {
-	fired := !l.timer.Stop()
-	if err == nil && fired {
-		// Headers raced the timer and lost: the context is already
-		// cancelled, so the body would fail mid-read. Treat it as the
-		// timeout it is.
-		closeBody(resp.Body)
-		resp, err = nil, context.Canceled
-	}
-	if err != nil {
-		if c.ctx.Err() == nil && errors.Is(context.Cause(l.ctx), policy.ErrAttemptTimeout) {
-			err = &attemptTimeoutError{after: after}
-		}
-		l.release()
-		return nil, err
-	}
-	l.rc = resp.Body
-	if rw, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		resp.Body = &legRW{leg: l, w: rw}
-	} else {
-		resp.Body = l
-	}
-	return resp, nil
-}
-
-func (l *leg) release() {
-	if l.done.CompareAndSwap(false, true) {
-		l.cancel(context.Canceled)
-	}
-}
-
-func (l *leg) Read(p []byte) (int, error) {
-	n, err := l.rc.Read(p)
-	if err != nil {
-		l.release()
-	}
-	return n, err
-}
-
-func (l *leg) Close() error {
-	err := l.rc.Close()
-	l.release()
-	return err
-}
-
-// legRW keeps a 101 Switching Protocols body writable.
-type legRW struct {
-	*leg
-	w io.Writer
-}
-
-func (l *legRW) Write(p []byte) (int, error) { return l.w.Write(p) }
-
-// attemptTimeoutError is the error of an attempt cut short by
-// Timeout.PerAttempt. It matches policy.ErrAttemptTimeout and
-// context.DeadlineExceeded, and is a net.Error whose Timeout is true.
-type attemptTimeoutError struct{ after time.Duration }
-
-func (e *attemptTimeoutError) Error() string {
-	return "resilix: attempt timed out: no response headers after " + e.after.String()
-}
-
-func (e *attemptTimeoutError) Is(target error) bool {
-	return target == policy.ErrAttemptTimeout || target == context.DeadlineExceeded
-}
-
-func (e *attemptTimeoutError) Timeout() bool   { return true }
-func (e *attemptTimeoutError) Temporary() bool { return true }

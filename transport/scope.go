@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,13 +13,15 @@ import (
 // chain is a validated policy.Set with its defaults applied: what every
 // scope of a key shares, read-only.
 type chain struct {
-	attempts int
-	classify policy.Classify
-	retry    *policy.Retry // nil: off
-	timeout  time.Duration // 0: off
-	budget   policy.Budget // used when amplifying
-	// plain is true when no policy is on: RoundTrip goes straight to base.
-	plain bool
+	attempts  int
+	classify  policy.Classify
+	retry     *policy.Retry // nil: off
+	hedge     *policy.Hedge
+	breaker   *policy.Breaker
+	bulkhead  *policy.Bulkhead
+	rateLimit *policy.RateLimit
+	timeout   time.Duration // 0: off
+	budget    policy.Budget // used when amplifying
 }
 
 // errNotYet reports a policy that this version declares but does not run
@@ -32,28 +35,21 @@ func compile(s policy.Set) (*chain, error) {
 		return nil, err
 	}
 	var errs []error
-	for _, p := range []struct {
-		field string
-		set   bool
-	}{
-		{"Hedge", s.Hedge != nil},
-		{"Throttler", s.Throttler != nil},
-		{"Breaker", s.Breaker != nil},
-		{"Limiter", s.Limiter != nil},
-		{"Bulkhead", s.Bulkhead != nil},
-		{"RateLimit", s.RateLimit != nil},
-	} {
-		if p.set {
-			errs = append(errs, errNotYet(p.field))
-		}
+	if s.Throttler != nil {
+		errs = append(errs, errNotYet("Throttler"))
+	}
+	if s.Limiter != nil {
+		errs = append(errs, errNotYet("Limiter"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	c := &chain{
-		attempts: s.MaxAttempts(),
-		classify: s.Classify,
-		budget:   s.Budget,
+		attempts:  s.MaxAttempts(),
+		classify:  s.Classify,
+		budget:    s.Budget,
+		bulkhead:  s.Bulkhead,
+		rateLimit: s.RateLimit,
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
@@ -62,18 +58,30 @@ func compile(s policy.Set) (*chain, error) {
 		r := s.Retry.WithDefaults()
 		c.retry = &r
 	}
+	if s.Hedge != nil {
+		h := s.Hedge.WithDefaults()
+		c.hedge = &h
+	}
+	if s.Breaker != nil {
+		b := s.Breaker.WithDefaults()
+		c.breaker = &b
+	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
 	}
-	c.plain = c.retry == nil && c.timeout == 0
 	return c, nil
 }
 
-// scope is the state of one key: everything its calls share.
+// scope is the state of one key: everything its calls share. A nil field
+// is a policy that is off.
 type scope struct {
-	key    string
-	chain  *chain
-	budget *policy.BudgetBucket // nil: unlimited or not amplifying
+	key      string
+	chain    *chain
+	budget   *policy.BudgetBucket
+	breaker  *policy.CircuitBreaker
+	bulkhead *policy.BulkheadGate
+	rate     *policy.RateLimiter
+	hedge    *policy.HedgeState
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	malformed atomic.Uint64
@@ -85,8 +93,20 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 		c = pk
 	}
 	s := &scope{key: key, chain: c}
-	if c.retry != nil {
+	if c.retry != nil || c.hedge != nil {
 		s.budget = policy.NewBudgetBucket(c.budget, now)
+	}
+	if c.hedge != nil {
+		s.hedge = policy.NewHedgeState(*c.hedge, now)
+	}
+	if c.breaker != nil {
+		s.breaker = policy.NewCircuitBreaker(*c.breaker, now, rand.Uint64())
+	}
+	if c.bulkhead != nil {
+		s.bulkhead = policy.NewBulkheadGate(*c.bulkhead)
+	}
+	if c.rateLimit != nil {
+		s.rate = policy.NewRateLimiter(*c.rateLimit)
 	}
 	s.lastUsed.Store(now.UnixNano())
 	return s
@@ -100,6 +120,21 @@ func (s *scope) measured(now time.Time) Measured {
 	if s.budget != nil {
 		m.Budgeted = true
 		m.BudgetBalance = s.budget.Balance(now)
+	}
+	if s.hedge != nil {
+		if d, ok := s.hedge.Threshold(now); ok {
+			m.HedgeThreshold = d
+		}
+		m.HedgesStarted, m.HedgesWon = s.hedge.WinRate(now)
+		m.HedgeAllowance = s.hedge.Allowance(now)
+	}
+	if s.breaker != nil {
+		m.BreakerState = s.breaker.State(now)
+		r := s.breaker.Rate(now)
+		m.ErrorRate, m.TripPoint = r.ErrorRate, r.TripPoint
+	}
+	if s.bulkhead != nil {
+		m.BulkheadInFlight = s.bulkhead.InFlight()
 	}
 	return m
 }

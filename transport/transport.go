@@ -173,6 +173,11 @@ type Measured struct {
 	// HedgeThreshold is the latency after which a call to this key would
 	// be hedged: zero until enough samples are in.
 	HedgeThreshold time.Duration
+	// HedgesStarted and HedgesWon count the hedges of the hedge window;
+	// their ratio is the win rate. HedgeAllowance is the share of due
+	// hedges that Hedge.WinRate lets through (1 without it).
+	HedgesStarted, HedgesWon uint64
+	HedgeAllowance           float64
 
 	// Budgeted is true when retries and hedges draw from a budget;
 	// BudgetBalance is then the tokens left.
@@ -182,6 +187,12 @@ type Measured struct {
 	// BreakerState is the breaker's state; BreakerClosed when there is no
 	// breaker.
 	BreakerState policy.BreakerState
+	// ErrorRate and TripPoint are the breaker's windowed failure rate and
+	// the rate at which it trips.
+	ErrorRate, TripPoint float64
+
+	// BulkheadInFlight is the number of bulkhead slots held.
+	BulkheadInFlight int
 
 	// MalformedHeaders counts requests whose priority header could not
 	// be parsed.

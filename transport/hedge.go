@@ -1,0 +1,250 @@
+package transport
+
+import (
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+)
+
+// round is one hedged logical attempt. The first leg runs inline on the
+// caller's goroutine with one timer armed; only when the timer fires and
+// every gate passes does a hedge leg get a goroutine, and the round a
+// channel. The first acceptable answer wins and the other legs are
+// cancelled; if every leg fails, the last failure goes back to retry.
+type round struct {
+	c         call // a copy, so the caller's call stays on its stack
+	h         *policy.HedgeState
+	max       int // Hedge.MaximumConcurrent
+	threshold time.Duration
+
+	mu      sync.Mutex
+	legs    []*leg // every leg sent, in order; legs[0] runs inline
+	live    int    // legs sent and not yet reported
+	over    bool   // no more legs may start
+	winner  *leg
+	failed  []*leg // legs that reported a failure, in order
+	results chan *leg
+	timer   *time.Timer
+	outcome policy.Outcome
+}
+
+// hedged runs a round whose first leg l has passed the admission gates.
+func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, now time.Time) (*http.Response, error) {
+	h := c.s.hedge
+	threshold, ok := h.Threshold(now)
+	wait := threshold
+	if dl, has := c.ctx.Deadline(); has {
+		wait = min(wait, dl.Sub(now))
+	}
+	if !ok || wait <= 0 {
+		if !ok {
+			c.suppress(policy.HedgeWarming)
+		}
+		c.prepare(first, kind, body, replay, false)
+		c.send(first)
+		c.outcome = first.outcome
+		c.attemptDone(first)
+		return first.resp, first.err
+	}
+
+	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold}
+	l := new(leg)
+	*l = *first
+	r.c.prepare(l, kind, body, replay, true)
+	r.legs = append(make([]*leg, 0, r.max), l)
+	r.live = 1
+	r.mu.Lock()
+	r.timer = time.AfterFunc(wait, r.fire)
+	r.mu.Unlock()
+
+	r.c.send(l)
+	r.report(l)
+	resp, err := r.collect()
+	c.wire, c.outcome = r.c.wire, r.outcome
+	return resp, err
+}
+
+// fire runs on the timer's goroutine: it asks the hedging gates in order
+// and, if all pass, sends one more leg.
+func (r *round) fire() {
+	c := &r.c
+	now := time.Now()
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return
+	}
+	why := r.gate(now)
+	r.mu.Unlock()
+	if why != 0 {
+		c.suppress(why)
+		return
+	}
+
+	l := new(leg)
+	if rej := c.admit(l, now, false); rej != nil {
+		c.suppress(policy.HedgeRejected)
+		return
+	}
+	if !c.s.budget.Withdraw(now) {
+		c.unadmit(l, now)
+		c.suppress(policy.HedgeBudget)
+		return
+	}
+	body, err := c.newBody()
+	if err != nil {
+		c.unadmit(l, now)
+		return
+	}
+
+	r.mu.Lock()
+	if r.over || r.live >= r.max || c.wire >= c.s.chain.attempts {
+		// The round ended while the gates were asked.
+		r.mu.Unlock()
+		closeBody(body)
+		c.unadmit(l, now)
+		return
+	}
+	c.prepare(l, policy.AttemptHedge, body, true, true)
+	r.legs = append(r.legs, l)
+	r.live++
+	if r.results == nil {
+		r.results = make(chan *leg, r.max)
+	}
+	if r.live < r.max && c.wire < c.s.chain.attempts {
+		r.timer.Reset(r.threshold)
+	}
+	r.mu.Unlock()
+
+	r.h.Started(now)
+	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
+		o.HedgeStarted(policy.HedgeInfo{Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
+	}
+	go r.run(l)
+}
+
+// gate asks the hedging gates after warming, in order: deadline,
+// concurrency, priority, health, value. The budget is asked last, by fire,
+// so that a token is only spent on a hedge that starts. r.mu is held.
+func (r *round) gate(now time.Time) policy.SuppressReason {
+	c := &r.c
+	if dl, ok := c.ctx.Deadline(); ok && dl.Sub(now) < r.h.Median(now) {
+		return policy.HedgeDeadline
+	}
+	if r.live >= r.max || c.wire >= c.s.chain.attempts {
+		return policy.HedgeConcurrency
+	}
+	if c.prio == shedding.Bulk {
+		return policy.HedgePriority
+	}
+	rate := r.h.Rate(now)
+	if c.s.breaker != nil {
+		rate = c.s.breaker.Rate(now)
+	}
+	if !r.h.Healthy(rate) {
+		return policy.HedgeHealth
+	}
+	if !r.h.Value(now) {
+		return policy.HedgeValue
+	}
+	return 0
+}
+
+// run sends a hedge leg on its own goroutine.
+func (r *round) run(l *leg) {
+	r.c.send(l)
+	r.report(l)
+	r.results <- l // buffered for every leg: never blocks
+}
+
+// report settles a finished leg. The first acceptable answer wins: the
+// legs still in flight are cancelled and observed as discarded at once, so
+// the caller never waits on a loser. A leg that finishes after the round
+// was won is closed.
+func (r *round) report(l *leg) {
+	c := &r.c
+	now := time.Now()
+	r.mu.Lock()
+	l.done = true
+	r.live--
+	if l == r.legs[0] {
+		// The inline leg is back: whatever happens, no more legs start.
+		r.over = true
+		r.timer.Stop()
+	}
+	if r.winner != nil {
+		// Lost: cancelled and observed when the winner was chosen.
+		r.mu.Unlock()
+		if l.resp != nil {
+			closeBody(l.resp.Body)
+		}
+		return
+	}
+	if l.outcome == policy.Failure {
+		r.failed = append(r.failed, l)
+		r.mu.Unlock()
+		c.attemptDone(l)
+		return
+	}
+	r.winner = l
+	r.over = true
+	r.timer.Stop()
+	var losers []*leg
+	for _, o := range r.legs {
+		if !o.done {
+			losers = append(losers, o)
+		}
+	}
+	r.mu.Unlock()
+
+	for _, o := range losers {
+		o.cancel(errDiscarded)
+		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: now.Sub(o.dispatch)})
+	}
+	c.attemptDone(l)
+	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {
+		r.h.Won(now)
+		if o := c.t.obs; o != nil && o.HedgeWon != nil {
+			o.HedgeWon(policy.HedgeInfo{Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
+		}
+	}
+}
+
+// collect waits, after the inline leg has reported, for the round to be
+// decided: a winner, or every leg failed. Superseded failures are drained
+// and closed; the last one is the round's verdict.
+func (r *round) collect() (*http.Response, error) {
+	r.mu.Lock()
+	for r.winner == nil && r.live > 0 {
+		ch := r.results
+		r.mu.Unlock()
+		<-ch
+		r.mu.Lock()
+	}
+	w, failed := r.winner, r.failed
+	r.mu.Unlock()
+	if w != nil {
+		for _, f := range failed {
+			httpx.Discard(f.resp)
+		}
+		r.outcome = w.outcome
+		return w.resp, w.err
+	}
+	last := failed[len(failed)-1]
+	for _, f := range failed[:len(failed)-1] {
+		httpx.Discard(f.resp)
+	}
+	r.outcome = last.outcome
+	return last.resp, last.err
+}
+
+func (c *call) suppress(why policy.SuppressReason) {
+	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
+		o.HedgeSuppressed(policy.HedgeSuppression{Key: c.s.key, Priority: c.prio, Reason: why})
+	}
+}

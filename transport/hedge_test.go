@@ -1,0 +1,596 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+)
+
+// slowRT is a base whose every wire call takes the latency its func says,
+// honouring cancellation, then answers with a status. The func sees the
+// call's index (from 0) and the request.
+type slowRT struct {
+	latency func(i int64, r *http.Request) (time.Duration, int)
+	calls   atomic.Int64
+	mu      sync.Mutex
+	ctxs    []context.Context
+	bodies  []*body
+}
+
+func (s *slowRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		_, _ = io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	i := s.calls.Add(1) - 1
+	s.mu.Lock()
+	s.ctxs = append(s.ctxs, r.Context())
+	s.mu.Unlock()
+	d, code := s.latency(i, r)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	resp := respond(r, code)
+	s.mu.Lock()
+	s.bodies = append(s.bodies, resp.Body.(*body))
+	s.mu.Unlock()
+	return resp, nil
+}
+
+// hedgeEvents collects what an observer saw.
+type hedgeEvents struct {
+	mu         sync.Mutex
+	started    int
+	won        int
+	suppressed map[policy.SuppressReason]int
+	attempts   []policy.AttemptInfo
+}
+
+func (e *hedgeEvents) observer() *policy.Observer {
+	e.suppressed = map[policy.SuppressReason]int{}
+	return &policy.Observer{
+		HedgeStarted: func(policy.HedgeInfo) { e.mu.Lock(); e.started++; e.mu.Unlock() },
+		HedgeWon:     func(policy.HedgeInfo) { e.mu.Lock(); e.won++; e.mu.Unlock() },
+		HedgeSuppressed: func(s policy.HedgeSuppression) {
+			e.mu.Lock()
+			e.suppressed[s.Reason]++
+			e.mu.Unlock()
+		},
+		AttemptDone: func(a policy.AttemptInfo) { e.mu.Lock(); e.attempts = append(e.attempts, a); e.mu.Unlock() },
+	}
+}
+
+func (e *hedgeEvents) counts() (started, won int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.started, e.won
+}
+
+func (e *hedgeEvents) reason(r policy.SuppressReason) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.suppressed[r]
+}
+
+// do makes one GET and reads and closes the body.
+func do(t *testing.T, ctx context.Context, rt http.RoundTripper) (int, error) {
+	t.Helper()
+	resp, err := get(t, ctx, rt, "http://up.test/")
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// warm makes n sequential calls, so the latency window holds n samples.
+func warm(t *testing.T, rt http.RoundTripper, n int) {
+	t.Helper()
+	for range n {
+		if _, err := do(t, t.Context(), rt); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func hedgeSet() policy.Set {
+	return policy.Set{Hedge: &policy.Hedge{}}
+}
+
+func TestBrownoutStopsTheHedgingItWouldOtherwiseCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var normal, slowNext atomic.Int64 // latency of ordinary calls; a one-off slow first leg
+		normal.Store(int64(100 * time.Millisecond))
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if d := slowNext.Swap(0); d != 0 {
+				return time.Duration(d), 200
+			}
+			return time.Duration(normal.Load()), 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+
+		warm(t, tr, 100) // 500 ms is far in the tail of 100 ms calls
+		slowNext.Store(int64(500 * time.Millisecond))
+		warm(t, tr, 1)
+		if started, won := ev.counts(); started != 1 || won != 1 {
+			t.Fatalf("a 500ms call while 500ms is the tail: %d hedges started, %d won; want 1, 1", started, won)
+		}
+
+		// The brownout: 500 ms becomes the distribution. Nothing is
+		// reconfigured; the window follows.
+		normal.Store(int64(500 * time.Millisecond))
+		before, _ := ev.counts()
+		warm(t, tr, 100) // 50s of 500ms calls: more than the 30s window
+		during, _ := ev.counts()
+		if hedged := during - before; hedged > 10 {
+			t.Fatalf("%d of 100 calls hedged while the brownout settled in; the quantile should follow it", hedged)
+		}
+		warm(t, tr, 1) // the identical 500 ms call
+		if after, _ := ev.counts(); after != during {
+			t.Fatal("the identical 500ms call was hedged once 500ms became the distribution")
+		}
+		if got := tr.Measured("up.test").HedgeThreshold; got < 500*time.Millisecond || got > 563*time.Millisecond {
+			t.Fatalf("threshold %v, want the bucket above 500ms", got)
+		}
+	})
+}
+
+func TestLoserIsAborted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Hour, 200
+			}
+			return 10 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30)
+		slow.Store(true)
+		start := time.Now()
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 30*time.Millisecond {
+			t.Fatalf("the call took %v; the hedge should have answered", d)
+		}
+		loser := base.ctxs[30]
+		synctest.Wait()
+		if !errors.Is(context.Cause(loser), errDiscarded) {
+			t.Fatalf("the losing leg's context: %v, want it cancelled as discarded", context.Cause(loser))
+		}
+		var discarded int
+		for _, a := range ev.attempts {
+			if a.Outcome == policy.Discarded {
+				discarded++
+			}
+		}
+		if discarded != 1 {
+			t.Fatalf("%d attempts observed as discarded, want 1", discarded)
+		}
+	})
+}
+
+// TestLosingResponseIsClosed uses a base that answers after its latency
+// whatever the context says, as a misbehaving RoundTripper would: the
+// loser's response arrives after the round was won, and must be closed.
+func TestLosingResponseIsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int64
+		var bodies []*body
+		var mu sync.Mutex
+		base := fakeRT(func(r *http.Request) (*http.Response, error) {
+			d := 10 * time.Millisecond
+			if n.Add(1) == 31 {
+				d = 200 * time.Millisecond
+			}
+			time.Sleep(d) // ignores the context on purpose
+			resp := respond(r, 200)
+			mu.Lock()
+			bodies = append(bodies, resp.Body.(*body))
+			mu.Unlock()
+			return resp, nil
+		})
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet()})
+		warm(t, tr, 30)
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for i, b := range bodies {
+			if !b.closed.Load() {
+				t.Errorf("body %d left open", i)
+			}
+		}
+		if len(bodies) != 32 {
+			t.Fatalf("%d responses, want 32 (30 warm-up, the slow leg and its hedge)", len(bodies))
+		}
+	})
+}
+
+func TestPlainPostIsNeverHedged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Second, 200
+			}
+			return 10 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30)
+		post := func(key bool, ctx context.Context) {
+			slow.Store(true)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://up.test/", strings.NewReader("pay=1"))
+			if key {
+				req.Header.Set("Idempotency-Key", "k")
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		post(false, t.Context())
+		if s, _ := ev.counts(); s != 0 {
+			t.Fatal("a plain POST was hedged")
+		}
+		post(true, t.Context())
+		if s, _ := ev.counts(); s != 1 {
+			t.Fatalf("a POST with an Idempotency-Key: %d hedges, want 1", s)
+		}
+		post(false, MarkRepeatable(t.Context()))
+		if s, _ := ev.counts(); s != 2 {
+			t.Fatalf("a POST marked repeatable: %d hedges in all, want 2", s)
+		}
+	})
+}
+
+func TestHedgesAndRetriesShareOneBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Every first leg is slow and then fails; hedges fail too. Both
+		// retries and hedges want tokens; the budget holds 3 and never
+		// refills (MinPerSecond < 0, Ratio tiny).
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if i < 30 {
+				return 10 * time.Millisecond, 200
+			}
+			return 100 * time.Millisecond, 503
+		}}
+		var ev hedgeEvents
+		var skips atomic.Int64
+		obs := ev.observer()
+		obs.RetrySkipped = func(s policy.RetrySkip) {
+			if s.Reason == policy.SkipBudget {
+				skips.Add(1)
+			}
+		}
+		set := policy.Set{
+			Attempts: 4,
+			Retry:    &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+			Hedge:    &policy.Hedge{},
+			Budget:   policy.Budget{Max: 3, MinPerSecond: -1, Ratio: 1e-9},
+		}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: obs})
+		warm(t, tr, 30)
+		for range 5 {
+			if _, err := do(t, t.Context(), tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		started, _ := ev.counts()
+		amplification := int(base.calls.Load()) - 30 - 5 // wire calls beyond one per call
+		if amplification != 3 {
+			t.Fatalf("%d extra wire calls (%d of them hedges), want exactly the 3 tokens", amplification, started)
+		}
+		if started == 0 || ev.reason(policy.HedgeBudget)+int(skips.Load()) == 0 {
+			t.Fatalf("hedges %d, budget refusals %d+%d: both amplifiers should have met the budget",
+				started, ev.reason(policy.HedgeBudget), skips.Load())
+		}
+	})
+}
+
+func TestNoHedgeOutlivesTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Hour, 200
+			}
+			return 100 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30) // threshold ~ 100 ms, median ~ 100 ms
+
+		// 150 ms left: the hedge would fire at ~110 ms with ~40 ms to
+		// go, less than the ~100 ms a hedge takes. It is not sent.
+		slow.Store(true)
+		ctx, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := do(t, ctx, tr)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v", err)
+		}
+		if d := time.Since(start); d != 150*time.Millisecond {
+			t.Fatalf("returned after %v, want at the 150ms deadline", d)
+		}
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeDeadline) != 1 {
+			t.Fatalf("hedges %d, deadline suppressions %d; want 0 and 1", s, ev.reason(policy.HedgeDeadline))
+		}
+
+		// A deadline shorter than the threshold: no timer fires at all.
+		slow.Store(true)
+		ctx2, cancel2 := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel2()
+		if _, err := do(t, ctx2, tr); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v", err)
+		}
+		if s, _ := ev.counts(); s != 0 {
+			t.Fatal("a hedge was sent that could not finish before the deadline")
+		}
+		synctest.Wait()
+		for i, c := range base.ctxs[30:] {
+			if c.Err() == nil {
+				t.Errorf("leg %d's context outlived its call", i)
+			}
+		}
+	})
+}
+
+func TestSuppressAtStopsHedgingNearTheTripPoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// 40% errors, in a pattern with no five failures in a row: the
+		// breaker (trip point 0.5 before it has a baseline) stays closed,
+		// but 40% is past SuppressAt (0.5) of the trip point.
+		pattern := []int{503, 200, 503, 200, 200}
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Second, 200
+			}
+			return 10 * time.Millisecond, pattern[i%5]
+		}}
+		var ev hedgeEvents
+		set := policy.Set{Hedge: &policy.Hedge{}, Breaker: &policy.Breaker{}}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 50)
+		for range 5 {
+			slow.Store(true)
+			if _, err := do(t, t.Context(), tr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m := tr.Measured("up.test")
+		if m.BreakerState != policy.BreakerClosed {
+			t.Fatalf("breaker %v, want closed", m.BreakerState)
+		}
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeHealth) != 5 {
+			t.Fatalf("error rate %.2f of trip point %.2f: %d hedges, %d health suppressions; want 0 and 5",
+				m.ErrorRate, m.TripPoint, s, ev.reason(policy.HedgeHealth))
+		}
+	})
+}
+
+func TestSuppressAtWorksWithoutABreaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		pattern := []int{503, 200, 503, 200, 200}
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Second, 200
+			}
+			return 10 * time.Millisecond, pattern[i%5]
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 50)
+		slow.Store(true)
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeHealth) != 1 {
+			t.Fatalf("%d hedges, %d health suppressions; want 0 and 1", s, ev.reason(policy.HedgeHealth))
+		}
+	})
+}
+
+func TestWinRateRetreatsAndRecovers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Phase 1, a uniformly slow dependency: 4% of legs take 130ms
+		// instead of 100ms, so a hedge sent at p95 (~100ms) needs another
+		// 100ms and never beats the leg it hedges. Phase 2, one slow
+		// replica: 4% of legs take a second, and a hedge sent at ~100ms
+		// answers at ~200ms and wins.
+		var phase atomic.Int32
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			switch {
+			case i%25 != 0:
+				return 100 * time.Millisecond, 200
+			case phase.Load() == 1:
+				return 130 * time.Millisecond, 200
+			}
+			return time.Second, 200
+		}}
+		set := policy.Set{Hedge: &policy.Hedge{Window: 10 * time.Second,
+			WinRate: &policy.WinRate{Floor: 0.3, MinimumAllowance: 0.05, MinimumSamples: 5}}}
+		tr := mustNew(t, Config{Base: base, Policies: set})
+		// drive runs 16 callers for d and samples the allowance once a
+		// second over the second half.
+		drive := func(d time.Duration) (lowest, mean float64) {
+			var wg sync.WaitGroup
+			start := time.Now()
+			stop := start.Add(d)
+			for range 16 {
+				wg.Go(func() {
+					for time.Now().Before(stop) {
+						if _, err := do(t, t.Context(), tr); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			lowest = 1
+			var n int
+			for now := time.Now(); now.Before(stop); now = time.Now() {
+				time.Sleep(time.Second)
+				if now.Sub(start) < d/2 {
+					continue
+				}
+				a := tr.Measured("up.test").HedgeAllowance
+				lowest = min(lowest, a)
+				mean += a
+				n++
+			}
+			wg.Wait()
+			return lowest, mean / float64(n)
+		}
+		phase.Store(1)
+		lowest, mean := drive(100 * time.Second)
+		// AIMD with a too-few-hedges relaxation cycles shallowly near the
+		// floor: down to it, then up a quarter when it starves itself of
+		// evidence.
+		if lowest > 0.05 || mean > 0.3 {
+			t.Fatalf("uniformly slow dependency: allowance lowest %.3f, mean %.3f; want the 0.05 floor and a low mean", lowest, mean)
+		}
+		phase.Store(2)
+		lowest, _ = drive(100 * time.Second)
+		m := tr.Measured("up.test")
+		if lowest < 0.99 {
+			t.Fatalf("one slow replica: allowance fell to %.3f over the second half (won %d of %d), want it back at 1",
+				lowest, m.HedgesWon, m.HedgesStarted)
+		}
+		if m.HedgesWon*2 < m.HedgesStarted {
+			t.Fatalf("one slow replica: hedges won %d of %d, want most", m.HedgesWon, m.HedgesStarted)
+		}
+	})
+}
+
+func TestAttemptsCountsWireCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if i < 30 {
+				return 10 * time.Millisecond, 200
+			}
+			return 100 * time.Millisecond, 503
+		}}
+		set := policy.Set{
+			Attempts: 3,
+			Retry:    &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+			Hedge:    &policy.Hedge{MaximumConcurrent: 3},
+		}
+		var attempts []policy.CallInfo
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
+			CallDone: func(c policy.CallInfo) { attempts = append(attempts, c) },
+		}})
+		warm(t, tr, 30)
+		code, err := do(t, t.Context(), tr)
+		if err != nil || code != 503 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		// One slow failing round: the first leg, a hedge at ~11ms and
+		// another at ~22ms: three wire calls, and so no retry.
+		if got := base.calls.Load() - 30; got != 3 {
+			t.Fatalf("%d wire calls, want Attempts = 3 in all, hedges and retries together", got)
+		}
+		if last := attempts[len(attempts)-1]; last.WireAttempts != 3 {
+			t.Fatalf("CallDone says %d wire attempts", last.WireAttempts)
+		}
+	})
+}
+
+func TestColdPolicyHedgesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if i == 10 {
+				return time.Minute, 200
+			}
+			return 10 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 11) // the 11th call is a minute long; 10 samples < MinimumSamples
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeWarming) != 11 {
+			t.Fatalf("%d hedges, %d warming suppressions; want 0 and 11", s, ev.reason(policy.HedgeWarming))
+		}
+		if tr.Measured("up.test").HedgeThreshold != 0 {
+			t.Fatal("a threshold was reported below MinimumSamples")
+		}
+	})
+}
+
+func TestBulkIsNeverHedged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Second, 200
+			}
+			return 10 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30)
+		slow.Store(true)
+		if _, err := do(t, shedding.WithPriority(t.Context(), shedding.Bulk), tr); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgePriority) != 1 {
+			t.Fatalf("%d hedges, %d priority suppressions", s, ev.reason(policy.HedgePriority))
+		}
+	})
+}
+
+func TestHedgeThatFailsLetsTheFirstLegWin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			switch {
+			case i < 30:
+				return 10 * time.Millisecond, 200
+			case i == 30:
+				return 50 * time.Millisecond, 200 // slow first leg, succeeds
+			}
+			return time.Millisecond, 503 // the hedge fails fast
+		}}
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30)
+		code, err := do(t, t.Context(), tr)
+		if err != nil || code != 200 {
+			t.Fatalf("got %d, %v; the first leg's success should win over the failed hedge", code, err)
+		}
+		if s, w := ev.counts(); s != 1 || w != 0 {
+			t.Fatalf("started %d won %d", s, w)
+		}
+		synctest.Wait()
+		for i, b := range base.bodies {
+			if !b.closed.Load() {
+				t.Errorf("body %d left open", i)
+			}
+		}
+	})
+}

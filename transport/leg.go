@@ -1,0 +1,208 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// leg is one wire attempt: the request it sends, the permits it holds and,
+// once sent, what came back.
+type leg struct {
+	n    int
+	kind policy.AttemptKind
+	req  *http.Request
+
+	// ctx is the attempt's context: the caller's, or a child whose cancel
+	// is held when the attempt has a timeout or may be discarded.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer // Timeout.PerAttempt
+
+	bp       policy.BreakerPermit
+	breaker  bool // bp is held
+	bulkhead bool // a bulkhead slot is held
+
+	dispatch time.Time // set by prepare, just before the wire call
+	done     bool      // reported to its round; guarded by the round's lock
+	resp     *http.Response
+	err      error
+	outcome  policy.Outcome
+	latency  time.Duration
+}
+
+// errDiscarded is the cancellation cause of a hedge leg that lost.
+var errDiscarded = errors.New("resilix: hedge leg discarded")
+
+// prepare builds the leg's request: the caller's own when nothing about it
+// changes, else a shallow copy with the attempt's context and body. The
+// caller's request is never modified. A leg that may be discarded always
+// gets a cancellable context.
+func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
+	c.wire++
+	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
+	if d := c.s.chain.timeout; d > 0 || discardable {
+		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
+		if d > 0 {
+			cancel := l.cancel
+			l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
+		}
+	}
+	l.req = c.req
+	if l.ctx != c.ctx || replay {
+		l.req = c.req.WithContext(l.ctx)
+		l.req.Body = body
+	}
+	l.dispatch = time.Now()
+}
+
+// send makes the wire call and settles what it holds: the breaker learns
+// the outcome at headers; the context and the bulkhead slot are released
+// now, or, when a response came back, when its body is closed or read to
+// the end.
+func (c *call) send(l *leg) {
+	s := c.s
+	resp, err := c.t.base.RoundTrip(l.req)
+	now := time.Now()
+	l.latency = now.Sub(l.dispatch)
+	resp, err = sane(resp, err)
+
+	timedOut := false
+	if l.timer != nil && !l.timer.Stop() && c.ctx.Err() == nil &&
+		errors.Is(context.Cause(l.ctx), policy.ErrAttemptTimeout) {
+		// The attempt ran out of time. If headers raced the timer and
+		// lost, the context is already cancelled and the body would fail
+		// mid-read: it is the timeout it looks like.
+		if resp != nil {
+			closeBody(resp.Body)
+			resp = nil
+		}
+		err = &attemptTimeoutError{after: s.chain.timeout}
+		timedOut = true
+	}
+
+	switch {
+	case l.cancel != nil && context.Cause(l.ctx) == errDiscarded:
+		l.outcome = policy.Discarded
+	case c.ctx.Err() != nil:
+		l.outcome = policy.Canceled
+	default:
+		l.outcome = s.chain.classify(resp, err)
+	}
+
+	if l.breaker {
+		c.transition(s.breaker.Done(now, l.bp, l.outcome))
+		l.breaker = false
+	}
+	if s.hedge != nil && l.outcome.Evidence() {
+		// Latency is learned from answers and from timeouts (a lower
+		// bound); a refused connection's speed says nothing about how
+		// long the dependency takes to answer.
+		if resp != nil || timedOut {
+			s.hedge.Record(now, l.latency)
+		}
+		s.hedge.Outcome(now, l.outcome)
+	}
+
+	if resp != nil && (l.cancel != nil || l.bulkhead) {
+		r := &releaser{rc: resp.Body, cancel: l.cancel}
+		if l.bulkhead {
+			r.bulkhead = s.bulkhead
+		}
+		if rw, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+			resp.Body = &releaserRW{releaser: r, w: rw}
+		} else {
+			resp.Body = r
+		}
+	} else if resp == nil {
+		if l.cancel != nil {
+			l.cancel(context.Canceled)
+		}
+		if l.bulkhead {
+			s.bulkhead.Release()
+		}
+	}
+	l.bulkhead = false
+	l.resp, l.err = resp, err
+}
+
+// errNilResponse replaces a base RoundTripper's (nil, nil).
+var errNilResponse = errors.New("resilix: base RoundTripper returned a nil response and a nil error")
+
+// sane enforces the RoundTripper contract on what the base returned.
+func sane(resp *http.Response, err error) (*http.Response, error) {
+	switch {
+	case err != nil && resp != nil:
+		closeBody(resp.Body)
+		return nil, err
+	case err == nil && resp == nil:
+		return nil, errNilResponse
+	case resp != nil && resp.Body == nil:
+		resp.Body = http.NoBody
+	}
+	return resp, err
+}
+
+// releaser is a response body that releases what its attempt held, the
+// attempt's context and its bulkhead slot, exactly once: at EOF, at a read
+// error, or at Close.
+type releaser struct {
+	rc       io.ReadCloser
+	cancel   context.CancelCauseFunc
+	bulkhead *policy.BulkheadGate
+	done     atomic.Bool
+}
+
+func (r *releaser) release() {
+	if r.done.CompareAndSwap(false, true) {
+		if r.cancel != nil {
+			r.cancel(context.Canceled)
+		}
+		if r.bulkhead != nil {
+			r.bulkhead.Release()
+		}
+	}
+}
+
+func (r *releaser) Read(p []byte) (int, error) {
+	n, err := r.rc.Read(p)
+	if err != nil {
+		r.release()
+	}
+	return n, err
+}
+
+func (r *releaser) Close() error {
+	err := r.rc.Close()
+	r.release()
+	return err
+}
+
+// releaserRW keeps a 101 Switching Protocols body writable.
+type releaserRW struct {
+	*releaser
+	w io.Writer
+}
+
+func (r *releaserRW) Write(p []byte) (int, error) { return r.w.Write(p) }
+
+// attemptTimeoutError is the error of an attempt cut short by
+// Timeout.PerAttempt. It matches policy.ErrAttemptTimeout and
+// context.DeadlineExceeded, and is a net.Error whose Timeout is true.
+type attemptTimeoutError struct{ after time.Duration }
+
+func (e *attemptTimeoutError) Error() string {
+	return "resilix: attempt timed out: no response headers after " + e.after.String()
+}
+
+func (e *attemptTimeoutError) Is(target error) bool {
+	return target == policy.ErrAttemptTimeout || target == context.DeadlineExceeded
+}
+
+func (e *attemptTimeoutError) Timeout() bool   { return true }
+func (e *attemptTimeoutError) Temporary() bool { return true }
