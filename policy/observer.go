@@ -46,6 +46,46 @@ type Observer struct {
 	// MalformedHeader is called when a priority header cannot be parsed;
 	// the call goes on at the default priority.
 	MalformedHeader func(MalformedHeader)
+
+	// LimitChange is called when a scope's adaptive concurrency limit
+	// moves.
+	LimitChange func(LimitChange)
+
+	// Attach is called once by each transport built with this Observer,
+	// from transport.New, with a source of the transport's current state:
+	// observers that report gauges read it when they are collected,
+	// rather than being pushed every change.
+	Attach func(StateSource)
+}
+
+// StateSource reports the current state of every key a transport holds.
+type StateSource interface {
+	// States calls f once per key with a snapshot of its state. It holds
+	// no lock while f runs.
+	States(f func(key string, s State))
+}
+
+// State is a snapshot of one key's gauges. A Has field is false when the
+// key does not run that policy; its values are then zero.
+type State struct {
+	HasBreaker   bool
+	BreakerState BreakerState
+
+	HasLimiter   bool
+	LimiterLimit int
+
+	Budgeted      bool
+	BudgetBalance float64
+
+	// HedgeThreshold is zero until the key's latency window has enough
+	// samples, or when it does not hedge.
+	HedgeThreshold time.Duration
+}
+
+// LimitChange describes an adaptive limit's move.
+type LimitChange struct {
+	Key      string
+	From, To int
 }
 
 // AttemptKind says why a wire attempt was made.

@@ -139,6 +139,22 @@ func (s *scope) measured(now time.Time) Measured {
 	return m
 }
 
+func (s *scope) state(now time.Time) policy.State {
+	var st policy.State
+	if s.breaker != nil {
+		st.HasBreaker, st.BreakerState = true, s.breaker.State(now)
+	}
+	if s.budget != nil {
+		st.Budgeted, st.BudgetBalance = true, s.budget.Balance(now)
+	}
+	if s.hedge != nil {
+		if d, ok := s.hedge.Threshold(now); ok {
+			st.HedgeThreshold = d
+		}
+	}
+	return st
+}
+
 // registry maps keys to scopes, bounded by max. Lookups take a read lock;
 // only a new key takes the write lock. No goroutine or timer runs for it.
 type registry struct {
@@ -212,4 +228,17 @@ func (r *registry) len() int {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return len(r.m)
+}
+
+// each calls f for every scope, with no lock held while f runs.
+func (r *registry) each(f func(*scope)) {
+	r.mu.RLock()
+	all := make([]*scope, 0, len(r.m))
+	for _, s := range r.m {
+		all = append(all, s)
+	}
+	r.mu.RUnlock()
+	for _, s := range all {
+		f(s)
+	}
 }

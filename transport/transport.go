@@ -133,7 +133,18 @@ func New(cfg Config) (*Transport, error) {
 		max = DefaultMaxKeys
 	}
 	t.scopes.init(max, t.newScope)
+	if o := t.obs; o != nil && o.Attach != nil {
+		o.Attach(stateSource{t})
+	}
 	return t, nil
+}
+
+// stateSource is the policy.StateSource a Transport gives its Observer.
+type stateSource struct{ t *Transport }
+
+func (src stateSource) States(f func(key string, s policy.State)) {
+	now := time.Now()
+	src.t.scopes.each(func(s *scope) { f(s.key, s.state(now)) })
 }
 
 func hostKey(r *http.Request) string { return r.URL.Host }
