@@ -1,0 +1,205 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
+)
+
+// trackedBody is a request body that records whether it was closed.
+type trackedBody struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *trackedBody) Close() error { b.closed.Store(true); return nil }
+
+func TestRefusalClosesTheBodyAndNeverReachesTheBase(t *testing.T) {
+	var reached atomic.Int32
+	base := fakeRT(func(r *http.Request) (*http.Response, error) {
+		reached.Add(1)
+		return respond(r, 503), nil
+	})
+	set := policy.Set{Breaker: &policy.Breaker{ConsecutiveFailures: 1}}
+	var refusals []policy.Refusal
+	tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
+		Refused: func(r policy.Refusal) { refusals = append(refusals, r) },
+	}})
+	resp, err := get(t, t.Context(), tr, "http://a.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	b := &trackedBody{Reader: strings.NewReader("x")}
+	req, _ := http.NewRequest(http.MethodPut, "http://a.test/", b)
+	resp, err = (&http.Client{Transport: tr}).Do(req)
+	if resp != nil || !errors.Is(err, policy.ErrCircuitOpen) || !errors.Is(err, policy.ErrRejected) {
+		t.Fatalf("got %v, %v; want ErrCircuitOpen through http.Client", resp, err)
+	}
+	var rej *policy.RejectedError
+	if !errors.As(err, &rej) || rej.Gate != policy.GateBreaker || rej.Key != "a.test" || rej.RetryAfter <= 0 {
+		t.Fatalf("RejectedError %+v", rej)
+	}
+	if !b.closed.Load() || reached.Load() != 1 {
+		t.Fatalf("body closed=%v, base reached %d times; want closed and 1", b.closed.Load(), reached.Load())
+	}
+	if len(refusals) != 1 || refusals[0].Gate != policy.GateBreaker {
+		t.Fatalf("refusals %+v", refusals)
+	}
+}
+
+func TestAnOpenBreakerIsNotRetried(t *testing.T) {
+	base := &script{codes: []int{503}}
+	set := retrySet()
+	set.Breaker = &policy.Breaker{ConsecutiveFailures: 2}
+	tr := mustNew(t, Config{Base: base, Policies: set})
+	resp, err := get(t, t.Context(), tr, "http://a.test/")
+	// Attempt 1 fails, attempt 2 fails and trips the breaker, attempt 3
+	// is refused: the caller gets the refusal, not a third 503.
+	if resp != nil || !errors.Is(err, policy.ErrCircuitOpen) {
+		t.Fatalf("got %v, %v", resp, err)
+	}
+	if base.n() != 2 || !base.resps[1].Body.(*body).closed.Load() {
+		t.Fatalf("%d wire calls; the superseded response must be closed", base.n())
+	}
+}
+
+func TestBulkheadHoldsItsSlotUntilTheBodyIsClosed(t *testing.T) {
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}})
+	first, err := get(t, t.Context(), tr, "http://a.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, policy.ErrBulkheadFull) {
+		t.Fatalf("second call while the first body is open: %v, want ErrBulkheadFull", err)
+	}
+	if got := tr.Measured("a.test").BulkheadInFlight; got != 1 {
+		t.Fatalf("in flight %d", got)
+	}
+	_, _ = io.ReadAll(first.Body) // EOF releases too
+	resp, err := get(t, t.Context(), tr, "http://a.test/")
+	if err != nil {
+		t.Fatalf("after EOF: %v", err)
+	}
+	resp.Body.Close()
+	first.Body.Close()
+	if got := tr.Measured("a.test").BulkheadInFlight; got != 0 {
+		t.Fatalf("in flight %d after every body closed", got)
+	}
+}
+
+func TestBulkheadWaitEndsAtTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 1, MaxWait: time.Minute}}})
+		held, err := get(t, t.Context(), tr, "http://a.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Body.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err = get(t, ctx, tr, "http://a.test/")
+		if !errors.Is(err, policy.ErrBulkheadFull) || time.Since(start) != 2*time.Second {
+			t.Fatalf("err %v after %v; want ErrBulkheadFull at the 2s deadline", err, time.Since(start))
+		}
+	})
+}
+
+func TestRateLimitRefusalCarriesRetryAfter(t *testing.T) {
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1, Burst: 1}}})
+	resp, err := get(t, t.Context(), tr, "http://a.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	_, err = get(t, t.Context(), tr, "http://a.test/")
+	var rej *policy.RejectedError
+	if !errors.As(err, &rej) || !errors.Is(err, policy.ErrRateLimited) || rej.RetryAfter <= 0 || rej.RetryAfter > time.Second {
+		t.Fatalf("err %v, want ErrRateLimited with a RetryAfter in (0, 1s]", err)
+	}
+}
+
+func TestHedgesPassTheGatesToo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slow atomic.Bool
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if slow.Swap(false) {
+				return time.Second, 200
+			}
+			return 10 * time.Millisecond, 200
+		}}
+		var ev hedgeEvents
+		set := policy.Set{Hedge: &policy.Hedge{}, Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 30)
+		slow.Store(true)
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		// The bulkhead's one slot is the first leg's: the hedge may not
+		// bypass it.
+		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeRejected) != 1 {
+			t.Fatalf("hedges %d, rejected %d; a hedge must pass the bulkhead like any leg", s, ev.reason(policy.HedgeRejected))
+		}
+	})
+}
+
+func TestLoopbackBreakerIsolatesHostsAndRecovers(t *testing.T) {
+	sick, urlSick := loopback(t, httptestutil.Options{Faults: always503})
+	_, urlWell := loopback(t, httptestutil.Options{})
+	set := policy.Set{Breaker: &policy.Breaker{ConsecutiveFailures: 3, OpenFor: 50 * time.Millisecond}}
+	tr, tracker := trackedTransport(t, set)
+	c := &http.Client{Transport: tr}
+	getStatus := func(url string) (int, error) {
+		resp, err := c.Get(url)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	for range 3 {
+		if code, err := getStatus(urlSick); err != nil || code != 503 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+	}
+	if _, err := getStatus(urlSick); !errors.Is(err, policy.ErrCircuitOpen) {
+		t.Fatalf("after 3 failures: %v, want the breaker open", err)
+	}
+	if code, err := getStatus(urlWell); err != nil || code != 200 {
+		t.Fatalf("the healthy host: %d, %v; one host's open breaker must not refuse another", code, err)
+	}
+
+	sick.SetFaults() // the upstream heals
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, err := getStatus(urlSick)
+		if err == nil && code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker did not recover after the upstream healed: %d, %v", code, err)
+		}
+		time.Sleep(10 * time.Millisecond) // a client backing off, not a test waiting on time
+	}
+	if st := tr.Measured(strings.TrimPrefix(urlSick, "http://")).BreakerState; st != policy.BreakerClosed {
+		t.Fatalf("breaker %v after a successful probe", st)
+	}
+	if tracker.Open() != 0 {
+		t.Fatalf("%d bodies open", tracker.Open())
+	}
+}
