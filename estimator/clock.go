@@ -21,13 +21,18 @@ type clock struct {
 	inv    uint64 // floor(2^64 / slice), or MaxUint64 when slice is 1
 }
 
+// orDefaultWindow returns window, or defaultWindow when it is zero or less.
+func orDefaultWindow(window time.Duration) time.Duration {
+	if window <= 0 {
+		return defaultWindow
+	}
+	return window
+}
+
 // newClock returns the clock of a window of the given length starting at
 // origin. A window of zero or less means defaultWindow.
 func newClock(window time.Duration, origin time.Time) clock {
-	if window <= 0 {
-		window = defaultWindow
-	}
-	slice := uint64(window / rings)
+	slice := uint64(orDefaultWindow(window) / rings)
 	if slice == 0 {
 		slice = 1
 	}

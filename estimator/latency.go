@@ -70,10 +70,12 @@ type LatencyWindow struct {
 	quantile float64
 	minimum  uint64
 
-	// memo is the configured quantile's answer: (epoch+1)<<8 | bucket,
-	// written only once the window holds at least minimum samples.
-	memo    atomic.Uint64
-	clamped atomic.Uint64
+	// memo is the configured quantile's answer: (period+1)<<8 | bucket,
+	// where period counts memoPeriods of memoClock, written only once the
+	// window holds at least minimum samples.
+	memoClock clock
+	memo      atomic.Uint64
+	clamped   atomic.Uint64
 
 	rings [rings]latencyRing
 }
@@ -84,8 +86,15 @@ type latencyRing struct {
 	counts [numBuckets]atomic.Uint32
 }
 
-// memoShift is where the epoch starts in LatencyWindow.memo.
+// memoShift is where the period starts in LatencyWindow.memo.
 const memoShift = 8
+
+// memoPeriods is how many memo periods a slice holds: the memoized
+// threshold is rescanned at most every slice/memoPeriods (under a second at
+// the default 30s window). A slice-long memo would let a brownout run for
+// up to 7.5s against the threshold of the calm before it, hedging nearly
+// every call; a rescan costs well under a microsecond, once per period.
+const memoPeriods = 8
 
 // NewLatencyWindow returns an empty window configured by cfg whose first
 // slice starts at now.
@@ -102,9 +111,10 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 		minimum = uint64(cfg.MinimumSamples)
 	}
 	return &LatencyWindow{
-		clock:    newClock(cfg.Window, now),
-		quantile: q,
-		minimum:  minimum,
+		clock:     newClock(cfg.Window, now),
+		memoClock: newClock(orDefaultWindow(cfg.Window)/memoPeriods, now),
+		quantile:  q,
+		minimum:   minimum,
 	}
 }
 
@@ -152,24 +162,25 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 // samples the duration is the estimate from the samples there are (zero if
 // none) and should not be acted on.
 //
-// Once there are enough samples, the answer is memoized for the rest of the
-// slice, and reading it costs one atomic load and a comparison. Below the
+// Once there are enough samples, the answer is memoized for an eighth of a
+// slice, and reading it costs one epoch computation, one atomic load and a
+// comparison. Below the
 // minimum it is recomputed on every call, so that a window turns warm as soon
 // as it has enough samples.
 func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
-	e := w.clock.epoch(now)
-	if m := w.memo.Load(); m>>memoShift == e+1 {
+	p := w.memoClock.epoch(now)
+	if m := w.memo.Load(); m>>memoShift == p+1 {
 		return bucketUpper(int(m & (1<<memoShift - 1))), true
 	}
-	return w.threshold(e)
+	return w.threshold(w.clock.epoch(now), p)
 }
 
 // threshold is the slow path of Threshold: scan, and memoize an answer
 // backed by enough samples.
-func (w *LatencyWindow) threshold(e uint64) (time.Duration, bool) {
+func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
 	var sum [numBuckets]uint64
 	n := w.snapshot(e, &sum)
 	if n == 0 {
@@ -179,10 +190,10 @@ func (w *LatencyWindow) threshold(e uint64) (time.Duration, bool) {
 	if n < w.minimum {
 		return bucketUpper(i), false
 	}
-	m := (e+1)<<memoShift | uint64(i)
+	m := (p+1)<<memoShift | uint64(i)
 	for {
 		old := w.memo.Load()
-		if old>>memoShift >= e+1 { // as new or newer than ours
+		if old>>memoShift >= p+1 { // as new or newer than ours
 			break
 		}
 		if w.memo.CompareAndSwap(old, m) {

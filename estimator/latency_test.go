@@ -167,13 +167,15 @@ func TestLatencyWindowMemo(t *testing.T) {
 	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinimumSamples: 3}
 	runLatencySteps(t, cfg, []latencyStep{
 		{at: 0, d: ms1, times: 3, count: 3, thr: up(ms1), ok: true, fresh: up(ms1)},
-		// The answer is memoized for the rest of the slice...
-		{at: 500 * time.Millisecond, d: ms10, times: 10, count: 13, thr: up(ms1), ok: true, fresh: up(ms10)},
-		{at: time.Second - 1, count: 13, thr: up(ms1), ok: true, fresh: up(ms10)},
+		// The answer is memoized for the rest of the memo period, an
+		// eighth of the 1s slice...
+		{at: 50 * time.Millisecond, d: ms10, times: 10, count: 13, thr: up(ms1), ok: true, fresh: up(ms10)},
+		{at: 125*time.Millisecond - 1, count: 13, thr: up(ms1), ok: true, fresh: up(ms10)},
 		// ...and refreshed in the next one.
-		{at: time.Second, count: 13, thr: up(ms10), ok: true, fresh: up(ms10)},
-		{at: 1500 * time.Millisecond, d: ms100, times: 30, count: 43, thr: up(ms10), ok: true, fresh: up(ms100)},
-		{at: 2 * time.Second, count: 43, thr: up(ms100), ok: true, fresh: up(ms100)},
+		{at: 125 * time.Millisecond, count: 13, thr: up(ms10), ok: true, fresh: up(ms10)},
+		{at: 1500 * time.Millisecond, count: 13, thr: up(ms10), ok: true, fresh: up(ms10)},
+		{at: 1510 * time.Millisecond, d: ms100, times: 30, count: 43, thr: up(ms10), ok: true, fresh: up(ms100)},
+		{at: 1625 * time.Millisecond, count: 43, thr: up(ms100), ok: true, fresh: up(ms100)},
 	})
 }
 
@@ -187,7 +189,7 @@ func TestLatencyWindowColdRecomputes(t *testing.T) {
 		{at: 100 * time.Millisecond, d: ms1, times: 3, count: 4, thr: up(ms1), ok: false},
 		{at: 200 * time.Millisecond, d: ms1, times: 1, count: 5, thr: up(ms1), ok: true},
 		// Warm now, and memoized.
-		{at: 300 * time.Millisecond, d: ms100, times: 10, count: 15, thr: up(ms1), ok: true, fresh: up(ms100)},
+		{at: 240 * time.Millisecond, d: ms100, times: 10, count: 15, thr: up(ms1), ok: true, fresh: up(ms100)},
 	})
 }
 

@@ -377,7 +377,7 @@ func TestSuppressAtStopsHedgingNearTheTripPoint(t *testing.T) {
 		var ev hedgeEvents
 		set := policy.Set{Hedge: &policy.Hedge{}, Breaker: &policy.Breaker{}}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
-		warm(t, tr, 50)
+		warm(t, tr, 200) // enough that 5 slow calls stay above p95
 		for range 5 {
 			slow.Store(true)
 			if _, err := do(t, t.Context(), tr); err != nil {
