@@ -14,7 +14,7 @@ test:
 
 ## demo: the main job against a local upstream, printed as a table.
 demo:
-	$(GO) run ./examples/retry
+	$(GO) run ./examples/hedging
 
 ## bench: every benchmark, with allocations; compare runs with benchstat.
 bench:

@@ -47,9 +47,9 @@ type Observer struct {
 	// the call goes on at the default priority.
 	MalformedHeader func(MalformedHeader)
 
-	// LimitChange is called when a scope's adaptive concurrency limit
+	// LimitTransition is called when a scope's adaptive concurrency limit
 	// moves.
-	LimitChange func(LimitChange)
+	LimitTransition func(LimitTransition)
 
 	// Attach is called once by each transport built with this Observer,
 	// from transport.New, with a source of the transport's current state:
@@ -82,8 +82,8 @@ type State struct {
 	HedgeThreshold time.Duration
 }
 
-// LimitChange describes an adaptive limit's move.
-type LimitChange struct {
+// LimitTransition describes an adaptive limit's move.
+type LimitTransition struct {
 	Key      string
 	From, To int
 }

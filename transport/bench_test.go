@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		name string
 		rt   http.RoundTripper
 	}{
+		{"hedge-idle", idleHedge(b)},
 		{"base", okBase{}},
 		{"bare", mustNew(b, Config{Base: okBase{}})},
 		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}})},
@@ -44,6 +46,32 @@ func BenchmarkRoundTrip(b *testing.B) {
 			}
 		})
 	}
+}
+
+// idleHedge returns a hedging transport whose threshold has been learned at
+// 10ms over a base that now answers at once: every call arms the hedge
+// timer and none fires. It is the cost of hedging when it does not hedge.
+func idleHedge(b *testing.B) *Transport {
+	var warm atomic.Int32
+	base := fakeRT(func(r *http.Request) (*http.Response, error) {
+		if warm.Add(1) <= 30 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
+	})
+	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+	req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+	for range 30 {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if tr.Measured("a.test").HedgeThreshold < 5*time.Millisecond {
+		b.Fatal("the hedge threshold was not learned")
+	}
+	return tr
 }
 
 // BenchmarkRoundTripParallel is the retry chain under contention on one key.

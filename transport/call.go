@@ -121,11 +121,13 @@ func (c *call) run() (*http.Response, error) {
 // the caller's own body; later ones the replayed body.
 func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
 	kind := policy.AttemptRetry
+	now := c.start // the first round starts with the call
 	if first {
 		kind = policy.AttemptFirst
 		body = c.req.Body
+	} else {
+		now = time.Now()
 	}
-	now := time.Now()
 	var l leg
 	if rej := c.admit(&l, now, true); rej != nil {
 		closeBody(body)

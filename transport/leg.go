@@ -28,7 +28,7 @@ type leg struct {
 	breaker  bool // bp is held
 	bulkhead bool // a bulkhead slot is held
 
-	dispatch time.Time // set by prepare, just before the wire call
+	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
 	done     bool      // reported to its round; guarded by the round's lock
 	resp     *http.Response
 	err      error
@@ -58,7 +58,9 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	}
-	l.dispatch = time.Now()
+	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
+		l.dispatch = time.Now()
+	}
 }
 
 // send makes the wire call and settles what it holds: the breaker learns
@@ -68,8 +70,11 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 func (c *call) send(l *leg) {
 	s := c.s
 	resp, err := c.t.base.RoundTrip(l.req)
-	now := time.Now()
-	l.latency = now.Sub(l.dispatch)
+	var now time.Time // only read when the leg is timed
+	if !l.dispatch.IsZero() {
+		now = time.Now()
+		l.latency = now.Sub(l.dispatch)
+	}
 	resp, err = sane(resp, err)
 
 	timedOut := false

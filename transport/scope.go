@@ -22,6 +22,9 @@ type chain struct {
 	rateLimit *policy.RateLimit
 	timeout   time.Duration // 0: off
 	budget    policy.Budget // used when amplifying
+	// timed is true when a policy learns from attempt latency or outcome
+	// times; otherwise the clock is not read around the wire call.
+	timed bool
 }
 
 // errNotYet reports a policy that this version declares but does not run
@@ -69,6 +72,7 @@ func compile(s policy.Set) (*chain, error) {
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
 	}
+	c.timed = c.hedge != nil || c.breaker != nil
 	return c, nil
 }
 

@@ -139,6 +139,9 @@ func New(cfg Config) (*Transport, error) {
 	return t, nil
 }
 
+// timesAttemptsOf reports whether an observer wants attempt latencies.
+func timesAttemptsOf(o *policy.Observer) bool { return o != nil && o.AttemptDone != nil }
+
 // stateSource is the policy.StateSource a Transport gives its Observer.
 type stateSource struct{ t *Transport }
 
