@@ -9,15 +9,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -82,19 +79,20 @@ func run(w io.Writer) ([]row, error) {
 		}{{"net/http", plain}, {"resilix", rt}} {
 			up := httptestutil.NewUpstream(u.opts)
 			srv := httptest.NewServer(up)
-			r := drive(client.rt, srv.URL)
+			r := httptestutil.Load{Calls: callsPerRow, Workers: workers, Timeout: 5 * time.Second}.
+				Run(&http.Client{Transport: client.rt}, srv.URL)
 			srv.Close()
 			wire := up.Stats().Requests
-			rows = append(rows, row{u.name, client.name, r.ok, int(wire)})
+			rows = append(rows, row{u.name, client.name, r.OK, int(wire)})
 			budget := "-"
 			if client.rt == rt {
 				m := rt.Measured(strings.TrimPrefix(srv.URL, "http://"))
 				budget = fmt.Sprintf("%.1f", m.BudgetBalance)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f%%\t%d\t%+.1f%%\t%v\t%v\t%s\t\n",
-				u.name, client.name, callsPerRow, 100*float64(r.ok)/callsPerRow, wire,
+				u.name, client.name, callsPerRow, 100*float64(r.OK)/callsPerRow, wire,
 				100*float64(wire-callsPerRow)/callsPerRow,
-				r.quantile(0.5), r.quantile(0.99), budget)
+				r.Quantile(0.5).Round(100*time.Microsecond), r.Quantile(0.99).Round(100*time.Microsecond), budget)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -106,64 +104,4 @@ upstream that is down, the shared budget (10% of calls, plus 1 token a second)
 caps the extra load instead of tripling it. Each upstream host has its own
 budget, so the dead one never spends the healthy one's.`)
 	return rows, nil
-}
-
-type result struct {
-	ok        int
-	latencies []time.Duration
-}
-
-func (r *result) quantile(q float64) time.Duration {
-	slices.Sort(r.latencies)
-	i := int(q * float64(len(r.latencies)-1))
-	return r.latencies[i].Round(100 * time.Microsecond)
-}
-
-// drive makes callsPerRow GET calls from a few workers and collects their
-// outcomes.
-func drive(rt http.RoundTripper, url string) result {
-	client := &http.Client{Transport: rt}
-	var (
-		mu  sync.Mutex
-		res result
-		wg  sync.WaitGroup
-	)
-	jobs := make(chan struct{})
-	for range workers {
-		wg.Go(func() {
-			for range jobs {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				start := time.Now()
-				resp, err := get(ctx, client, url)
-				d := time.Since(start)
-				cancel()
-				mu.Lock()
-				res.latencies = append(res.latencies, d)
-				if err == nil && resp == http.StatusOK {
-					res.ok++
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for range callsPerRow {
-		jobs <- struct{}{}
-	}
-	close(jobs)
-	wg.Wait()
-	return res
-}
-
-func get(ctx context.Context, c *http.Client, url string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
 }
