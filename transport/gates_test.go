@@ -135,18 +135,13 @@ func TestRateLimitRefusalCarriesRetryAfter(t *testing.T) {
 
 func TestHedgesPassTheGatesToo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Second, 200
-			}
-			return 10 * time.Millisecond, 200
-		}}
+		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		slowOnce := func() { base.slowOnce(time.Second) }
 		var ev hedgeEvents
 		set := policy.Set{Hedge: &policy.Hedge{}, Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 30)
-		slow.Store(true)
+		slowOnce()
 		if _, err := do(t, t.Context(), tr); err != nil {
 			t.Fatal(err)
 		}

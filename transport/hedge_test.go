@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -21,6 +22,7 @@ import (
 // call's index (from 0) and the request.
 type slowRT struct {
 	latency func(i int64, r *http.Request) (time.Duration, int)
+	next    atomic.Int64 // when set, the next call's latency, answered 200
 	calls   atomic.Int64
 	mu      sync.Mutex
 	ctxs    []context.Context
@@ -37,6 +39,9 @@ func (s *slowRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	s.ctxs = append(s.ctxs, r.Context())
 	s.mu.Unlock()
 	d, code := s.latency(i, r)
+	if n := s.next.Swap(0); n != 0 {
+		d, code = time.Duration(n), 200
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -49,6 +54,15 @@ func (s *slowRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	s.bodies = append(s.bodies, resp.Body.(*body))
 	s.mu.Unlock()
 	return resp, nil
+}
+
+// slowOnce makes the next wire call take d, and answer 200.
+func (s *slowRT) slowOnce(d time.Duration) { s.next.Store(int64(d)) }
+
+// steady is a latency func for a base whose every call takes d and
+// answers 200.
+func steady(d time.Duration) func(int64, *http.Request) (time.Duration, int) {
+	return func(int64, *http.Request) (time.Duration, int) { return d, 200 }
 }
 
 // hedgeEvents collects what an observer saw.
@@ -153,17 +167,12 @@ func TestBrownoutStopsTheHedgingItWouldOtherwiseCause(t *testing.T) {
 
 func TestLoserIsAborted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Hour, 200
-			}
-			return 10 * time.Millisecond, 200
-		}}
+		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		slowOnce := func() { base.slowOnce(time.Hour) }
 		var ev hedgeEvents
 		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
 		warm(t, tr, 30)
-		slow.Store(true)
+		slowOnce()
 		start := time.Now()
 		if _, err := do(t, t.Context(), tr); err != nil {
 			t.Fatal(err)
@@ -231,18 +240,13 @@ func TestLosingResponseIsClosed(t *testing.T) {
 
 func TestPlainPostIsNeverHedged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Second, 200
-			}
-			return 10 * time.Millisecond, 200
-		}}
+		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		slowOnce := func() { base.slowOnce(time.Second) }
 		var ev hedgeEvents
 		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
 		warm(t, tr, 30)
 		post := func(key bool, ctx context.Context) {
-			slow.Store(true)
+			slowOnce()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://up.test/", strings.NewReader("pay=1"))
 			if key {
 				req.Header.Set("Idempotency-Key", "k")
@@ -314,20 +318,15 @@ func TestHedgesAndRetriesShareOneBudget(t *testing.T) {
 
 func TestNoHedgeOutlivesTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Hour, 200
-			}
-			return 100 * time.Millisecond, 200
-		}}
+		base := &slowRT{latency: steady(100 * time.Millisecond)}
+		slowOnce := func() { base.slowOnce(time.Hour) }
 		var ev hedgeEvents
 		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
 		warm(t, tr, 30) // threshold ~ 100 ms, median ~ 100 ms
 
 		// 150 ms left: the hedge would fire at ~110 ms with ~40 ms to
 		// go, less than the ~100 ms a hedge takes. It is not sent.
-		slow.Store(true)
+		slowOnce()
 		ctx, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -343,7 +342,7 @@ func TestNoHedgeOutlivesTheDeadline(t *testing.T) {
 		}
 
 		// A deadline shorter than the threshold: no timer fires at all.
-		slow.Store(true)
+		slowOnce()
 		ctx2, cancel2 := context.WithTimeout(t.Context(), 50*time.Millisecond)
 		defer cancel2()
 		if _, err := do(t, ctx2, tr); !errors.Is(err, context.DeadlineExceeded) {
@@ -362,60 +361,37 @@ func TestNoHedgeOutlivesTheDeadline(t *testing.T) {
 }
 
 func TestSuppressAtStopsHedgingNearTheTripPoint(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		// 40% errors, in a pattern with no five failures in a row: the
-		// breaker (trip point 0.5 before it has a baseline) stays closed,
-		// but 40% is past SuppressAt (0.5) of the trip point.
-		pattern := []int{503, 200, 503, 200, 200}
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Second, 200
-			}
-			return 10 * time.Millisecond, pattern[i%5]
-		}}
-		var ev hedgeEvents
-		set := policy.Set{Hedge: &policy.Hedge{}, Breaker: &policy.Breaker{}}
-		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
-		warm(t, tr, 200) // enough that 5 slow calls stay above p95
-		for range 5 {
-			slow.Store(true)
-			if _, err := do(t, t.Context(), tr); err != nil {
-				t.Fatal(err)
-			}
-		}
-		m := tr.Measured("up.test")
-		if m.BreakerState != policy.BreakerClosed {
-			t.Fatalf("breaker %v, want closed", m.BreakerState)
-		}
-		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeHealth) != 5 {
-			t.Fatalf("error rate %.2f of trip point %.2f: %d hedges, %d health suppressions; want 0 and 5",
-				m.ErrorRate, m.TripPoint, s, ev.reason(policy.HedgeHealth))
-		}
-	})
-}
-
-func TestSuppressAtWorksWithoutABreaker(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		pattern := []int{503, 200, 503, 200, 200}
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Second, 200
-			}
-			return 10 * time.Millisecond, pattern[i%5]
-		}}
-		var ev hedgeEvents
-		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
-		warm(t, tr, 50)
-		slow.Store(true)
-		if _, err := do(t, t.Context(), tr); err != nil {
-			t.Fatal(err)
-		}
-		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeHealth) != 1 {
-			t.Fatalf("%d hedges, %d health suppressions; want 0 and 1", s, ev.reason(policy.HedgeHealth))
-		}
-	})
+	// 40% errors, in a pattern with no five failures in a row: the breaker
+	// (trip point 0.5 before it has a baseline) stays closed, but 40% is
+	// past SuppressAt (0.5) of the trip point. Without a Breaker the health
+	// gate uses the breaker's defaults.
+	for _, breaker := range []*policy.Breaker{{}, nil} {
+		t.Run(fmt.Sprintf("breaker=%v", breaker != nil), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				pattern := []int{503, 200, 503, 200, 200}
+				base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+					return 10 * time.Millisecond, pattern[i%5]
+				}}
+				var ev hedgeEvents
+				set := policy.Set{Hedge: &policy.Hedge{}, Breaker: breaker}
+				tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+				warm(t, tr, 200) // enough that 5 slow calls stay above p95
+				for range 5 {
+					base.slowOnce(time.Second)
+					if _, err := do(t, t.Context(), tr); err != nil {
+						t.Fatal(err)
+					}
+				}
+				m := tr.Measured("up.test")
+				if m.BreakerState != policy.BreakerClosed {
+					t.Fatalf("breaker %v, want closed", m.BreakerState)
+				}
+				if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeHealth) != 5 {
+					t.Fatalf("%d hedges, %d health suppressions; want 0 and 5", s, ev.reason(policy.HedgeHealth))
+				}
+			})
+		})
+	}
 }
 
 func TestWinRateRetreatsAndRecovers(t *testing.T) {
@@ -545,17 +521,12 @@ func TestColdPolicyHedgesNothing(t *testing.T) {
 
 func TestBulkIsNeverHedged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var slow atomic.Bool
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if slow.Swap(false) {
-				return time.Second, 200
-			}
-			return 10 * time.Millisecond, 200
-		}}
+		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		slowOnce := func() { base.slowOnce(time.Second) }
 		var ev hedgeEvents
 		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
 		warm(t, tr, 30)
-		slow.Store(true)
+		slowOnce()
 		if _, err := do(t, shedding.WithPriority(t.Context(), shedding.Bulk), tr); err != nil {
 			t.Fatal(err)
 		}
