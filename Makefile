@@ -11,6 +11,9 @@ test:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	@# examples/prometheus is its own module, so that the Prometheus exporter
+	@# stays out of resilix's go.mod; ./... does not reach it.
+	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## demo: the main job against a local upstream, printed as a table.
 demo:
@@ -24,6 +27,7 @@ bench:
 ## lint: staticcheck, fetched through the Go module proxy.
 lint:
 	$(GO) run $(STATICCHECK) ./...
+	cd examples/prometheus && $(GO) run $(STATICCHECK) ./...
 
 ## fuzz: a short run of every fuzz target, one at a time (go test -fuzz takes one).
 fuzz:

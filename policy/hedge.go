@@ -107,7 +107,8 @@ type SuppressReason uint8
 // The hedging gates, in the order they are asked when a hedge timer fires.
 const (
 	// HedgeWarming: the latency window holds fewer than MinimumSamples,
-	// so there is no threshold yet. Counted when a call starts.
+	// so there is no threshold yet. Counted once per round (each first
+	// attempt and retry) while the window is warming.
 	HedgeWarming SuppressReason = iota + 1
 	// HedgeDeadline: the hedge could not finish before the caller's
 	// deadline.
@@ -128,9 +129,11 @@ const (
 	// HedgeRejected: an admission gate (breaker, bulkhead, rate limit, ...)
 	// refused the hedge leg.
 	HedgeRejected
+	// HedgeBodyError: Request.GetBody failed for the hedge leg.
+	HedgeBodyError
 )
 
-var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected"}
+var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected", "body_error"}
 
 // String returns the reason's name as it appears in metrics.
 func (r SuppressReason) String() string {

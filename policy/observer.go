@@ -142,7 +142,11 @@ type AttemptInfo struct {
 
 // Refusal describes a gate's refusal of one attempt.
 type Refusal struct {
-	Key      string
+	Key string
+	// Kind is the refused attempt's: a refused hedge leg is also reported
+	// as a hedge suppressed with HedgeRejected, and costs the caller
+	// nothing; a refused first attempt or retry ends the call.
+	Kind     AttemptKind
 	Gate     Gate
 	Priority shedding.Priority
 	// HeavyTenant is true when the request's tenant was above its fair

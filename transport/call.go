@@ -129,7 +129,7 @@ func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
 		now = time.Now()
 	}
 	var l leg
-	if rej := c.admit(&l, now, true); rej != nil {
+	if rej := c.admit(&l, kind, now, true); rej != nil {
 		closeBody(body)
 		c.outcome = policy.Rejected
 		return nil, rej
@@ -201,7 +201,7 @@ var noWait = func() context.Context {
 // admit passes leg l through the admission gates in their order, breaker →
 // bulkhead → rate limit, and either records their permits in l or returns
 // the refusal, having released what earlier gates granted.
-func (c *call) admit(l *leg, now time.Time, wait bool) *policy.RejectedError {
+func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) *policy.RejectedError {
 	s := c.s
 	ctx := c.ctx
 	if !wait {
@@ -211,21 +211,21 @@ func (c *call) admit(l *leg, now time.Time, wait bool) *policy.RejectedError {
 		p, d := s.breaker.Allow(now)
 		c.transition(d.Change)
 		if !d.OK {
-			return c.refuse(policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter)
+			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter)
 		}
 		l.bp, l.breaker = p, true
 	}
 	if s.bulkhead != nil {
 		if !s.bulkhead.Acquire(ctx) {
 			c.unadmit(l, now)
-			return c.refuse(policy.GateBulkhead, policy.ErrBulkheadFull, 0)
+			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0)
 		}
 		l.bulkhead = true
 	}
 	if s.rate != nil {
 		if ok, ra := s.rate.Acquire(ctx, now); !ok {
 			c.unadmit(l, now)
-			return c.refuse(policy.GateRateLimit, policy.ErrRateLimited, ra)
+			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra)
 		}
 	}
 	return nil
@@ -243,10 +243,10 @@ func (c *call) unadmit(l *leg, now time.Time) {
 	}
 }
 
-func (c *call) refuse(g policy.Gate, sentinel error, retryAfter time.Duration) *policy.RejectedError {
+func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration) *policy.RejectedError {
 	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
 	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Key: c.s.key, Gate: g, Priority: c.prio, Err: err})
+		o.Refused(policy.Refusal{Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, Err: err})
 	}
 	return err
 }

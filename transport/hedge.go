@@ -87,27 +87,28 @@ func (r *round) fire() {
 	}
 
 	l := new(leg)
-	if rej := c.admit(l, now, false); rej != nil {
+	if rej := c.admit(l, policy.AttemptHedge, now, false); rej != nil {
 		c.suppress(policy.HedgeRejected)
-		return
-	}
-	if !c.s.budget.Withdraw(now) {
-		c.unadmit(l, now)
-		c.suppress(policy.HedgeBudget)
 		return
 	}
 	body, err := c.newBody()
 	if err != nil {
 		c.unadmit(l, now)
+		c.suppress(policy.HedgeBodyError)
 		return
 	}
 
+	// The budget is charged last, under the round's lock, so that a token
+	// is spent only on a hedge that starts.
 	r.mu.Lock()
-	if r.over || r.live >= r.max || c.wire >= c.s.chain.attempts {
-		// The round ended while the gates were asked.
+	ended := r.over || r.live >= r.max || c.wire >= c.s.chain.attempts
+	if ended || !c.s.budget.Withdraw(now) {
 		r.mu.Unlock()
 		closeBody(body)
 		c.unadmit(l, now)
+		if !ended {
+			c.suppress(policy.HedgeBudget)
+		}
 		return
 	}
 	c.prepare(l, policy.AttemptHedge, body, true, true)
@@ -129,8 +130,8 @@ func (r *round) fire() {
 }
 
 // gate asks the hedging gates after warming, in order: deadline,
-// concurrency, priority, health, value. The budget is asked last, by fire,
-// so that a token is only spent on a hedge that starts. r.mu is held.
+// concurrency, priority, health, value. The budget is asked last, by fire.
+// r.mu is held.
 func (r *round) gate(now time.Time) policy.SuppressReason {
 	c := &r.c
 	if dl, ok := c.ctx.Deadline(); ok && dl.Sub(now) < r.h.Median(now) {

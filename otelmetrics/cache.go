@@ -1,0 +1,183 @@
+package otelmetrics
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// The attribute names.
+const (
+	attrKey      = attribute.Key("key")
+	attrOutcome  = attribute.Key("outcome")
+	attrKind     = attribute.Key("kind")
+	attrReason   = attribute.Key("reason")
+	attrGate     = attribute.Key("gate")
+	attrPriority = attribute.Key("priority")
+)
+
+// maxCachedKeys bounds the keys whose attribute sets are cached; the
+// package doc says what happens past it.
+const maxCachedKeys = 2048
+
+// The sizes of the slot arrays: one past the largest value of each enum
+// this version knows. A value beyond them (a newer policy package) is
+// still recorded, with attributes built for the event.
+const (
+	numOutcomes   = int(policy.Rejected) + 1
+	numKinds      = int(policy.AttemptHedge) + 1
+	numReasons    = int(policy.HedgeBodyError) + 1
+	numGates      = int(policy.GateBudget) + 1
+	numPriorities = 4 // shedding.NumPriorities
+)
+
+// The values of the hedges counter's outcome attribute.
+const (
+	hedgeStarted = iota
+	hedgeWon
+	numHedgeOutcomes
+)
+
+var hedgeOutcomeNames = [numHedgeOutcomes]string{"started", "won"}
+
+// attrs is one attribute set, wrapped once in the option slices each kind
+// of instrument takes, so that recording passes them without allocating.
+type attrs struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+	obs []metric.ObserveOption
+}
+
+func newAttrs(kvs ...attribute.KeyValue) *attrs {
+	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	return &attrs{
+		add: []metric.AddOption{o},
+		rec: []metric.RecordOption{o},
+		obs: []metric.ObserveOption{o},
+	}
+}
+
+// fill is the slow path of the accessors below: it stores attrs built from
+// kvs in the empty slot p. Two goroutines may race to fill it; one wins and
+// both return its attrs. The accessors load the slot themselves first, so
+// that the warm path makes no attribute.KeyValue.
+func fill(p *atomic.Pointer[attrs], kvs ...attribute.KeyValue) *attrs {
+	a := newAttrs(kvs...)
+	if p.CompareAndSwap(nil, a) {
+		return a
+	}
+	return p.Load()
+}
+
+// entry holds the attribute sets of one key, each built on first use.
+type entry struct {
+	key      attribute.KeyValue
+	base     *attrs // key alone
+	outcomes [numOutcomes]atomic.Pointer[attrs]
+	attempts [numKinds][numOutcomes]atomic.Pointer[attrs]
+	hedges   [numHedgeOutcomes]atomic.Pointer[attrs]
+	suppress [numReasons]atomic.Pointer[attrs]
+	shed     [numGates][numPriorities]atomic.Pointer[attrs]
+}
+
+func newEntry(key string) *entry {
+	kv := attrKey.String(key)
+	return &entry{key: kv, base: newAttrs(kv)}
+}
+
+func (e *entry) outcome(o policy.Outcome) *attrs {
+	if int(o) >= numOutcomes {
+		return newAttrs(e.key, attrOutcome.String(o.String()))
+	}
+	p := &e.outcomes[o]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrOutcome.String(o.String()))
+}
+
+func (e *entry) attempt(k policy.AttemptKind, o policy.Outcome) *attrs {
+	if int(k) >= numKinds || int(o) >= numOutcomes {
+		return newAttrs(e.key, attrKind.String(k.String()), attrOutcome.String(o.String()))
+	}
+	p := &e.attempts[k][o]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrKind.String(k.String()), attrOutcome.String(o.String()))
+}
+
+func (e *entry) hedge(o int) *attrs {
+	p := &e.hedges[o]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrOutcome.String(hedgeOutcomeNames[o]))
+}
+
+func (e *entry) suppressed(why policy.SuppressReason) *attrs {
+	if int(why) >= numReasons {
+		return newAttrs(e.key, attrOutcome.String("suppressed"), attrReason.String(why.String()))
+	}
+	p := &e.suppress[why]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrOutcome.String("suppressed"), attrReason.String(why.String()))
+}
+
+// priority is what this package needs of shedding.Priority, which it
+// reads from policy.Refusal without importing shedding.
+type priority interface {
+	~uint8
+	String() string
+}
+
+// refusal is a func rather than a method: a method cannot be generic.
+func refusal[P priority](e *entry, g policy.Gate, p P) *attrs {
+	if int(g) >= numGates || int(p) >= numPriorities {
+		return newAttrs(e.key, attrGate.String(g.String()), attrPriority.String(p.String()))
+	}
+	s := &e.shed[g][p]
+	if a := s.Load(); a != nil {
+		return a
+	}
+	return fill(s, e.key, attrGate.String(g.String()), attrPriority.String(p.String()))
+}
+
+// cache maps keys to their entries, for at most maxCachedKeys keys. Lookups
+// are lock-free; adding a key takes a mutex.
+type cache struct {
+	m  sync.Map // string → *entry
+	mu sync.Mutex
+	n  int // keys in m; guarded by mu, as are all writes to m
+}
+
+func (c *cache) get(key string) *entry {
+	if v, ok := c.m.Load(key); ok {
+		return v.(*entry)
+	}
+	return c.add(key)
+}
+
+func (c *cache) add(key string) *entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := c.m.Load(key); ok {
+		return v.(*entry)
+	}
+	if c.n >= maxCachedKeys {
+		// Forget every key rather than track recency on the hot path:
+		// the keys in use come back on their next event.
+		c.m.Clear()
+		c.n = 0
+	}
+	e := newEntry(key)
+	c.m.Store(key, e)
+	c.n++
+	return e
+}

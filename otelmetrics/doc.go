@@ -1,0 +1,113 @@
+// Package otelmetrics reports what resilix does as OpenTelemetry metrics.
+//
+// [New] returns a *policy.Observer that records into a
+// metric.MeterProvider; put it in transport.Config.Observer:
+//
+//	obs, err := otelmetrics.New(provider)
+//	if err != nil { ... }
+//	rt, err := transport.New(transport.Config{Policies: set, Observer: obs})
+//
+// One Observer may serve several transports: each attaches its state when
+// it is built, and the gauges report the keys of all of them.
+//
+// # Instruments
+//
+// The meter is named "github.com/resilix/resilix/otelmetrics". Every
+// measurement carries the attribute key, the transport's scope key
+// (req.URL.Host unless transport.Config.Key says otherwise).
+//
+//	name                    kind                  unit       attributes
+//	resilix.calls           int64 counter         {call}     key, outcome
+//	resilix.attempts        int64 counter         {attempt}  key, kind, outcome
+//	resilix.hedges          int64 counter         {hedge}    key, outcome, reason
+//	resilix.shed            int64 counter         {attempt}  key, gate, priority
+//	resilix.call.duration   float64 histogram     s          key, outcome
+//	resilix.hedge.threshold float64 histogram     s          key
+//	resilix.breaker.state   int64 gauge (async)   {state}    key
+//	resilix.limiter.limit   int64 gauge (async)   {request}  key
+//	resilix.budget.balance  float64 gauge (async) {token}    key
+//
+// The attribute values are the names the policy package gives them:
+//
+//   - outcome on calls and call.duration: success, failure, canceled or
+//     rejected (policy.Outcome);
+//   - kind and outcome on attempts: first, retry or hedge
+//     (policy.AttemptKind); success, failure, canceled or discarded (the
+//     loser of a hedge race, counted when it is cancelled);
+//   - outcome on hedges: started, won or suppressed, and, only on
+//     suppressed, reason: warming, deadline, concurrency, priority,
+//     health, value, budget, rejected or body_error
+//     (policy.SuppressReason). The hedge win rate is
+//     hedges{outcome="won"} / hedges{outcome="started"};
+//   - gate and priority on shed: every refusal of an attempt by an
+//     admission gate, whichever gate it was (throttler, breaker, limiter,
+//     bulkhead, rate_limit, budget; policy.Gate) and the request's
+//     priority (critical, degraded, best-effort, bulk). Refused hedge legs
+//     are included; they are also counted as hedges suppressed with reason
+//     rejected. A call whose first attempt or retry is refused ends there,
+//     as calls{outcome="rejected"}.
+//
+// resilix.call.duration is a call's time from RoundTrip's start to its
+// return (response headers or error), retries, backoff and hedges
+// included. resilix.hedge.threshold records, once per hedge sent, the
+// latency after which it was sent: the live quantile Hedge.Quantile of the
+// key's recent latency.
+//
+// Both histograms advise these explicit bucket boundaries, in seconds, a
+// 1-2.5-5 series from half a millisecond to 30 seconds that resolves both
+// in-datacenter RPCs and slow third-party APIs (an SDK View,
+// sdk/metric.NewView, can replace them):
+//
+//	0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30
+//
+// The gauges are read when the meter provider collects, from the state of
+// every key each attached transport holds; a key that does not run the
+// policy has no point. resilix.breaker.state is 0 when the breaker is
+// closed, 1 when open and 2 when half-open (the values of
+// policy.BreakerState). resilix.limiter.limit is the adaptive concurrency
+// limit, resilix.budget.balance the tokens left in the retry-and-hedge
+// budget. If two attached transports hold the same key, the gauge shows
+// only one of them.
+//
+// # Prometheus names
+//
+// Through the OpenTelemetry Prometheus exporter the dots become
+// underscores, counters gain _total and the histograms _seconds:
+// resilix_calls_total, resilix_attempts_total, resilix_hedges_total,
+// resilix_shed_total, resilix_call_duration_seconds_bucket (_sum, _count),
+// resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
+// resilix_limiter_limit, resilix_budget_balance. The hedge win rate per
+// key:
+//
+//	sum by (key) (rate(resilix_hedges_total{outcome="won"}[5m]))
+//	  / sum by (key) (rate(resilix_hedges_total{outcome="started"}[5m]))
+//
+// # Cardinality
+//
+// The key attribute comes from the requests, so its values are bounded
+// only by the transport: transport.Config.MaxKeys (1024 by default) bounds
+// the keys whose state is held at once, and a key beyond it is forgotten.
+// Metrics do not forget: a cumulative exporter, Prometheus's among them,
+// keeps every series it has seen for the life of the process, so a client
+// that calls many hosts over time accumulates series for hosts it no
+// longer calls. The OpenTelemetry SDK's cardinality limit (2000 attribute
+// sets per instrument by default, sdk/metric.WithCardinalityLimit) is the
+// backstop: past it, new series are folded into one with the attribute
+// otel.metric.overflow=true, totals stay right and the detail is lost.
+// resilix.attempts can hold up to 15 series per key, so the default limit
+// is reached around a hundred keys with every kind and outcome seen. A
+// client of many hosts should map them to fewer keys with
+// transport.Config.Key, or drop the key attribute with an SDK View whose
+// AttributeFilter leaves it out.
+//
+// # Cost
+//
+// The observer's funcs run on the caller's goroutine, on every call. The
+// attribute sets, and the measurement options that carry them, are built
+// once per combination of key and attribute values and then reused, so a
+// warm event costs a lock-free map lookup, an atomic load and the SDK's own
+// recording. The cache holds at most 2048 keys; when a new key would
+// exceed that, it is emptied and refills with the keys still in use.
+// Measurements stay exact past the bound; only the saving is lost until
+// the cache is warm again.
+package otelmetrics

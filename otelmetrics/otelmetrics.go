@@ -1,0 +1,187 @@
+package otelmetrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// MeterName is the name of the meter the instruments are created on.
+const MeterName = "github.com/resilix/resilix/otelmetrics"
+
+// buckets returns the explicit bucket boundaries of both histograms, in
+// seconds. The package doc lists them.
+func buckets() []float64 {
+	return []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+}
+
+// recorder holds the instruments and the state behind one Observer.
+type recorder struct {
+	calls          metric.Int64Counter
+	attempts       metric.Int64Counter
+	hedges         metric.Int64Counter
+	shed           metric.Int64Counter
+	callDuration   metric.Float64Histogram
+	hedgeThreshold metric.Float64Histogram
+	breakerState   metric.Int64ObservableGauge
+	limiterLimit   metric.Int64ObservableGauge
+	budgetBalance  metric.Float64ObservableGauge
+
+	attrs cache
+
+	mu      sync.Mutex
+	sources []policy.StateSource // appended by Attach, never removed
+}
+
+// New returns an Observer that records resilix's events into instruments
+// of mp, for transport.Config.Observer. The package doc lists the
+// instruments. It reports the first errors mp returned when creating them;
+// mp must not be nil.
+//
+// The Observer, and every StateSource attached to it, stay referenced by
+// mp's gauge callback for as long as mp lives. The Observer is safe for
+// concurrent use and may be given to several transports.
+func New(mp metric.MeterProvider) (*policy.Observer, error) {
+	if mp == nil {
+		return nil, errors.New("otelmetrics: nil MeterProvider")
+	}
+	m := mp.Meter(MeterName)
+	r := &recorder{}
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+
+	r.calls, err = m.Int64Counter("resilix.calls",
+		metric.WithUnit("{call}"),
+		metric.WithDescription("Logical calls (RoundTrips) finished, by the outcome the caller got."))
+	check(err)
+	r.attempts, err = m.Int64Counter("resilix.attempts",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Wire attempts finished, by why they were sent (first, retry, hedge) and their outcome."))
+	check(err)
+	r.hedges, err = m.Int64Counter("resilix.hedges",
+		metric.WithUnit("{hedge}"),
+		metric.WithDescription("Hedges started, won, and suppressed (with the reason); the win rate is won / started."))
+	check(err)
+	r.shed, err = m.Int64Counter("resilix.shed",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts refused by an admission gate, by gate and request priority."))
+	check(err)
+	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
+		metric.WithExplicitBucketBoundaries(buckets()...))
+	check(err)
+	r.hedgeThreshold, err = m.Float64Histogram("resilix.hedge.threshold",
+		metric.WithUnit("s"),
+		metric.WithDescription("Latency threshold after which each hedge was sent."),
+		metric.WithExplicitBucketBoundaries(buckets()...))
+	check(err)
+	r.breakerState, err = m.Int64ObservableGauge("resilix.breaker.state",
+		metric.WithUnit("{state}"),
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 open, 2 half-open."))
+	check(err)
+	r.limiterLimit, err = m.Int64ObservableGauge("resilix.limiter.limit",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Adaptive concurrency limit."))
+	check(err)
+	r.budgetBalance, err = m.Float64ObservableGauge("resilix.budget.balance",
+		metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens left in the retry-and-hedge budget."))
+	check(err)
+	if len(errs) == 0 {
+		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance)
+		check(err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("otelmetrics: %w", err)
+	}
+
+	return &policy.Observer{
+		CallDone:        r.callDone,
+		AttemptDone:     r.attemptDone,
+		Refused:         r.refused,
+		HedgeStarted:    r.hedgeStarted,
+		HedgeWon:        r.hedgeWon,
+		HedgeSuppressed: r.hedgeSuppressed,
+		Attach:          r.attach,
+	}, nil
+}
+
+func (r *recorder) callDone(c policy.CallInfo) {
+	a := r.attrs.get(c.Key).outcome(c.Outcome)
+	ctx := context.Background()
+	r.calls.Add(ctx, 1, a.add...)
+	r.callDuration.Record(ctx, c.Duration.Seconds(), a.rec...)
+}
+
+func (r *recorder) attemptDone(at policy.AttemptInfo) {
+	a := r.attrs.get(at.Key).attempt(at.Kind, at.Outcome)
+	r.attempts.Add(context.Background(), 1, a.add...)
+}
+
+func (r *recorder) refused(f policy.Refusal) {
+	a := refusal(r.attrs.get(f.Key), f.Gate, f.Priority)
+	r.shed.Add(context.Background(), 1, a.add...)
+}
+
+func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
+	e := r.attrs.get(h.Key)
+	ctx := context.Background()
+	r.hedges.Add(ctx, 1, e.hedge(hedgeStarted).add...)
+	r.hedgeThreshold.Record(ctx, h.Threshold.Seconds(), e.base.rec...)
+}
+
+func (r *recorder) hedgeWon(h policy.HedgeInfo) {
+	a := r.attrs.get(h.Key).hedge(hedgeWon)
+	r.hedges.Add(context.Background(), 1, a.add...)
+}
+
+func (r *recorder) hedgeSuppressed(h policy.HedgeSuppression) {
+	a := r.attrs.get(h.Key).suppressed(h.Reason)
+	r.hedges.Add(context.Background(), 1, a.add...)
+}
+
+func (r *recorder) attach(src policy.StateSource) {
+	if src == nil {
+		return
+	}
+	r.mu.Lock()
+	r.sources = append(r.sources, src)
+	r.mu.Unlock()
+}
+
+// observe is the gauges' callback: it reads the state of every key of
+// every attached transport.
+func (r *recorder) observe(_ context.Context, o metric.Observer) error {
+	r.mu.Lock()
+	sources := r.sources // only ever appended to: the prefix is stable
+	r.mu.Unlock()
+	for _, src := range sources {
+		src.States(func(key string, s policy.State) {
+			if !s.HasBreaker && !s.HasLimiter && !s.Budgeted {
+				return
+			}
+			obs := r.attrs.get(key).base.obs
+			if s.HasBreaker {
+				o.ObserveInt64(r.breakerState, int64(s.BreakerState), obs...)
+			}
+			if s.HasLimiter {
+				o.ObserveInt64(r.limiterLimit, int64(s.LimiterLimit), obs...)
+			}
+			if s.Budgeted {
+				o.ObserveFloat64(r.budgetBalance, s.BudgetBalance, obs...)
+			}
+		})
+	}
+	return nil
+}
