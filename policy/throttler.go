@@ -1,11 +1,22 @@
 package policy
 
-import "time"
+import (
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/estimator"
+	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
+)
 
 // Throttler is client-side adaptive throttling, from Google's SRE book,
 // chapter 21 ("Handling Overload"): the client refuses a call locally with
 // probability max(0, (requests − K·accepts) / (requests + 1)) over a recent
-// window, so a dependency that is refusing work stops receiving it.
+// window, so a dependency that is refusing work stops receiving it. See
+// AdaptiveThrottler for what counts as accepted and who is refused first.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
 	// starts throttling; at least 1. If zero, 2 is used (the book's
@@ -15,6 +26,11 @@ type Throttler struct {
 	// Window is how much history requests and accepts are counted over.
 	// If zero, 2m is used, the book's choice.
 	Window time.Duration
+
+	// Accepted decides whether the backend accepted an attempt, from its
+	// response or error (exactly one of them non-nil); it must not read or
+	// close the body. If nil, DefaultAccepted is used.
+	Accepted func(resp *http.Response, err error) bool
 }
 
 func (t *Throttler) validate() error {
@@ -25,4 +41,291 @@ func (t *Throttler) validate() error {
 		return fieldErr("Throttler.Window", "must be >= 0, got %v", t.Window)
 	}
 	return nil
+}
+
+// WithDefaults returns t with every zero field set to its default.
+func (t Throttler) WithDefaults() Throttler {
+	t.K = or(t.K, 2)
+	t.Window = or(t.Window, 2*time.Minute)
+	if t.Accepted == nil {
+		t.Accepted = DefaultAccepted
+	}
+	return t
+}
+
+// DefaultAccepted is the Accepted used when Throttler.Accepted is nil. It
+// reports whether a backend took on the work of an attempt, which is what
+// the SRE book counts as an accept. An attempt is not accepted when:
+//
+//   - it got no response (any transport error: refused or reset connection,
+//     per-attempt timeout): the backend could not take the work;
+//   - the status is 429 Too Many Requests or 503 Service Unavailable: the
+//     backend refused it, the signature of overload;
+//   - the status is 502 Bad Gateway or 504 Gateway Timeout: a proxy in front
+//     of the backend could not get it served, which is what an overloaded
+//     backend behind a load balancer looks like from the client.
+//
+// Every other status is accepted, 500 and the other 5xx included: the
+// backend took the work and failed at it, which is the breaker's business,
+// not a refusal to throttle for. 4xx other than 429 are the caller's
+// problem, and accepted.
+func DefaultAccepted(resp *http.Response, err error) bool {
+	if err != nil || resp == nil {
+		return false
+	}
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable,
+		http.StatusBadGateway, http.StatusGatewayTimeout:
+		return false
+	}
+	return true
+}
+
+// Counter indexes in AdaptiveThrottler.win.
+const (
+	thrRequests  = iota                                  // every Admit, refused or not
+	thrAccepts                                           // Done with accepted
+	thrWithdrawn                                         // Done with Canceled or Discarded: not evidence
+	thrMix                                               // + priority: Admit per bucket
+	thrWeightSum = thrMix + shedding.NumPriorities       // + priority: tenant weights × thrWeightOne
+	thrWeighed   = thrWeightSum + shedding.NumPriorities // + priority: weights summed
+	thrCounters  = thrWeighed + shedding.NumPriorities
+)
+
+const (
+	// thrWeightOne is a tenant weight of 1 in the fixed point of the
+	// weight counters.
+	thrWeightOne = 1 << 10
+	// thrMaxWeight caps a tenant weight, so the weight counters cannot
+	// overflow.
+	thrMaxWeight = 1 << 20
+	// thrMinShare is the least share a tenant counts with, so that a bucket
+	// of tenants the tracker does not follow (new ones, or ids that change
+	// with every request) is still shed: its weights are all equal.
+	thrMinShare = 0.1
+	// thrTenantWindow is the history of tenant admissions.
+	thrTenantWindow = 30 * time.Second
+)
+
+// AdaptiveThrottler is the runtime state of a Throttler, one per scope:
+// client-side adaptive throttling from Google's SRE book, chapter 21
+// ("Handling Overload", https://sre.google/sre-book/handling-overload/),
+// shed bottom-up by priority and, within a priority, heaviest tenant first.
+//
+// # The rule
+//
+// Over a sliding Window (estimator.Counters: four slices of Window/4) the
+// throttler counts requests, every attempt Admit is asked about, including
+// the ones it refuses itself, as the book does, and accepts, the attempts
+// the backend accepted. Each new attempt is refused with probability
+//
+//	p = max(0, (requests − K·accepts) / (requests + 1))
+//
+// While the backend accepts everything, p is 0. When it starts refusing,
+// the client keeps sending about K requests per accept, so the backend
+// still sees enough traffic to show it has recovered, and stops sending the
+// rest, which never leave the process. K = 2 and two minutes of history
+// are the book's choices. A lower K throttles more aggressively, a higher
+// one less; with K = 2 the backend receives about two requests per one it
+// accepts, wasting some of its resources on refusals in exchange for
+// noticing its recovery sooner, which the book prefers. Two minutes also
+// spans the latency of any reasonable request many times over, so an
+// accept lands in the window that holds its request.
+//
+// # What counts as accepted
+//
+// The transport reports each admitted attempt's end with Done, with the
+// outcome Classify gave it and whether Throttler.Accepted (DefaultAccepted
+// unless set) says the backend accepted it: not for transport errors, 429,
+// 502, 503 and 504; yes for every other status, 500 included. An attempt
+// that ended Canceled (the caller gave up) or Discarded (a hedge loser that
+// resilix cancelled) is not evidence either way: Done withdraws it from the
+// requests. (A withdrawal lands in the slice it happens in, so for a moment
+// at a slice boundary the requests may be undercounted; the count is never
+// taken below zero.)
+//
+// # Who is refused
+//
+// p is the fraction of all traffic to shed. It is split bottom-up by
+// priority with shedding.Split over the window's mix of requests per
+// bucket: Bulk first, then BestEffort, then Degraded, and Critical only
+// when every lower bucket is fully shed (or p reaches 1). That gives each
+// bucket b its probability q_b.
+//
+// Within a bucket, tenants are refused by weight. A tenant's share s is its
+// recent admissions over its fair share (1 + tenant.Tracker.Excess, at
+// least 0.1, which is also what a tenant the tracker does not follow gets;
+// 1 for a request with no tenant), and its weight is w = s², so a tenant at
+// twice its fair share weighs 4 and one at half of it 1/4. The request is refused with probability
+//
+//	min(1, q_b · w / W_b)
+//
+// where W_b is the mean weight of the bucket's recent requests (over the
+// window, counted while the bucket is being shed). Dividing by W_b keeps the
+// bucket's expected shed rate at q_b whatever the tenant mix, except where
+// a tenant's probability is capped at 1; squaring makes the heavy absorb
+// the shedding: with one tenant at ten times another, the light one is
+// refused about 1/100 as often as the heavy one. Tenant admissions are
+// tracked over 30 seconds by a tenant.Tracker of default capacity, so memory
+// does not grow with the number of tenant ids.
+//
+// # Using it
+//
+// Call Admit for every attempt; if it admits, call Done once when the
+// attempt's response headers (or its error) arrive: the accept is decided by
+// the status, so the body plays no part. The random draw comes from a PCG
+// seeded at construction, under the throttler's mutex, so a test with the
+// same seed and instants sees the same refusals. Admit and Done do not
+// allocate. A refusal is reported to the caller as ErrThrottled.
+//
+// A nil *AdaptiveThrottler is a throttler that is off: it admits
+// everything. An AdaptiveThrottler is safe for concurrent use.
+type AdaptiveThrottler struct {
+	k       float64
+	win     *estimator.Counters
+	tenants *tenant.Tracker
+
+	mu  sync.Mutex
+	rng rand.PCG
+}
+
+// NewAdaptiveThrottler returns the runtime state of cfg, with an empty
+// window starting at now. cfg must be valid (Set.Validate checks it). seed
+// seeds the random draws; give each throttler its own.
+func NewAdaptiveThrottler(cfg Throttler, now time.Time, seed uint64) *AdaptiveThrottler {
+	cfg = cfg.WithDefaults()
+	t := &AdaptiveThrottler{
+		k:       max(cfg.K, 1),
+		win:     estimator.NewCounters(cfg.Window, thrCounters, now),
+		tenants: tenant.NewTracker(0, thrTenantWindow, now),
+	}
+	t.rng.Seed(seed, seed^0x9e3779b97f4a7c15)
+	return t
+}
+
+// ThrottleDecision is Admit's answer.
+type ThrottleDecision struct {
+	// OK is true when the attempt is admitted; the caller must then call
+	// Done once.
+	OK bool
+	// Pressure is the overall rejection probability p at the time of the
+	// decision.
+	Pressure float64
+	// Probability is the probability this attempt had of being refused:
+	// p split to its priority and weighted by its tenant.
+	Probability float64
+	// HeavyTenant is true when the attempt's tenant was above its fair
+	// share.
+	HeavyTenant bool
+}
+
+// Admit decides whether an attempt of priority prio for tenantID (empty for
+// none) may go to the backend at now, and counts it as a request. An
+// invalid priority counts as Critical.
+func (t *AdaptiveThrottler) Admit(now time.Time, prio shedding.Priority, tenantID string) ThrottleDecision {
+	if t == nil {
+		return ThrottleDecision{OK: true}
+	}
+	if !prio.Valid() {
+		prio = shedding.Critical
+	}
+	var sums [thrCounters]uint64
+	t.win.Sums(now, sums[:thrMix+shedding.NumPriorities])
+	p := t.rejection(&sums)
+	t.win.Add(now, thrRequests, 1)
+	t.win.Add(now, thrMix+int(prio), 1)
+	d := ThrottleDecision{OK: true, Pressure: p}
+	if p > 0 {
+		d = t.shed(now, p, prio, tenantID, &sums)
+	}
+	if d.OK && tenantID != "" {
+		t.tenants.Add(now, tenantID)
+	}
+	return d
+}
+
+// shed is Admit's path under pressure p > 0: split p to prio, weight it by
+// tenant, draw. sums holds the window's requests, accepts, withdrawals and
+// mix before this attempt.
+func (t *AdaptiveThrottler) shed(now time.Time, p float64, prio shedding.Priority, tenantID string, sums *[thrCounters]uint64) ThrottleDecision {
+	d := ThrottleDecision{Pressure: p}
+	var mix [shedding.NumPriorities]float64
+	for b := range mix {
+		mix[b] = float64(sums[thrMix+b])
+	}
+	mix[prio]++ // this attempt
+	q := shedding.Split(p, mix)[prio]
+	if q <= 0 {
+		d.OK = true
+		return d
+	}
+	w := 1.0 // no tenant: neutral
+	if tenantID != "" {
+		e := t.tenants.Excess(now, tenantID)
+		d.HeavyTenant = e > 0
+		s := max(1+e, thrMinShare)
+		w = min(s*s, thrMaxWeight)
+	}
+	if q >= 1 {
+		d.Probability = 1
+		return d
+	}
+	// Weigh the attempt against the bucket's mean weight, this attempt
+	// included.
+	fixed := uint64(w * thrWeightOne)
+	t.win.Add(now, thrWeightSum+int(prio), fixed)
+	t.win.Add(now, thrWeighed+int(prio), 1)
+	t.win.Sums(now, sums[:])
+	sum, n := sums[thrWeightSum+int(prio)], sums[thrWeighed+int(prio)]
+	if n == 0 || sum == 0 { // a slice boundary cleared them: this attempt alone
+		sum, n = fixed, 1
+	}
+	mean := float64(sum) / float64(n)
+	d.Probability = min(1, q*float64(fixed)/mean)
+	t.mu.Lock()
+	u := float64(t.rng.Uint64()>>11) * 0x1p-53 // uniform in [0, 1)
+	t.mu.Unlock()
+	d.OK = u >= d.Probability
+	return d
+}
+
+// Done records the end of an admitted attempt at now: o is its outcome as
+// classified, accepted whether the backend accepted it (Throttler.Accepted).
+// Canceled and Discarded attempts are withdrawn from the requests, whatever
+// accepted says.
+func (t *AdaptiveThrottler) Done(now time.Time, o Outcome, accepted bool) {
+	if t == nil {
+		return
+	}
+	switch {
+	case !o.Evidence():
+		t.win.Add(now, thrWithdrawn, 1)
+	case accepted:
+		t.win.Add(now, thrAccepts, 1)
+	}
+}
+
+// Pressure returns the rejection probability p at now, before the split by
+// priority and tenant.
+func (t *AdaptiveThrottler) Pressure(now time.Time) float64 {
+	if t == nil {
+		return 0
+	}
+	var sums [thrCounters]uint64
+	t.win.Sums(now, sums[:thrMix])
+	return t.rejection(&sums)
+}
+
+// rejection computes p from the window's sums.
+func (t *AdaptiveThrottler) rejection(sums *[thrCounters]uint64) float64 {
+	req, acc, wd := sums[thrRequests], sums[thrAccepts], sums[thrWithdrawn]
+	if wd >= req {
+		return 0
+	}
+	r := float64(req - wd)
+	p := (r - t.k*float64(acc)) / (r + 1)
+	if !(p > 0) {
+		return 0
+	}
+	return math.Min(p, 1)
 }

@@ -1,12 +1,38 @@
-// Package shedding defines the four priority buckets resilix sheds by and the
-// context helpers that carry a request's priority.
+// Package shedding defines the four priority buckets resilix sheds by, the
+// context helpers that carry a request's priority, and the rule that turns a
+// gate's pressure into refusals per bucket ([Split]).
+//
+// # The buckets
 //
 // The buckets are Netflix's, from "Enhancing Netflix Reliability with
-// Service-Level Prioritized Load Shedding" (2024): when a gate must refuse
-// work it refuses Bulk first, then BestEffort, then Degraded, and Critical
-// only when nothing lower is left to refuse. A request that carries no
-// priority is Critical, following Google's default criticality, so a user who
-// tags nothing gets a classic, priority-blind gate.
+// Service-Level Prioritized Load Shedding" (Netflix Technology Blog, 2024),
+// themselves inspired by Linux tc-prio. Their definitions, verbatim:
+//
+//	CRITICAL     "Affect core functionality — These will never be shed if we
+//	             are not in complete failure."
+//	DEGRADED     "Affect user experience — These will be progressively shed
+//	             as the load increases."
+//	BEST_EFFORT  "Do not affect the user — These will be responded to in a
+//	             best effort fashion and may be shed progressively in normal
+//	             operation."
+//	BULK         "Background work, expect these to be routinely shed."
+//
+// A request that carries no priority is Critical, following Google's default
+// criticality (Site Reliability Engineering, chapter 21, "Criticality"), so
+// a user who tags nothing gets a classic, priority-blind gate.
+//
+// # Shedding bottom-up
+//
+// A gate that must refuse some fraction of its traffic (the throttler's
+// rejection probability, the limiter's queue fill) refuses it bottom-up:
+// Bulk first, then BestEffort, then Degraded, using the recent traffic mix
+// per bucket to know how much each can give, and Critical only when every
+// lower bucket is already fully shed or the gate would refuse everything
+// anyway. [Split] is that rule, as a pure function; the gates keep the
+// windowed counts it needs. This is the shape of Netflix's progressive
+// shedding, and of the rule in Google's SRE book (chapter 21,
+// "Criticality") that a backend rejects requests of one criticality only
+// once it rejects all requests of every lower one.
 package shedding
 
 import (

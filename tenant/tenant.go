@@ -4,7 +4,10 @@
 //
 // resilix sets no per-tenant quotas: a quota needs a number nobody knows and
 // wastes capacity while tenants are idle. Fairness is relative to the recent
-// admissions of the tenants that are active.
+// admissions of the tenants that are active: a [Tracker] follows them in
+// fixed memory (a Space-Saving heavy-hitter summary) and says how far a
+// tenant is above its fair share, the window's admissions divided by the
+// active tenants.
 package tenant
 
 import "context"

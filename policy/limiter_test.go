@@ -1,0 +1,665 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/resilix/resilix/shedding"
+)
+
+// lmStart is the instant every limiter test starts from.
+var lmStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// lmWave admits n calls at once at now (all must be admitted at once),
+// then releases them all with the given latency and outcome at
+// now+latency. It returns the instant after the wave and every limit change.
+func lmWave(t *testing.T, l *AdaptiveLimiter, now time.Time, n int, latency time.Duration, o Outcome) (time.Time, []LimitChange) {
+	t.Helper()
+	permits := make([]LimiterPermit, 0, n)
+	for range n {
+		p, d := l.Acquire(context.Background(), now, shedding.Critical, "")
+		if !d.OK || d.Waited {
+			t.Fatalf("wave of %d at limit %d: call %d not admitted at once (%+v)", n, l.Limit(), len(permits), d)
+		}
+		permits = append(permits, p)
+	}
+	now = now.Add(latency)
+	var changes []LimitChange
+	for _, p := range permits {
+		if c := l.Release(p, now, latency, o); c.Changed() {
+			changes = append(changes, c)
+		}
+	}
+	return now, changes
+}
+
+// TestLimiterGrowsWhenUsed: at full use and flat latency, the first round
+// learns the baseline and each later round adds sqrt(limit).
+func TestLimiterGrowsWhenUsed(t *testing.T) {
+	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	now := lmStart
+	var all []LimitChange
+	for range 8 {
+		var c []LimitChange
+		now, c = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+		all = append(all, c...)
+	}
+	// 20 → 24.47 → 29.42 → 34.85 → 40.75 → 47.13 → 53.99 → 61.34
+	want := []LimitChange{{20, 24}, {24, 29}, {29, 34}, {34, 40}, {40, 47}, {47, 53}, {53, 61}}
+	if diff := cmp.Diff(want, all); diff != "" {
+		t.Errorf("limit changes (-want +got):\n%s", diff)
+	}
+	if b, ok := l.Baseline(); !ok || b != 10*time.Millisecond {
+		t.Errorf("Baseline = %v, %v; want 10ms, true", b, ok)
+	}
+}
+
+// TestLimiterDoesNotGrowWhenIdle: the tether. With in-flight far below the
+// limit, flat latency changes nothing, however long it lasts.
+func TestLimiterDoesNotGrowWhenIdle(t *testing.T) {
+	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	now := lmStart
+	for range 400 {
+		var c []LimitChange
+		now, c = lmWave(t, l, now, 5, 10*time.Millisecond, Success)
+		if len(c) != 0 {
+			t.Fatalf("limit changed %v with 5 of 20 in flight", c)
+		}
+	}
+	if got := l.Limit(); got != 20 {
+		t.Errorf("Limit = %d, want 20", got)
+	}
+	// At half the limit, it is used.
+	now, _ = lmWave(t, l, now, 10, 10*time.Millisecond, Success)
+	if _, c := lmWave(t, l, now, 10, 10*time.Millisecond, Success); len(c) != 1 || c[0].To <= 20 {
+		t.Errorf("at half the limit: changes %v, want growth", c)
+	}
+}
+
+// TestLimiterShrinksWhenLatencyRises: latency three times the baseline
+// halves the limit (the gradient's floor) each round, plus the headroom,
+// down to where the two balance; back to normal latency, it grows again.
+func TestLimiterShrinksWhenLatencyRises(t *testing.T) {
+	l := NewAdaptiveLimiter(Limiter{InitialLimit: 100}, lmStart)
+	now := lmStart
+	for range 5 {
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+	}
+	grown := l.Limit()
+	var all []LimitChange
+	for range 12 {
+		var c []LimitChange
+		now, c = lmWave(t, l, now, l.Limit(), 30*time.Millisecond, Success)
+		all = append(all, c...)
+	}
+	if len(all) == 0 || all[0].To >= all[0].From {
+		t.Fatalf("changes %v, want a shrink first", all)
+	}
+	for _, c := range all {
+		if c.To > c.From {
+			t.Errorf("grew %v while latency was 3× the baseline", c)
+		}
+	}
+	// 0.5·L + sqrt(L) = L at L = 4; the rounding of each step leaves it
+	// a little above.
+	if got := l.Limit(); got > 8 || got < 4 {
+		t.Errorf("Limit = %d after %d at 3× latency, want about 4", got, grown)
+	}
+	if b, _ := l.Baseline(); b != 10*time.Millisecond {
+		t.Errorf("Baseline = %v: congested rounds at full use must not be learned", b)
+	}
+	low := l.Limit()
+	for range 10 {
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+	}
+	if got := l.Limit(); got <= low {
+		t.Errorf("Limit = %d after latency recovered, want growth from %d", got, low)
+	}
+}
+
+// TestLimiterFailuresAndNonEvidence: Canceled and Discarded teach nothing;
+// a fast Failure counts as the baseline, a slow one as itself.
+func TestLimiterFailuresAndNonEvidence(t *testing.T) {
+	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	now := lmStart
+	// Before a baseline, failures are not samples.
+	now, _ = lmWave(t, l, now, 20, time.Millisecond, Failure)
+	if _, ok := l.Baseline(); ok {
+		t.Fatal("a round of failures set the baseline")
+	}
+	for _, o := range []Outcome{Canceled, Discarded} {
+		for range 50 {
+			now, _ = lmWave(t, l, now, 20, time.Hour, o)
+		}
+		if _, ok := l.Baseline(); ok || l.Limit() != 20 {
+			t.Fatalf("%v attempts taught the limiter", o)
+		}
+	}
+	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, Success) // baseline
+	// Fast failures: as the baseline, flat: growth.
+	now, c := lmWave(t, l, now, 20, time.Microsecond, Failure)
+	if len(c) != 1 || c[0] != (LimitChange{20, 24}) {
+		t.Errorf("fast failures: %v, want {20 24}", c)
+	}
+	// Slow failures (timeouts): a shrink.
+	_, c = lmWave(t, l, now, 24, 50*time.Millisecond, Failure)
+	if len(c) != 1 || c[0].To >= c[0].From {
+		t.Errorf("slow failures: %v, want a shrink", c)
+	}
+}
+
+// TestHedgingDoesNotShrinkTheLimit is the seed's §7.2 regression at the
+// core: every call hedged, so twice the in-flight, against constant
+// latency. Each call's loser is Discarded and teaches nothing. The limit
+// ends greater than or equal to the unhedged case, because the tether
+// keys off observed concurrency.
+func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
+	run := func(demand int, hedged bool) int {
+		l := NewAdaptiveLimiter(Limiter{MaxLimit: 200, QueueFactor: -1}, lmStart)
+		now := lmStart
+		for range 300 {
+			var winners, losers []LimiterPermit
+			for range demand {
+				legs := 1
+				if hedged {
+					legs = 2
+				}
+				for leg := range legs {
+					p, d := l.Acquire(context.Background(), now, shedding.Critical, "")
+					if !d.OK {
+						continue
+					}
+					if leg == 0 {
+						winners = append(winners, p)
+					} else {
+						losers = append(losers, p)
+					}
+				}
+			}
+			now = now.Add(20 * time.Millisecond)
+			for _, p := range winners {
+				l.Release(p, now, 20*time.Millisecond, Success)
+			}
+			for _, p := range losers {
+				l.Release(p, now, 20*time.Millisecond, Discarded)
+			}
+		}
+		return l.Limit()
+	}
+	for _, demand := range []int{8, 15, 40, 150} {
+		t.Run(fmt.Sprint(demand), func(t *testing.T) {
+			plain, hedged := run(demand, false), run(demand, true)
+			if hedged < plain {
+				t.Errorf("demand %d: hedged limit %d < unhedged %d", demand, hedged, plain)
+			}
+			t.Logf("demand %d: unhedged %d, hedged %d", demand, plain, hedged)
+		})
+	}
+}
+
+// TestLimiterQueueDepth: the queue holds ceil(QueueFactor × limit), and
+// follows the limit.
+func TestLimiterQueueDepth(t *testing.T) {
+	for _, tt := range []struct {
+		factor float64
+		want   int
+	}{
+		{0, 10}, // the default 0.5 × 20
+		{0.5, 10},
+		{0.33, 7},
+		{2, 40},
+		{-1, 0},
+	} {
+		l := NewAdaptiveLimiter(Limiter{QueueFactor: tt.factor}, lmStart)
+		if got := l.QueueCapacity(); got != tt.want {
+			t.Errorf("QueueFactor %v: QueueCapacity = %d, want %d", tt.factor, got, tt.want)
+		}
+	}
+	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	now := lmStart
+	for range 3 {
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+	}
+	if got, want := l.QueueCapacity(), (l.Limit()+1)/2; got != want {
+		t.Errorf("at limit %d: QueueCapacity = %d, want %d", l.Limit(), got, want)
+	}
+}
+
+// lmFill admits n Critical calls at now and returns their permits.
+func lmFill(t *testing.T, l *AdaptiveLimiter, now time.Time, n int) []LimiterPermit {
+	t.Helper()
+	var ps []LimiterPermit
+	for range n {
+		p, d := l.Acquire(context.Background(), now, shedding.Critical, "")
+		if !d.OK {
+			t.Fatalf("fill: refused %+v", d)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// lmWarm gives the limiter a history of n arrivals of priority prio at
+// now, each admitted and released at once, teaching the limit nothing. The
+// queue tests use a Bulk history so that shedding before queueing (which
+// takes from Bulk first) leaves the higher priorities they queue alone.
+func lmWarm(t *testing.T, l *AdaptiveLimiter, now time.Time, prio shedding.Priority, n int) {
+	t.Helper()
+	for range n {
+		p, d := l.Acquire(context.Background(), now, prio, "")
+		if !d.OK {
+			t.Fatalf("warm-up: refused %+v", d)
+		}
+		l.Release(p, now, 0, Canceled)
+	}
+}
+
+// lmResult is what an Acquire in a goroutine returned.
+type lmResult struct {
+	name string
+	p    LimiterPermit
+	d    LimiterDecision
+}
+
+// lmGo starts Acquire in a goroutine, waits until it has queued or
+// returned, and reports its result on out.
+func lmGo(ctx context.Context, l *AdaptiveLimiter, name string, prio shedding.Priority, tenantID string, out chan<- lmResult) {
+	go func() {
+		p, d := l.Acquire(ctx, time.Now(), prio, tenantID)
+		out <- lmResult{name, p, d}
+	}()
+	synctest.Wait()
+}
+
+// lmTake returns the results available now.
+func lmTake(out <-chan lmResult) []lmResult {
+	var rs []lmResult
+	for {
+		select {
+		case r := <-out:
+			rs = append(rs, r)
+		default:
+			return rs
+		}
+	}
+}
+
+// TestLimiterFreedSlotGoesToHighestPriority: FIFO within a priority,
+// highest priority first.
+func TestLimiterFreedSlotGoesToHighestPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 3}, time.Now())
+		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
+		held := lmFill(t, l, time.Now(), 2)
+		out := make(chan lmResult, 8)
+		for _, w := range []struct {
+			name string
+			prio shedding.Priority
+		}{
+			{"bulk", shedding.Bulk},
+			{"degraded-1", shedding.Degraded},
+			{"critical", shedding.Critical},
+			{"degraded-2", shedding.Degraded},
+		} {
+			lmGo(t.Context(), l, w.name, w.prio, "", out)
+		}
+		if got := l.Queued(); got != 4 {
+			t.Fatalf("Queued = %d, want 4", got)
+		}
+		var order []string
+		for len(order) < 4 {
+			l.Release(held[0], time.Now(), 0, Success)
+			held = held[1:]
+			synctest.Wait()
+			for _, r := range lmTake(out) {
+				if !r.d.OK || !r.d.Waited {
+					t.Fatalf("%s: %+v, want admitted after waiting", r.name, r.d)
+				}
+				order = append(order, r.name)
+				held = append(held, r.p)
+			}
+		}
+		want := []string{"critical", "degraded-1", "degraded-2", "bulk"}
+		if diff := cmp.Diff(want, order); diff != "" {
+			t.Errorf("slot order (-want +got):\n%s", diff)
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, Success)
+		}
+		if l.InFlight() != 0 || l.Queued() != 0 {
+			t.Errorf("InFlight %d, Queued %d at the end", l.InFlight(), l.Queued())
+		}
+	})
+}
+
+// TestLimiterPriorityEviction: a higher-priority arrival at a full queue
+// evicts the lowest-priority waiter, the newest among equals; an arrival
+// that outranks nobody is refused.
+func TestLimiterPriorityEviction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Limit 2, two places. With a history of Bulk only, a Bulk arrival
+		// at a half-full queue is shed with probability about 0.5, which
+		// the first one accrues without being shed.
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1}, time.Now())
+		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
+		held := lmFill(t, l, time.Now(), 2)
+		out := make(chan lmResult, 8)
+		lmGo(t.Context(), l, "bulk-old", shedding.Bulk, "", out)
+		lmGo(t.Context(), l, "bulk-new", shedding.Bulk, "", out)
+		if got := l.Pressure(); got != 1 {
+			t.Errorf("Pressure = %v with a full queue, want 1", got)
+		}
+
+		// Another Bulk outranks nobody.
+		lmGo(t.Context(), l, "bulk-late", shedding.Bulk, "", out)
+		// Degraded evicts the newest Bulk.
+		lmGo(t.Context(), l, "degraded", shedding.Degraded, "", out)
+		got := lmTake(out)
+		want := []lmResult{
+			{name: "bulk-late", d: LimiterDecision{Reason: LimiterFull}},
+			{name: "bulk-new", d: LimiterDecision{Reason: LimiterEvicted, Waited: true}},
+		}
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(lmResult{}, LimiterPermit{})); diff != "" {
+			t.Errorf("results (-want +got):\n%s", diff)
+		}
+		// Critical evicts the remaining Bulk, then Degraded would be
+		// next; a Critical at a queue full of Critical is refused.
+		lmGo(t.Context(), l, "critical-1", shedding.Critical, "", out)
+		lmGo(t.Context(), l, "critical-2", shedding.Critical, "", out)
+		lmGo(t.Context(), l, "critical-3", shedding.Critical, "", out)
+		var names []string
+		for _, r := range lmTake(out) {
+			names = append(names, r.name+":"+r.d.Reason.String())
+		}
+		if diff := cmp.Diff([]string{"bulk-old:evicted", "degraded:evicted", "critical-3:full"}, names); diff != "" {
+			t.Errorf("results (-want +got):\n%s", diff)
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, Success)
+		}
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			l.Release(r.p, time.Now(), 0, Success)
+		}
+	})
+}
+
+// TestLimiterTenantFairEviction: among waiters of the lowest priority, the
+// one whose tenant is furthest above its fair share goes first; at equal
+// priority, a light tenant's arrival evicts a heavy tenant's waiter, and a
+// heavy one's arrival does not evict a light one.
+func TestLimiterTenantFairEviction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1.5}, time.Now())
+		// History: heavy has had nine admissions for every one of
+		// light's and medium's.
+		for i := range 110 {
+			id := "heavy"
+			switch i % 11 {
+			case 0:
+				id = "light"
+			case 1:
+				id = "medium"
+			}
+			p, d := l.Acquire(t.Context(), time.Now(), shedding.BestEffort, id)
+			if !d.OK {
+				t.Fatal("refused while empty")
+			}
+			l.Release(p, time.Now(), 0, Canceled)
+		}
+		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
+		held := lmFill(t, l, time.Now(), 2)
+		out := make(chan lmResult, 8)
+		// Three places: heavy waits first, then medium and light.
+		lmGo(t.Context(), l, "heavy", shedding.BestEffort, "heavy", out)
+		lmGo(t.Context(), l, "medium", shedding.BestEffort, "medium", out)
+		lmGo(t.Context(), l, "light", shedding.BestEffort, "light", out)
+		// Another heavy arrival outranks nobody.
+		lmGo(t.Context(), l, "heavy-2", shedding.BestEffort, "heavy", out)
+		// A light one evicts the heavy waiter, though it is the oldest.
+		lmGo(t.Context(), l, "light-2", shedding.BestEffort, "light", out)
+		// A Degraded arrival evicts a BestEffort waiter: none is above its
+		// fair share any more, so the newest.
+		lmGo(t.Context(), l, "degraded", shedding.Degraded, "light", out)
+		var names []string
+		for _, r := range lmTake(out) {
+			names = append(names, fmt.Sprintf("%s:%s heavy=%v", r.name, r.d.Reason, r.d.HeavyTenant))
+		}
+		want := []string{
+			"heavy-2:full heavy=true",
+			"heavy:evicted heavy=true",
+			"light-2:evicted heavy=false",
+		}
+		if diff := cmp.Diff(want, names); diff != "" {
+			t.Errorf("results (-want +got):\n%s", diff)
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, Success)
+		}
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			if !r.d.OK {
+				t.Errorf("%s: %+v at the end", r.name, r.d)
+			}
+			l.Release(r.p, time.Now(), 0, Success)
+		}
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			l.Release(r.p, time.Now(), 0, Success)
+		}
+	})
+}
+
+// TestLimiterWaitBoundedByDeadline: a wait ends at the caller's deadline,
+// on the virtual clock, and leaves nothing behind.
+func TestLimiterWaitBoundedByDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 1, MaxLimit: 1, QueueFactor: 1}, time.Now())
+		held := lmFill(t, l, time.Now(), 1)
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, d := l.Acquire(ctx, start, shedding.Critical, "")
+		if waited := time.Since(start); waited != 50*time.Millisecond {
+			t.Errorf("waited %v, want the 50ms deadline", waited)
+		}
+		if want := (LimiterDecision{Reason: LimiterCanceled, Waited: true}); d != want {
+			t.Errorf("decision %+v, want %+v", d, want)
+		}
+		if l.Queued() != 0 {
+			t.Errorf("Queued = %d after the deadline", l.Queued())
+		}
+		// An expired context does not wait at all.
+		_, d = l.Acquire(ctx, time.Now(), shedding.Critical, "")
+		if d.Reason != LimiterCanceled || d.Waited {
+			t.Errorf("expired context: %+v", d)
+		}
+		l.Release(held[0], time.Now(), 0, Success)
+		if l.InFlight() != 0 {
+			t.Errorf("InFlight = %d", l.InFlight())
+		}
+	})
+}
+
+// TestLimiterShedsLowerBeforeQueueing: with the queue half full and a mix of
+// half Critical, half Bulk, Bulk arrivals are shed before they queue while
+// Critical ones queue.
+func TestLimiterShedsLowerBeforeQueueing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 10}, time.Now())
+		held := lmFill(t, l, time.Now(), 2)
+		out := make(chan lmResult, 64)
+		ctx, cancel := context.WithCancel(t.Context())
+		for i := range 10 {
+			lmGo(ctx, l, fmt.Sprint("critical-", i), shedding.Critical, "", out)
+		}
+		// 12 Critical arrivals, and the queue at 10/20: Split(0.5) with
+		// 12 Critical and n Bulk sheds all Bulk while n ≤ 12.
+		shed := 0
+		for i := range 10 {
+			lmGo(ctx, l, fmt.Sprint("bulk-", i), shedding.Bulk, "", out)
+			for _, r := range lmTake(out) {
+				if r.d.Reason == LimiterShed {
+					shed++
+				}
+			}
+		}
+		if shed != 10 {
+			t.Errorf("%d of 10 Bulk arrivals shed at half-full queue, want 10", shed)
+		}
+		lmGo(ctx, l, "critical-late", shedding.Critical, "", out)
+		if got := l.Queued(); got != 11 {
+			t.Errorf("Queued = %d, want the 11 Critical", got)
+		}
+		if got, want := l.Pressure(), 11.0/20; got != want {
+			t.Errorf("Pressure = %v, want %v", got, want)
+		}
+		cancel()
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			if r.d.OK {
+				t.Errorf("%s admitted", r.name)
+			}
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, Success)
+		}
+	})
+}
+
+// TestCriticalNeverShedWhileLowerSheddable is acceptance criterion 6 at the
+// limiter: random arrivals and releases against a full limiter. Every
+// refusal of an arrival happens with no lower-priority waiter left to evict
+// instead, an eviction always takes a waiter of the lowest priority
+// waiting, and Critical is never shed before it could queue.
+func TestCriticalNeverShedWhileLowerSheddable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 4, MaxLimit: 4, QueueFactor: 2}, time.Now())
+		r := rand.New(rand.NewPCG(13, 14))
+		out := make(chan lmResult, 64)
+		var held []LimiterPermit
+		lowest := func() shedding.Priority { // the lowest priority waiting, or -1
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for b := shedding.NumPriorities - 1; b >= 0; b-- {
+				if l.queue[b].head != nil {
+					return shedding.Priority(b)
+				}
+			}
+			return 255
+		}
+		var refused [shedding.NumPriorities]int
+		var shed, evicted int
+		collect := func() {
+			for _, res := range lmTake(out) {
+				prio := shedding.Priority(res.name[0] - '0')
+				switch {
+				case res.d.OK:
+					held = append(held, res.p)
+				case res.d.Reason == LimiterEvicted:
+					evicted++
+					if low := lowest(); low != 255 && low > prio {
+						t.Fatalf("evicted a %v waiter while a %v one waits", prio, low)
+					}
+				case res.d.Reason == LimiterShed:
+					shed++
+					if prio == shedding.Critical {
+						t.Fatal("Critical shed before queueing")
+					}
+				case res.d.Reason == LimiterFull:
+					refused[prio]++
+					if low := lowest(); low != 255 && low > prio {
+						t.Fatalf("%v refused while a %v waiter could be evicted", prio, low)
+					}
+				}
+			}
+		}
+		for i := range 5000 {
+			if len(held) > 0 && r.IntN(3) == 0 {
+				k := r.IntN(len(held))
+				p := held[k]
+				held = append(held[:k], held[k+1:]...)
+				l.Release(p, time.Now(), 0, Success)
+				synctest.Wait()
+				collect()
+				continue
+			}
+			prio := shedding.Priority(r.IntN(shedding.NumPriorities))
+			lmGo(t.Context(), l, fmt.Sprintf("%d-%d", prio, i), prio, fmt.Sprint("t", r.IntN(5)), out)
+			collect()
+			time.Sleep(time.Millisecond)
+		}
+		for len(held) > 0 || l.Queued() > 0 {
+			for _, p := range held {
+				l.Release(p, time.Now(), 0, Success)
+			}
+			held = held[:0]
+			synctest.Wait()
+			collect()
+		}
+		if refused[shedding.Critical] == 0 || refused[shedding.Bulk] == 0 || shed == 0 || evicted == 0 {
+			t.Errorf("refused when full %v, shed %d, evicted %d: the test did not exercise every path", refused, shed, evicted)
+		}
+		t.Logf("refused when full, per priority: %v; shed before queueing: %d; evicted: %d", refused, shed, evicted)
+	})
+}
+
+func TestLimiterDoesNotAllocate(t *testing.T) {
+	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	ctx := context.Background()
+	tenants := []string{"acme", "globex", ""}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		now := lmStart.Add(time.Duration(i) * time.Millisecond)
+		p, d := l.Acquire(ctx, now, shedding.Priority(i%4), tenants[i%3])
+		if !d.OK {
+			t.Fatal("refused")
+		}
+		l.Release(p, now, 5*time.Millisecond, Success)
+		i++
+	}); n != 0 {
+		t.Errorf("Acquire and Release allocate %v times, want 0", n)
+	}
+}
+
+func TestNilLimiter(t *testing.T) {
+	var l *AdaptiveLimiter
+	p, d := l.Acquire(context.Background(), lmStart, shedding.Bulk, "")
+	if !d.OK {
+		t.Error("nil limiter refused")
+	}
+	if c := l.Release(p, lmStart, time.Second, Success); c.Changed() {
+		t.Error("nil limiter changed")
+	}
+	if l.Limit() != 0 || l.InFlight() != 0 || l.Queued() != 0 || l.Pressure() != 0 {
+		t.Error("nil limiter reports state")
+	}
+}
+
+func TestLimiterDefaults(t *testing.T) {
+	got := Limiter{InitialLimit: 5000, MinLimit: 10}.WithDefaults()
+	want := Limiter{InitialLimit: 1000, MinLimit: 10, MaxLimit: 1000, QueueFactor: 0.5}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("WithDefaults (-want +got):\n%s", diff)
+	}
+	if got := (Limiter{QueueFactor: -1}).WithDefaults().QueueFactor; got != -1 {
+		t.Errorf("negative QueueFactor became %v", got)
+	}
+	l := NewAdaptiveLimiter(Limiter{QueueFactor: -1, InitialLimit: 1, MaxLimit: 1}, lmStart)
+	if l.Pressure() != 0 {
+		t.Error("pressure below the limit with no queue")
+	}
+	p, _ := l.Acquire(context.Background(), lmStart, shedding.Critical, "")
+	if l.Pressure() != 1 {
+		t.Error("no pressure at the limit with no queue")
+	}
+	if _, d := l.Acquire(context.Background(), lmStart, shedding.Critical, ""); d.Reason != LimiterFull {
+		t.Errorf("no queue: %+v, want full", d)
+	}
+	l.Release(p, lmStart, time.Millisecond, Success)
+}

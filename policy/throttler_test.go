@@ -1,0 +1,337 @@
+package policy
+
+import (
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/resilix/resilix/shedding"
+)
+
+// thStart is the instant every throttler test starts from.
+var thStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// TestThrottlerRejectionProbability steps p through the book's formula with
+// explicit instants: requests are counted at Admit, refused or not, accepts
+// at Done, and Canceled or Discarded attempts are withdrawn.
+func TestThrottlerRejectionProbability(t *testing.T) {
+	const unpinned = -1.0
+	steps := []struct {
+		at     time.Duration
+		admits int     // attempts at this instant
+		o      Outcome // the admitted ones' outcome
+		accept bool    // and whether the backend accepted them
+		want   float64 // Pressure after the step, or unpinned
+	}{
+		{at: 0, admits: 100, o: Success, accept: true, want: 0},
+		// Refusals start: p stays 0 until requests exceed K·accepts.
+		{at: 10 * time.Second, admits: 100, o: Failure, want: 0},
+		{at: 20 * time.Second, admits: 100, o: Failure, want: 100.0 / 301},
+		// Throttled attempts still count as requests.
+		{at: 25 * time.Second, admits: 300, o: Failure, want: 400.0 / 601},
+		// Canceled and Discarded attempts are withdrawn, accepted or not.
+		{at: 26 * time.Second, admits: 50, o: Canceled, want: unpinned},
+		{at: 27 * time.Second, admits: 50, o: Discarded, accept: true, want: unpinned},
+		// A 500 the backend served is accepted: p comes back down.
+		{at: 40 * time.Second, admits: 400, o: Failure, accept: true, want: unpinned},
+		// Two minutes and a slice later, everything has slid out.
+		{at: 2*time.Minute + 30*time.Second, want: 0},
+	}
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	var req, acc, wd float64
+	for _, s := range steps {
+		now := thStart.Add(s.at)
+		for range s.admits {
+			req++
+			d := th.Admit(now, shedding.Critical, "")
+			if !d.OK {
+				continue
+			}
+			th.Done(now, s.o, s.accept)
+			switch {
+			case !s.o.Evidence():
+				wd++
+			case s.accept:
+				acc++
+			}
+		}
+		want := s.want
+		if want == unpinned {
+			want = math.Max(0, (req-wd-2*acc)/(req-wd+1))
+		}
+		if got := th.Pressure(now); math.Abs(got-want) > 1e-12 {
+			t.Errorf("at %v: Pressure = %v, want %v (requests %v, withdrawn %v, accepts %v)", s.at, got, want, req, wd, acc)
+		}
+	}
+}
+
+// TestThrottlerK: a larger K tolerates more refusals before throttling.
+func TestThrottlerK(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{K: 4, Window: time.Minute}, thStart, 1)
+	for i := range 100 {
+		th.Admit(thStart, shedding.Critical, "")
+		th.Done(thStart, Success, i < 25)
+	}
+	if got := th.Pressure(thStart); got != 0 {
+		t.Errorf("K=4, a quarter accepted: Pressure = %v, want 0", got)
+	}
+	th.Admit(thStart, shedding.Critical, "")
+	if got, want := th.Pressure(thStart), 1.0/102; math.Abs(got-want) > 1e-12 {
+		t.Errorf("one more request: Pressure = %v, want %v", got, want)
+	}
+}
+
+func TestDefaultAccepted(t *testing.T) {
+	tests := []struct {
+		status int
+		err    error
+		want   bool
+	}{
+		{200, nil, true},
+		{204, nil, true},
+		{304, nil, true},
+		{400, nil, true},
+		{404, nil, true},
+		{408, nil, true},
+		{429, nil, false},
+		{500, nil, true},
+		{501, nil, true},
+		{502, nil, false},
+		{503, nil, false},
+		{504, nil, false},
+		{0, errors.New("connection refused"), false},
+		{0, io.ErrUnexpectedEOF, false},
+	}
+	for _, tt := range tests {
+		var resp *http.Response
+		if tt.err == nil {
+			resp = &http.Response{StatusCode: tt.status}
+		}
+		if got := DefaultAccepted(resp, tt.err); got != tt.want {
+			t.Errorf("DefaultAccepted(%d, %v) = %v, want %v", tt.status, tt.err, got, tt.want)
+		}
+	}
+	if got := (Throttler{}).WithDefaults().Accepted; got == nil {
+		t.Error("WithDefaults left Accepted nil")
+	}
+}
+
+// thBackend is a backend that accepts at most capacity attempts per tick
+// and refuses the rest, as a server shedding at its limit does.
+type thBackend struct {
+	capacity, used int
+}
+
+func (b *thBackend) serve() bool {
+	b.used++
+	return b.used <= b.capacity
+}
+
+// thTally counts decisions per class.
+type thTally struct{ sent, admitted int }
+
+func (c thTally) rate() float64 { return float64(c.admitted) / float64(c.sent) }
+
+// TestThrottlerShedsBulkFirst: half the traffic Critical, half Bulk, and a
+// backend that accepts 35% of it. p settles near 1 − 2·0.35 = 0.3, all of
+// it taken from Bulk: Critical is never refused.
+func TestThrottlerShedsBulkFirst(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 7)
+	var tally [shedding.NumPriorities]thTally
+	for tick := range 3000 {
+		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
+		be := thBackend{capacity: 35}
+		for i := range 100 {
+			prio := shedding.Critical
+			if i%2 == 1 {
+				prio = shedding.Bulk
+			}
+			d := th.Admit(now, prio, "")
+			if tick >= 1500 {
+				tally[prio].sent++
+				if d.OK {
+					tally[prio].admitted++
+				}
+			}
+			if d.OK {
+				th.Done(now, Success, be.serve())
+			}
+		}
+	}
+	p := th.Pressure(thStart.Add(300 * time.Second))
+	if p < 0.2 || p > 0.4 {
+		t.Errorf("Pressure = %v, want about 0.3", p)
+	}
+	if c := tally[shedding.Critical]; c.admitted != c.sent {
+		t.Errorf("Critical: %d of %d admitted, want all while Bulk is sheddable", c.admitted, c.sent)
+	}
+	if got := tally[shedding.Bulk].rate(); got > 0.55 {
+		t.Errorf("Bulk admitted at %.3f, want it to absorb the shedding (about 0.4)", got)
+	}
+	t.Logf("p %.3f; admitted: critical %.3f, bulk %.3f", p, tally[shedding.Critical].rate(), tally[shedding.Bulk].rate())
+}
+
+// TestThrottlerCriticalShedOnlyWhenLowerExhausted: when the backend accepts
+// so little that shedding all of Bulk is not enough, Critical is shed too,
+// and Bulk is then refused outright.
+func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 9)
+	var tally [shedding.NumPriorities]thTally
+	for tick := range 3000 {
+		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
+		be := thBackend{capacity: 10}
+		for i := range 100 {
+			prio := shedding.Critical
+			if i%4 == 3 {
+				prio = shedding.Bulk
+			}
+			d := th.Admit(now, prio, "")
+			if tick >= 1500 {
+				tally[prio].sent++
+				if d.OK {
+					tally[prio].admitted++
+				}
+			}
+			if d.OK {
+				th.Done(now, Success, be.serve())
+			}
+		}
+	}
+	if got := tally[shedding.Bulk].admitted; got != 0 {
+		t.Errorf("Bulk: %d admitted while Critical was being shed, want 0", got)
+	}
+	if got := tally[shedding.Critical].rate(); got > 0.5 || got < 0.1 {
+		t.Errorf("Critical admitted at %.3f, want about 0.2/0.75", got)
+	}
+}
+
+// TestHeavyTenantShedBeforeLight is acceptance criterion 7 at the
+// throttler: one priority, tenant heavy at ten times tenant light, and a
+// backend that accepts about a third of the traffic. The light tenant keeps
+// at least 95% of its attempts; the heavy one absorbs the shedding.
+func TestHeavyTenantShedBeforeLight(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 11)
+	var heavy, light thTally
+	for tick := range 3000 {
+		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
+		be := thBackend{capacity: 4}
+		for i := range 11 {
+			id := "heavy"
+			if i == 5 {
+				id = "light"
+			}
+			d := th.Admit(now, shedding.Degraded, id)
+			if tick >= 1500 {
+				c := &heavy
+				if id == "light" {
+					c = &light
+				}
+				c.sent++
+				if d.OK {
+					c.admitted++
+				}
+				if d.HeavyTenant != (id == "heavy") && d.Pressure > 0 {
+					t.Fatalf("tick %d: %s reported HeavyTenant=%v", tick, id, d.HeavyTenant)
+				}
+			}
+			if d.OK {
+				th.Done(now, Success, be.serve())
+			}
+		}
+	}
+	p := th.Pressure(thStart.Add(300 * time.Second))
+	if p < 0.15 {
+		t.Fatalf("Pressure = %v: the test needs the throttler to be shedding", p)
+	}
+	if got := light.rate(); got < 0.95 {
+		t.Errorf("light tenant admitted at %.3f, want >= 0.95", got)
+	}
+	// The bucket's expected shed rate is kept: what light is spared, heavy
+	// pays.
+	shed := 1 - float64(heavy.admitted+light.admitted)/float64(heavy.sent+light.sent)
+	if math.Abs(shed-p) > 0.1 {
+		t.Errorf("shed %.3f of the traffic, want about p = %.3f", shed, p)
+	}
+	if got := heavy.rate(); got > 1-p {
+		t.Errorf("heavy tenant admitted at %.3f, want below 1 − p = %.3f", got, 1-p)
+	}
+	t.Logf("p %.3f; admitted: heavy %.3f, light %.3f", p, heavy.rate(), light.rate())
+}
+
+// TestThrottlerDeterministic: the same seed and instants give the same
+// decisions.
+func TestThrottlerDeterministic(t *testing.T) {
+	run := func() []bool {
+		th := NewAdaptiveThrottler(Throttler{}, thStart, 42)
+		var got []bool
+		for i := range 2000 {
+			now := thStart.Add(time.Duration(i) * time.Millisecond)
+			d := th.Admit(now, shedding.Priority(i%4), "t"+string(rune('a'+i%3)))
+			got = append(got, d.OK)
+			if d.OK {
+				th.Done(now, Success, i%3 == 0)
+			}
+		}
+		return got
+	}
+	a, b := run(), run()
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("decision %d differs between runs", i)
+		}
+	}
+}
+
+func TestThrottlerDoesNotAllocate(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	// Under pressure, with tenants: the slow path.
+	for i := range 1000 {
+		th.Admit(thStart, shedding.BestEffort, "acme")
+		th.Done(thStart, Success, i%4 == 0)
+	}
+	if th.Pressure(thStart) == 0 {
+		t.Fatal("no pressure")
+	}
+	tenants := []string{"acme", "globex", "initech"}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		d := th.Admit(thStart, shedding.Priority(i%4), tenants[i%3])
+		if d.OK {
+			th.Done(thStart, Success, i%4 == 0)
+		}
+		i++
+	}); n != 0 {
+		t.Errorf("Admit and Done allocate %v times, want 0", n)
+	}
+}
+
+func TestNilThrottler(t *testing.T) {
+	var th *AdaptiveThrottler
+	if d := th.Admit(thStart, shedding.Bulk, "x"); !d.OK {
+		t.Error("nil throttler refused")
+	}
+	th.Done(thStart, Failure, false)
+	if th.Pressure(thStart) != 0 {
+		t.Error("nil throttler has pressure")
+	}
+}
+
+func TestThrottlerValidate(t *testing.T) {
+	for _, tt := range []struct {
+		cfg Throttler
+		ok  bool
+	}{
+		{Throttler{}, true},
+		{Throttler{K: 1.5, Window: time.Minute}, true},
+		{Throttler{K: 0.5}, false},
+		{Throttler{K: math.NaN()}, false},
+		{Throttler{Window: -1}, false},
+	} {
+		if err := tt.cfg.validate(); (err == nil) != tt.ok {
+			t.Errorf("%+v: validate() = %v", tt.cfg, err)
+		}
+	}
+}
