@@ -78,6 +78,13 @@ type Options struct {
 	// zero or negative, the capacity is unlimited.
 	Capacity int
 
+	// Queue makes a full Upstream queue requests instead of refusing
+	// them: a server with Capacity workers and an unbounded accept queue,
+	// whose latency grows with its backlog, as real servers' does. A
+	// queued request whose context ends leaves the queue and is counted as
+	// Canceled.
+	Queue bool
+
 	// OverCapacityStatus is the status of requests refused for capacity.
 	// If zero, 503 Service Unavailable is used.
 	OverCapacityStatus int
@@ -138,6 +145,7 @@ type Stats struct {
 type Upstream struct {
 	capacity   int64
 	overStatus int
+	slots      chan struct{} // with Queue: one token per worker
 	body       []byte
 	chunks     int
 	keep       int
@@ -189,6 +197,9 @@ func NewUpstream(o Options) *Upstream {
 		for i := range u.body {
 			u.body[i] = "ok\n"[i%3]
 		}
+	}
+	if o.Queue && o.Capacity > 0 {
+		u.slots = make(chan struct{}, o.Capacity)
 	}
 	return u
 }
@@ -273,6 +284,15 @@ func (u *Upstream) Client() *http.Client {
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.arrive(r)
 
+	if u.slots != nil {
+		select {
+		case u.slots <- struct{}{}:
+			defer func() { <-u.slots }()
+		case <-r.Context().Done():
+			u.canceled.Add(1)
+			return
+		}
+	}
 	if !u.admit() {
 		u.overCapacity.Add(1)
 		w.Header().Set("Content-Length", "0")

@@ -581,3 +581,28 @@ func TestHead(t *testing.T) {
 		}
 	})
 }
+
+func TestQueueingUpstreamWaitsInsteadOfRefusing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(10 * time.Millisecond), Capacity: 2, Queue: true})
+		c := u.Client()
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range 6 {
+			wg.Go(func() {
+				resp, err := c.Get("http://up.test/")
+				if err != nil || resp.StatusCode != 200 {
+					t.Errorf("got %v, %v", resp, err)
+					return
+				}
+				resp.Body.Close()
+			})
+		}
+		wg.Wait()
+		st := u.Stats()
+		// Two workers, six requests of 10ms: three rounds.
+		if d := time.Since(start); d != 30*time.Millisecond || st.PeakInFlight != 2 || st.OverCapacity != 0 {
+			t.Fatalf("took %v, peak %d, refused %d; want 30ms, 2, 0", d, st.PeakInFlight, st.OverCapacity)
+		}
+	})
+}

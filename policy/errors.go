@@ -21,9 +21,21 @@ var (
 	ErrBulkheadFull    = errors.New("resilix: bulkhead full")
 	ErrRateLimited     = errors.New("resilix: rate limited")
 	ErrShed            = errors.New("resilix: shed")
-	ErrThrottled       = errors.New("resilix: throttled")
 	ErrBudgetExhausted = errors.New("resilix: retry budget exhausted")
 )
+
+// ErrThrottled is the adaptive throttler's refusal. Throttling is shedding
+// by another gate, so it also matches ErrShed.
+var ErrThrottled error = &kindOf{msg: "resilix: throttled", parent: ErrShed}
+
+// kindOf is a sentinel that is also a kind of a broader sentinel.
+type kindOf struct {
+	msg    string
+	parent error
+}
+
+func (e *kindOf) Error() string { return e.msg }
+func (e *kindOf) Unwrap() error { return e.parent }
 
 // ErrAttemptTimeout is the cause of a wire attempt that Timeout.PerAttempt
 // cut short before response headers arrived. The error such an attempt

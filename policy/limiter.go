@@ -70,6 +70,9 @@ const (
 	limBaselineTau = 30 * time.Second
 	// limMixWindow is the history of the per-priority mix.
 	limMixWindow = 10 * time.Second
+	// limLightSlack is how many sheds a bucket may owe while it spares
+	// the tenants below their fair share.
+	limLightSlack = 4
 	// limTenantWindow is the history of tenant admissions.
 	limTenantWindow = 30 * time.Second
 )
@@ -349,7 +352,7 @@ func (l *AdaptiveLimiter) wait(ctx context.Context, now time.Time, prio shedding
 	places := l.places()
 	switch {
 	case l.waiting < places:
-		if prio != shedding.Critical && l.waiting > 0 && l.shed(now, prio, places) {
+		if prio != shedding.Critical && l.waiting > 0 && l.shed(now, prio, places, excess) {
 			l.mu.Unlock()
 			refuse.Reason = LimiterShed
 			return LimiterPermit{}, refuse
@@ -402,7 +405,7 @@ func (l *AdaptiveLimiter) wait(ctx context.Context, now time.Time, prio shedding
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
 // before queueing, at the current queue fill. l.mu is held.
-func (l *AdaptiveLimiter) shed(now time.Time, prio shedding.Priority, places int) bool {
+func (l *AdaptiveLimiter) shed(now time.Time, prio shedding.Priority, places int, excess float64) bool {
 	var sums [shedding.NumPriorities]uint64
 	l.mix.Sums(now, sums[:])
 	var mix [shedding.NumPriorities]float64
@@ -411,7 +414,11 @@ func (l *AdaptiveLimiter) shed(now time.Time, prio shedding.Priority, places int
 	}
 	q := shedding.Split(float64(l.waiting)/float64(places), mix)[prio]
 	l.debt[prio] += q
-	if l.debt[prio] < 1 {
+	// A shed that falls due on a tenant below its fair share is left for
+	// the heavy ones that follow, until limLightSlack sheds are owed:
+	// within a bucket the heavy tenants are shed first, and the bucket
+	// still sheds its share, at most limLightSlack arrivals late.
+	if l.debt[prio] < 1 || (excess < 0 && l.debt[prio] < 1+limLightSlack) {
 		return false
 	}
 	l.debt[prio]--

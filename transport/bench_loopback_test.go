@@ -1,8 +1,11 @@
 package transport
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,5 +87,69 @@ func BenchmarkHedgingBrownout(b *testing.B) {
 		res := httptestutil.Load{Calls: loadCalls, Workers: loadWorkers}.Run(c, srv.URL)
 		reportLoad(b, res, up.Stats().Requests)
 		srv.Close()
+	}
+}
+
+// BenchmarkLimiterQueueFactor settles the seed's open question of the
+// limiter's queue depth with a tail-latency measurement, not a shed rate: a
+// fixed-capacity upstream (8 workers, 5ms a call: 1600 calls/s, queueing
+// beyond) under an open-loop load of twice that, for each QueueFactor. In
+// steady overload the share shed is fixed by the excess whatever the queue
+// holds; what the queue decides is how long the admitted calls wait. It
+// reports the p50 and p99 of the admitted calls and the share shed.
+//
+//	go test -run '^$' -bench LimiterQueueFactor -count 5 ./transport
+func BenchmarkLimiterQueueFactor(b *testing.B) {
+	const (
+		rate     = 3200 // calls a second, twice the upstream's capacity
+		duration = 2 * time.Second
+	)
+	for _, qf := range []float64{0.5, 1, 2} {
+		b.Run(fmt.Sprintf("QueueFactor=%v", qf), func(b *testing.B) {
+			up := httptestutil.NewUpstream(httptestutil.Options{
+				Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
+			})
+			srv := httptest.NewServer(up)
+			defer srv.Close()
+			base := &http.Transport{MaxIdleConnsPerHost: 256}
+			defer base.CloseIdleConnections()
+			tr := mustNew(b, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{QueueFactor: qf}}})
+			c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+			httptestutil.Load{Calls: 500, Workers: 4}.Run(c, srv.URL) // learn the calm latency
+			for b.Loop() {
+				var (
+					mu       sync.Mutex
+					admitted []time.Duration
+					shed     int
+					wg       sync.WaitGroup
+				)
+				start := time.Now()
+				for i := range int(rate * duration.Seconds()) {
+					time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+					wg.Go(func() {
+						t0 := time.Now()
+						resp, err := c.Get(srv.URL)
+						d := time.Since(t0)
+						if err == nil {
+							resp.Body.Close()
+						}
+						mu.Lock()
+						defer mu.Unlock()
+						if err == nil {
+							admitted = append(admitted, d)
+						} else {
+							shed++
+						}
+					})
+				}
+				wg.Wait()
+				slices.Sort(admitted)
+				res := httptestutil.LoadResult{Latencies: admitted}
+				b.ReportMetric(float64(res.Quantile(0.5))/float64(time.Millisecond), "p50-ms")
+				b.ReportMetric(float64(res.Quantile(0.99))/float64(time.Millisecond), "p99-ms")
+				b.ReportMetric(100*float64(shed)/float64(shed+len(admitted)), "shed-%")
+				b.ReportMetric(0, "ns/op")
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
 )
 
 // RoundTrip runs req through the key's chain. It follows the
@@ -25,6 +26,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		start: start,
 	}
 	c.prio = t.priority(req, c.s)
+	if c.s.throttle != nil || c.s.limiter != nil {
+		c.tenant = t.tenant(req)
+	}
 	resp, err := c.run()
 	if o := t.obs; o != nil && o.CallDone != nil {
 		info := policy.CallInfo{
@@ -60,6 +64,17 @@ func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
 	return p
 }
 
+// tenant reads the call's tenant id: the context's, else the header's.
+func (t *Transport) tenant(req *http.Request) string {
+	if id, ok := tenant.From(req.Context()); ok {
+		return id
+	}
+	if vs := req.Header[t.tenantHeader]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
 func (t *Transport) malformed(s *scope, header, value string) {
 	s.malformed.Add(1)
 	if o := t.obs; o != nil && o.MalformedHeader != nil {
@@ -70,12 +85,13 @@ func (t *Transport) malformed(s *scope, header, value string) {
 // call is the state of one logical call. It lives on RoundTrip's stack,
 // except while a hedge is in flight.
 type call struct {
-	t     *Transport
-	s     *scope
-	req   *http.Request
-	ctx   context.Context
-	start time.Time
-	prio  shedding.Priority
+	t      *Transport
+	s      *scope
+	req    *http.Request
+	ctx    context.Context
+	start  time.Time
+	prio   shedding.Priority
+	tenant string // read only when a gate is fair between tenants
 
 	wire    int            // wire attempts made; guarded by the round's lock while hedges run
 	outcome policy.Outcome // of what the call returns
@@ -129,10 +145,13 @@ func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
 		now = time.Now()
 	}
 	var l leg
-	if rej := c.admit(&l, kind, now, true); rej != nil {
+	if err := c.admit(&l, kind, now, true); err != nil {
 		closeBody(body)
 		c.outcome = policy.Rejected
-		return nil, rej
+		if c.ctx.Err() != nil {
+			c.outcome = policy.Canceled
+		}
+		return nil, err
 	}
 	if c.s.hedge != nil && c.replayable() {
 		return c.hedged(&l, kind, body, !first, now)
@@ -198,55 +217,96 @@ var noWait = func() context.Context {
 	return ctx
 }()
 
-// admit passes leg l through the admission gates in their order, breaker →
-// bulkhead → rate limit, and either records their permits in l or returns
-// the refusal, having released what earlier gates granted.
-func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) *policy.RejectedError {
+// admit passes leg l through the admission gates in their order,
+// throttler → breaker → limiter → bulkhead → rate limit, and either records
+// their permits in l or returns the refusal, having released what earlier
+// gates granted. With wait false, gates that would queue refuse instead.
+// When the caller's own context ends while a gate waits, it returns that
+// context's error rather than a refusal.
+func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) error {
 	s := c.s
 	ctx := c.ctx
 	if !wait {
 		ctx = noWait
 	}
+	if s.throttle != nil {
+		d := s.throttle.Admit(now, c.prio, c.tenant)
+		if !d.OK {
+			return c.refuse(kind, policy.GateThrottler, policy.ErrThrottled, 0, d.HeavyTenant)
+		}
+		l.throttled = true
+	}
 	if s.breaker != nil {
 		p, d := s.breaker.Allow(now)
 		c.transition(d.Change)
 		if !d.OK {
-			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter)
+			c.unadmit(l, now)
+			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter, false)
 		}
 		l.bp, l.breaker = p, true
+	}
+	if s.limiter != nil {
+		p, d := s.limiter.Acquire(ctx, now, c.prio, c.tenant)
+		if !d.OK {
+			c.unadmit(l, now)
+			if d.Reason == policy.LimiterCanceled && wait {
+				return c.ctx.Err()
+			}
+			return c.refuse(kind, policy.GateLimiter, policy.ErrShed, 0, d.HeavyTenant)
+		}
+		l.lp, l.limiter = p, true
 	}
 	if s.bulkhead != nil {
 		if !s.bulkhead.Acquire(ctx) {
 			c.unadmit(l, now)
-			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0)
+			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0, false)
 		}
 		l.bulkhead = true
 	}
 	if s.rate != nil {
 		if ok, ra := s.rate.Acquire(ctx, now); !ok {
 			c.unadmit(l, now)
-			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra)
+			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra, false)
 		}
 	}
 	return nil
 }
 
 // unadmit gives back what admit granted to a leg that will not be sent.
+// Nothing is learned from it: it is released as Discarded.
 func (c *call) unadmit(l *leg, now time.Time) {
+	s := c.s
+	if l.throttled {
+		s.throttle.Done(now, policy.Discarded, false)
+		l.throttled = false
+	}
 	if l.breaker {
-		c.transition(c.s.breaker.Done(now, l.bp, policy.Discarded))
+		c.transition(s.breaker.Done(now, l.bp, policy.Discarded))
 		l.breaker = false
 	}
+	if l.limiter {
+		c.limitMoved(s.limiter.Release(l.lp, now, 0, policy.Discarded))
+		l.limiter = false
+	}
 	if l.bulkhead {
-		c.s.bulkhead.Release()
+		s.bulkhead.Release()
 		l.bulkhead = false
 	}
 }
 
-func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration) *policy.RejectedError {
+func (c *call) limitMoved(ch policy.LimitChange) {
+	if !ch.Changed() {
+		return
+	}
+	if o := c.t.obs; o != nil && o.LimitTransition != nil {
+		o.LimitTransition(policy.LimitTransition{Key: c.s.key, From: ch.From, To: ch.To})
+	}
+}
+
+func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) *policy.RejectedError {
 	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
 	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, Err: err})
+		o.Refused(policy.Refusal{Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
 	}
 	return err
 }

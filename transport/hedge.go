@@ -87,7 +87,7 @@ func (r *round) fire() {
 	}
 
 	l := new(leg)
-	if rej := c.admit(l, policy.AttemptHedge, now, false); rej != nil {
+	if err := c.admit(l, policy.AttemptHedge, now, false); err != nil {
 		c.suppress(policy.HedgeRejected)
 		return
 	}

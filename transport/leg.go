@@ -24,9 +24,12 @@ type leg struct {
 	cancel context.CancelCauseFunc
 	timer  *time.Timer // Timeout.PerAttempt
 
-	bp       policy.BreakerPermit
-	breaker  bool // bp is held
-	bulkhead bool // a bulkhead slot is held
+	throttled bool // the throttler admitted it and awaits its outcome
+	bp        policy.BreakerPermit
+	breaker   bool // bp is held
+	lp        policy.LimiterPermit
+	limiter   bool // lp is held
+	bulkhead  bool // a bulkhead slot is held
 
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
 	done     bool      // reported to its round; guarded by the round's lock
@@ -100,9 +103,19 @@ func (c *call) send(l *leg) {
 		l.outcome = s.chain.classify(resp, err)
 	}
 
+	// The throttler, the breaker and the limiter learn at headers; the
+	// bulkhead holds its slot until the body is done with.
+	if l.throttled {
+		s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err))
+		l.throttled = false
+	}
 	if l.breaker {
 		c.transition(s.breaker.Done(now, l.bp, l.outcome))
 		l.breaker = false
+	}
+	if l.limiter {
+		c.limitMoved(s.limiter.Release(l.lp, now, l.latency, l.outcome))
+		l.limiter = false
 	}
 	if s.hedge != nil && l.outcome.Evidence() {
 		// Latency is learned from answers and from timeouts (a lower

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,8 @@ type chain struct {
 	classify  policy.Classify
 	retry     *policy.Retry // nil: off
 	hedge     *policy.Hedge
+	throttler *policy.Throttler
+	limiter   *policy.Limiter
 	breaker   *policy.Breaker
 	bulkhead  *policy.Bulkhead
 	rateLimit *policy.RateLimit
@@ -27,24 +28,8 @@ type chain struct {
 	timed bool
 }
 
-// errNotYet reports a policy that this version declares but does not run
-// yet. Refusing it is honest: accepting it would silently do nothing.
-func errNotYet(field string) error {
-	return errors.New("policy: " + field + " is not supported by this version of resilix yet")
-}
-
 func compile(s policy.Set) (*chain, error) {
 	if err := s.Validate(); err != nil {
-		return nil, err
-	}
-	var errs []error
-	if s.Throttler != nil {
-		errs = append(errs, errNotYet("Throttler"))
-	}
-	if s.Limiter != nil {
-		errs = append(errs, errNotYet("Limiter"))
-	}
-	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	c := &chain{
@@ -69,10 +54,18 @@ func compile(s policy.Set) (*chain, error) {
 		b := s.Breaker.WithDefaults()
 		c.breaker = &b
 	}
+	if s.Throttler != nil {
+		th := s.Throttler.WithDefaults()
+		c.throttler = &th
+	}
+	if s.Limiter != nil {
+		l := s.Limiter.WithDefaults()
+		c.limiter = &l
+	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
 	}
-	c.timed = c.hedge != nil || c.breaker != nil
+	c.timed = c.hedge != nil || c.breaker != nil || c.throttler != nil || c.limiter != nil
 	return c, nil
 }
 
@@ -82,7 +75,9 @@ type scope struct {
 	key      string
 	chain    *chain
 	budget   *policy.BudgetBucket
+	throttle *policy.AdaptiveThrottler
 	breaker  *policy.CircuitBreaker
+	limiter  *policy.AdaptiveLimiter
 	bulkhead *policy.BulkheadGate
 	rate     *policy.RateLimiter
 	hedge    *policy.HedgeState
@@ -105,6 +100,12 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 	}
 	if c.breaker != nil {
 		s.breaker = policy.NewCircuitBreaker(*c.breaker, now, rand.Uint64())
+	}
+	if c.throttler != nil {
+		s.throttle = policy.NewAdaptiveThrottler(*c.throttler, now, rand.Uint64())
+	}
+	if c.limiter != nil {
+		s.limiter = policy.NewAdaptiveLimiter(*c.limiter, now)
 	}
 	if c.bulkhead != nil {
 		s.bulkhead = policy.NewBulkheadGate(*c.bulkhead)
@@ -140,6 +141,15 @@ func (s *scope) measured(now time.Time) Measured {
 	if s.bulkhead != nil {
 		m.BulkheadInFlight = s.bulkhead.InFlight()
 	}
+	if s.limiter != nil {
+		m.LimiterLimit = s.limiter.Limit()
+		m.LimiterInFlight = s.limiter.InFlight()
+		m.LimiterQueued = s.limiter.Queued()
+		m.Pressure = s.limiter.Pressure()
+	}
+	if s.throttle != nil {
+		m.Pressure = max(m.Pressure, s.throttle.Pressure(now))
+	}
 	return m
 }
 
@@ -150,6 +160,9 @@ func (s *scope) state(now time.Time) policy.State {
 	}
 	if s.budget != nil {
 		st.Budgeted, st.BudgetBalance = true, s.budget.Balance(now)
+	}
+	if s.limiter != nil {
+		st.HasLimiter, st.LimiterLimit = true, s.limiter.Limit()
 	}
 	if s.hedge != nil {
 		if d, ok := s.hedge.Threshold(now); ok {

@@ -208,6 +208,15 @@ type Measured struct {
 	// BulkheadInFlight is the number of bulkhead slots held.
 	BulkheadInFlight int
 
+	// LimiterLimit is the adaptive concurrency limit, LimiterInFlight the
+	// attempts holding it and LimiterQueued those waiting for it.
+	LimiterLimit, LimiterInFlight, LimiterQueued int
+
+	// Pressure is how hard the shedding gates are pushing back, in [0, 1]:
+	// the larger of the limiter's queue fill and the throttler's
+	// rejection probability.
+	Pressure float64
+
 	// MalformedHeaders counts requests whose priority header could not
 	// be parsed.
 	MalformedHeaders uint64

@@ -1,0 +1,161 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
+)
+
+// tally counts the outcomes of one class of callers.
+type tally struct {
+	ok, shed, other atomic.Int64
+}
+
+func (t *tally) total() int64 { return t.ok.Load() + t.shed.Load() + t.other.Load() }
+
+func (t *tally) availability() float64 { return float64(t.ok.Load()) / float64(max(t.total(), 1)) }
+
+// flood runs workers callers until stop, each making calls with ctx
+// decorated by decorate and counting outcomes in tl. A caller that is shed
+// pauses as long as the upstream's service time before its next call, as
+// a real client's next request would come later: without it, refusals
+// that cost microseconds would turn the flood into a busy loop that starves
+// the test machine, not the upstream.
+func flood(wg *sync.WaitGroup, c *http.Client, url string, workers int, stop time.Time,
+	decorate func(context.Context) context.Context, tl *tally) {
+	for range workers {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				ctx, cancel := context.WithTimeout(decorate(context.Background()), 5*time.Second)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				resp, err := c.Do(req)
+				switch {
+				case err == nil && resp.StatusCode == 200:
+					tl.ok.Add(1)
+				case errors.Is(err, policy.ErrShed):
+					tl.shed.Add(1)
+					time.Sleep(5 * time.Millisecond)
+				default:
+					tl.other.Add(1)
+				}
+				if resp != nil {
+					resp.Body.Close()
+				}
+				cancel()
+			}
+		})
+	}
+}
+
+// TestCriticalSurvivesABulkFlood is Netflix's incident in miniature: a Bulk
+// flood far above what a fixed-capacity upstream can serve (8 workers, 5ms
+// a call, queueing beyond that), beside a steady Critical load. The limiter
+// learns the capacity from latency and sheds the flood, Bulk first.
+func TestCriticalSurvivesABulkFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loopback load test")
+	}
+	_, url := loopback(t, httptestutil.Options{
+		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
+	})
+	base := &http.Transport{MaxIdleConnsPerHost: 64}
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
+	c := &http.Client{Transport: tr}
+
+	calm := func(ctx context.Context) context.Context { return ctx }
+	bulk := func(ctx context.Context) context.Context { return shedding.WithPriority(ctx, shedding.Bulk) }
+	var warmup, critical, flooded tally
+	var wg sync.WaitGroup
+	flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup) // learn the calm latency
+	wg.Wait()
+	stop := time.Now().Add(2 * time.Second)
+	flood(&wg, c, url, 4, stop, calm, &critical) // untagged: Critical
+	flood(&wg, c, url, 48, stop, bulk, &flooded)
+	wg.Wait()
+
+	m := tr.Measured(strings.TrimPrefix(url, "http://"))
+	t.Logf("critical %d/%d ok; bulk %d ok, %d shed, %d other; limit %d",
+		critical.ok.Load(), critical.total(), flooded.ok.Load(), flooded.shed.Load(), flooded.other.Load(), m.LimiterLimit)
+	if a := critical.availability(); a < 0.99 {
+		t.Errorf("Critical availability %.3f, want >= 0.99", a)
+	}
+	if flooded.shed.Load()*2 < flooded.total() {
+		t.Errorf("Bulk: %d of %d shed, want most", flooded.shed.Load(), flooded.total())
+	}
+}
+
+// TestHeavyTenantShedBeforeLight: two tenants at the same priority, one with
+// ten times the callers of the other, against the same fixed capacity. The
+// light tenant keeps its calls; the heavy one absorbs the shedding.
+func TestHeavyTenantShedBeforeLight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loopback load test")
+	}
+	_, url := loopback(t, httptestutil.Options{
+		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
+	})
+	base := &http.Transport{MaxIdleConnsPerHost: 64}
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
+	c := &http.Client{Transport: tr}
+
+	as := func(id string) func(context.Context) context.Context {
+		return func(ctx context.Context) context.Context {
+			return tenant.With(shedding.WithPriority(ctx, shedding.BestEffort), id)
+		}
+	}
+	var warmup, heavy, light tally
+	var wg sync.WaitGroup
+	calm := func(ctx context.Context) context.Context { return ctx } // no tenant: not tracked
+	flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup)
+	wg.Wait()
+	stop := time.Now().Add(2 * time.Second)
+	flood(&wg, c, url, 40, stop, as("heavy"), &heavy)
+	flood(&wg, c, url, 4, stop, as("light"), &light)
+	wg.Wait()
+	t.Logf("light %d/%d ok; heavy %d/%d ok, %d shed", light.ok.Load(), light.total(),
+		heavy.ok.Load(), heavy.total(), heavy.shed.Load())
+	if a := light.availability(); a < 0.95 {
+		t.Errorf("light tenant availability %.3f, want >= 0.95", a)
+	}
+	if heavy.shed.Load() == 0 {
+		t.Error("the heavy tenant was never shed: the test did not overload the upstream")
+	}
+}
+
+// TestHedgingDoesNotShrinkTheLimit is the seed's open question, kept as a
+// regression test: hedging adds attempts in flight, and the limiter's growth
+// is tethered to what is in flight, so at the same latency the limit with
+// hedging ends at least where it ends without.
+func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
+	limit := func(hedge *policy.Hedge) int {
+		var got int
+		synctest.Test(t, func(t *testing.T) {
+			up := httptestutil.NewUpstream(httptestutil.Options{
+				Latency: httptestutil.Bimodal(10*time.Millisecond, 40*time.Millisecond, 0.1), Seed: 3,
+			})
+			set := policy.Set{Limiter: &policy.Limiter{}, Hedge: hedge}
+			tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: set})
+			httptestutil.Load{Calls: 20000, Workers: 24}.Run(&http.Client{Transport: tr}, "http://up.test/")
+			got = tr.Measured("up.test").LimiterLimit
+		})
+		return got
+	}
+	without, with := limit(nil), limit(&policy.Hedge{Quantile: 0.8})
+	t.Logf("limit without hedging %d, with %d", without, with)
+	if with < without {
+		t.Fatalf("hedging shrank the limit from %d to %d", without, with)
+	}
+}
