@@ -141,7 +141,7 @@ func serverRequest(ctx context.Context, req *http.Request, body *onceCloser) *ht
 	s.Proto, s.ProtoMajor, s.ProtoMinor = "HTTP/1.1", 1, 1
 	s.Close = false
 	s.GetBody = nil
-	s.Cancel = nil
+	s.Cancel = nil //lint:ignore SA1019 a server-side request never carries the client's Cancel channel
 	s.Response = nil
 	if req.Body == nil || req.Body == http.NoBody {
 		s.Body = http.NoBody

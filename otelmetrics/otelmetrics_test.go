@@ -40,7 +40,7 @@ type points struct {
 func pointName(name string, set attribute.Set) string {
 	var kv []string
 	for _, a := range set.ToSlice() {
-		kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+		kv = append(kv, string(a.Key)+"="+a.Value.String())
 	}
 	return name + "{" + strings.Join(kv, ",") + "}"
 }

@@ -115,11 +115,10 @@ func bkRun(t *testing.T, cfg Breaker, steps []bkStep) (*CircuitBreaker, []bkChan
 }
 
 var (
-	bkTrip     = BreakerChange{BreakerClosed, BreakerOpen}
-	bkProbe    = BreakerChange{BreakerOpen, BreakerHalfOpen}
-	bkRecover  = BreakerChange{BreakerHalfOpen, BreakerClosed}
-	bkReopen   = BreakerChange{BreakerHalfOpen, BreakerOpen}
-	bkNoChange = BreakerChange{}
+	bkTrip    = BreakerChange{BreakerClosed, BreakerOpen}
+	bkProbe   = BreakerChange{BreakerOpen, BreakerHalfOpen}
+	bkRecover = BreakerChange{BreakerHalfOpen, BreakerClosed}
+	bkReopen  = BreakerChange{BreakerHalfOpen, BreakerOpen}
 )
 
 // bkTraffic returns n calls, one every `every` from `from`, failing where
@@ -155,81 +154,81 @@ func TestBreakerPct35Pattern(t *testing.T) {
 	}
 }
 
-const bkSec = time.Second
+const bkS = time.Second
 
 func TestBreakerConsecutiveTrip(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkSec, Probes: 2}
+	cfg := Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkS, Probes: 2}
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkCall, o: Success, ok: true},
-		{at: 1 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 2 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 3 * bkSec, op: bkCall, o: Success, ok: true}, // resets the run
-		{at: 4 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 5 * bkSec, op: bkCall, o: Canceled, ok: true}, // not evidence: the run goes on
-		{at: 5 * bkSec, op: bkCall, o: Discarded, ok: true},
-		{at: 5 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 6 * bkSec, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		{at: 1 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 2 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 3 * bkS, op: bkCall, o: Success, ok: true}, // resets the run
+		{at: 4 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 5 * bkS, op: bkCall, o: Canceled, ok: true}, // not evidence: the run goes on
+		{at: 5 * bkS, op: bkCall, o: Discarded, ok: true},
+		{at: 5 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 6 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
 		// Open until 6s + [4s, 5s).
-		{at: 7 * bkSec, op: bkAllow, retry: [2]time.Duration{3 * bkSec, 4 * bkSec}, state: BreakerOpen},
-		{at: 9 * bkSec, op: bkAllow, retry: [2]time.Duration{1 * bkSec, 2 * bkSec}, state: BreakerOpen},
-		{at: 11 * bkSec, op: bkCheck, state: BreakerHalfOpen}, // State reports it; the move is Allow's
-		{at: 11 * bkSec, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 11 * bkSec, op: bkDone, ok: true, o: Success, change: bkRecover},
+		{at: 7 * bkS, op: bkAllow, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: BreakerOpen},
+		{at: 9 * bkS, op: bkAllow, retry: [2]time.Duration{1 * bkS, 2 * bkS}, state: BreakerOpen},
+		{at: 11 * bkS, op: bkCheck, state: BreakerHalfOpen}, // State reports it; the move is Allow's
+		{at: 11 * bkS, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
+		{at: 11 * bkS, op: bkDone, ok: true, o: Success, change: bkRecover},
 		// Closed again with a fresh run: two failures do not trip.
-		{at: 12 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 13 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 14 * bkSec, op: bkCall, o: Success, ok: true},
+		{at: 12 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 13 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 14 * bkS, op: bkCall, o: Success, ok: true},
 	})
 }
 
 func TestBreakerHalfOpenProbes(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkSec, Probes: 2}
+	cfg := Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkS, Probes: 2}
 	full := [2]time.Duration{0, 0} // half-open with every slot taken: no hint
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		{at: 5 * bkSec, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 5 * bkSec, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
-		{at: 5 * bkSec, op: bkAllow, slot: 2, retry: full, state: BreakerHalfOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 2, retry: full, state: BreakerHalfOpen},
 		// A discarded probe (a hedge loser) records nothing but frees its slot.
-		{at: 6 * bkSec, op: bkDone, slot: 0, o: Discarded, ok: true, state: BreakerHalfOpen},
-		{at: 6 * bkSec, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
-		{at: 6 * bkSec, op: bkAllow, slot: 3, retry: full, state: BreakerHalfOpen},
+		{at: 6 * bkS, op: bkDone, slot: 0, o: Discarded, ok: true, state: BreakerHalfOpen},
+		{at: 6 * bkS, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
+		{at: 6 * bkS, op: bkAllow, slot: 3, retry: full, state: BreakerHalfOpen},
 		// So does one the caller gave up on.
-		{at: 7 * bkSec, op: bkDone, slot: 1, o: Canceled, ok: true, state: BreakerHalfOpen},
-		{at: 7 * bkSec, op: bkAllow, slot: 3, ok: true, state: BreakerHalfOpen},
+		{at: 7 * bkS, op: bkDone, slot: 1, o: Canceled, ok: true, state: BreakerHalfOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 3, ok: true, state: BreakerHalfOpen},
 		// A probe's failure opens again, for a fresh jittered OpenFor.
-		{at: 8 * bkSec, op: bkDone, slot: 2, o: Failure, ok: true, change: bkReopen, state: BreakerOpen},
+		{at: 8 * bkS, op: bkDone, slot: 2, o: Failure, ok: true, change: bkReopen, state: BreakerOpen},
 		// The other probe's result is from the last generation: ignored.
-		{at: 8 * bkSec, op: bkDone, slot: 3, o: Success, ok: true, state: BreakerOpen},
-		{at: 9 * bkSec, op: bkAllow, slot: 4, retry: [2]time.Duration{3 * bkSec, 4 * bkSec}, state: BreakerOpen},
-		{at: 13 * bkSec, op: bkAllow, slot: 4, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 13 * bkSec, op: bkDone, slot: 4, o: Success, ok: true, change: bkRecover},
-		{at: 14 * bkSec, op: bkCall, o: Success, ok: true},
+		{at: 8 * bkS, op: bkDone, slot: 3, o: Success, ok: true, state: BreakerOpen},
+		{at: 9 * bkS, op: bkAllow, slot: 4, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: BreakerOpen},
+		{at: 13 * bkS, op: bkAllow, slot: 4, ok: true, change: bkProbe, state: BreakerHalfOpen},
+		{at: 13 * bkS, op: bkDone, slot: 4, o: Success, ok: true, change: bkRecover},
+		{at: 14 * bkS, op: bkCall, o: Success, ok: true},
 	})
 }
 
 func TestBreakerLateResultsIgnored(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkSec, Probes: 1}
+	cfg := Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkS, Probes: 1}
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkAllow, slot: 0, ok: true}, // closed-state permits that finish late
 		{at: 0, op: bkAllow, slot: 1, ok: true},
 		{at: 0, op: bkAllow, slot: 5, ok: true},
-		{at: 1 * bkSec, op: bkCall, o: Failure, ok: true},
-		{at: 2 * bkSec, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		{at: 3 * bkSec, op: bkDone, slot: 0, o: Failure, ok: true, state: BreakerOpen},
-		{at: 3 * bkSec, op: bkDone, slot: 1, o: Success, ok: true, state: BreakerOpen},
-		{at: 7 * bkSec, op: bkAllow, slot: 2, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 7 * bkSec, op: bkAllow, slot: 3, state: BreakerHalfOpen},
-		{at: 7 * bkSec, op: bkDone, slot: 2, o: Success, ok: true, change: bkRecover},
-		{at: 8 * bkSec, op: bkAllow, slot: 4, ok: true},
-		{at: 8 * bkSec, op: bkCall, o: Failure, ok: true}, // one failure in the run
+		{at: 1 * bkS, op: bkCall, o: Failure, ok: true},
+		{at: 2 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		{at: 3 * bkS, op: bkDone, slot: 0, o: Failure, ok: true, state: BreakerOpen},
+		{at: 3 * bkS, op: bkDone, slot: 1, o: Success, ok: true, state: BreakerOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 2, ok: true, change: bkProbe, state: BreakerHalfOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 3, state: BreakerHalfOpen},
+		{at: 7 * bkS, op: bkDone, slot: 2, o: Success, ok: true, change: bkRecover},
+		{at: 8 * bkS, op: bkAllow, slot: 4, ok: true},
+		{at: 8 * bkS, op: bkCall, o: Failure, ok: true}, // one failure in the run
 		// A failure from two generations ago does not make it two.
-		{at: 9 * bkSec, op: bkDone, slot: 5, o: Failure, ok: true},
+		{at: 9 * bkS, op: bkDone, slot: 5, o: Failure, ok: true},
 		// Nor does the zero permit (slot 99 was never filled).
-		{at: 9 * bkSec, op: bkDone, slot: 99, o: Failure, ok: true},
-		{at: 10 * bkSec, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		{at: 9 * bkS, op: bkDone, slot: 99, o: Failure, ok: true},
+		{at: 10 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
 		// A current-generation closed permit finishing after the trip is late too.
-		{at: 10 * bkSec, op: bkDone, slot: 4, o: Success, ok: true, state: BreakerOpen},
+		{at: 10 * bkS, op: bkDone, slot: 4, o: Success, ok: true, state: BreakerOpen},
 	})
 }
 
@@ -241,7 +240,7 @@ func TestBreakerRateRules(t *testing.T) {
 			if c == 'F' {
 				o = Failure
 			}
-			s = append(s, bkStep{at: start + time.Duration(i)*bkSec, op: bkCall, o: o, ok: true})
+			s = append(s, bkStep{at: start + time.Duration(i)*bkS, op: bkCall, o: o, ok: true})
 		}
 		return s
 	}
@@ -257,11 +256,11 @@ func TestBreakerRateRules(t *testing.T) {
 		// Warm-up trip point 0.5: 5 of 10 is not above it, 6 of 11 is.
 		name:  "MinimumCalls",
 		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 10},
-		steps: append(calls(0, "FFFFSSSSSF"), tripAt(calls(10*bkSec, "F"))...),
+		steps: append(calls(0, "FFFFSSSSSF"), tripAt(calls(10*bkS, "F"))...),
 	}, {
 		name:  "two failures",
 		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 1},
-		steps: append(calls(0, "F"), tripAt(calls(bkSec, "F"))...),
+		steps: append(calls(0, "F"), tripAt(calls(bkS, "F"))...),
 	}, {
 		name:  "FailureRatio",
 		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 8, FailureRatio: 0.25},
@@ -278,20 +277,20 @@ func TestBreakerRateRules(t *testing.T) {
 		// 4 failures in 7 calls would reach FailureRatio; the first three
 		// have left the window by the time the last four come (2 in 4).
 		name:  "old outcomes leave the window",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, Window: 40 * bkSec, FailureRatio: 0.55},
-		steps: append(calls(0, "FFS"), calls(60*bkSec, "SFSF")...),
+		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
+		steps: append(calls(0, "FFS"), calls(60*bkS, "SFSF")...),
 	}, {
 		// Closing starts an empty window: the failures that tripped it
 		// do not count again.
 		name: "closing empties the window",
-		cfg:  Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkSec},
+		cfg:  Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
 		steps: append(tripAt(calls(0, "SSFF")),
-			bkStep{at: 8 * bkSec, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
-			bkStep{at: 8 * bkSec, op: bkDone, o: Success, ok: true, change: bkRecover},
-			bkStep{at: 9 * bkSec, op: bkCall, o: Failure, ok: true},
-			bkStep{at: 10 * bkSec, op: bkCall, o: Failure, ok: true},
-			bkStep{at: 11 * bkSec, op: bkCall, o: Success, ok: true},
-			bkStep{at: 12 * bkSec, op: bkCall, o: Success, ok: true},
+			bkStep{at: 8 * bkS, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
+			bkStep{at: 8 * bkS, op: bkDone, o: Success, ok: true, change: bkRecover},
+			bkStep{at: 9 * bkS, op: bkCall, o: Failure, ok: true},
+			bkStep{at: 10 * bkS, op: bkCall, o: Failure, ok: true},
+			bkStep{at: 11 * bkS, op: bkCall, o: Success, ok: true},
+			bkStep{at: 12 * bkS, op: bkCall, o: Success, ok: true},
 		),
 	}}
 	for _, tt := range tests {
@@ -303,7 +302,7 @@ func TestBreakerRateRules(t *testing.T) {
 // then a change, with a call every 100ms.
 func TestBreakerRelativeTrip(t *testing.T) {
 	const every = 100 * time.Millisecond
-	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkSec} // ConsecutiveFailures 5: never reached
+	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkS} // ConsecutiveFailures 5: never reached
 	phase := func(from time.Duration, fail func(int) bool, loose bool) []bkStep {
 		return bkTraffic(from, every, 2000, fail, loose) // 200s: five Windows
 	}
@@ -323,7 +322,7 @@ func TestBreakerRelativeTrip(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b, _ := bkRun(t, cfg, phase(0, tt.baseline, false))
-			r := b.Rate(bkStart.Add(200 * bkSec))
+			r := b.Rate(bkStart.Add(200 * bkS))
 			if !r.BaselineKnown || math.Abs(r.Baseline-tt.wantBase) > 1e-9 {
 				t.Fatalf("after the baseline phase: Rate = %+v, want baseline %v", r, tt.wantBase)
 			}
@@ -331,7 +330,7 @@ func TestBreakerRelativeTrip(t *testing.T) {
 				t.Fatalf("after the baseline phase: TripPoint = %v, want %v", r.TripPoint, want)
 			}
 
-			steps := append(phase(0, tt.baseline, false), phase(200*bkSec, tt.then, tt.trips)...)
+			steps := append(phase(0, tt.baseline, false), phase(200*bkS, tt.then, tt.trips)...)
 			_, changes := bkRun(t, cfg, steps)
 			if !tt.trips {
 				return // bkRun checked that every call was admitted and the breaker stayed closed
@@ -341,7 +340,7 @@ func TestBreakerRelativeTrip(t *testing.T) {
 			}
 			// The window is 40s of which at least 30s is summed: the trip
 			// comes once enough of it holds the new rate.
-			if at := changes[0].At; at < 200*bkSec || at > 240*bkSec {
+			if at := changes[0].At; at < 200*bkS || at > 240*bkS {
 				t.Fatalf("tripped at %v, want in [200s, 240s]", at)
 			}
 		})
@@ -351,9 +350,9 @@ func TestBreakerRelativeTrip(t *testing.T) {
 // A fresh scope has no baseline: its trip point is 0.5, so a dependency
 // that fails 35% of the time from the start is learned, not tripped.
 func TestBreakerWarmup(t *testing.T) {
-	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkSec}
+	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkS}
 	b, _ := bkRun(t, cfg, bkTraffic(0, 100*time.Millisecond, 2000, bkPct35, false))
-	r := b.Rate(bkStart.Add(200 * bkSec))
+	r := b.Rate(bkStart.Add(200 * bkS))
 	if want := 0.35; !r.BaselineKnown || math.Abs(r.Baseline-want) > 1e-9 {
 		t.Fatalf("Rate = %+v, want baseline %v", r, want)
 	}
@@ -365,19 +364,19 @@ func TestBreakerWarmup(t *testing.T) {
 // With a baseline of zero the floor decides: at MinimumCalls 20, one
 // failure never trips, and it takes a rate above 0.2.
 func TestBreakerNearZeroBaseline(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: -1, MinimumCalls: 20, Window: 40 * bkSec}
-	steps := bkTraffic(0, bkSec, 200, bkNever, false) // 0% for 200s
+	cfg := Breaker{ConsecutiveFailures: -1, MinimumCalls: 20, Window: 40 * bkS}
+	steps := bkTraffic(0, bkS, 200, bkNever, false) // 0% for 200s
 	// Idle until 300s: the window empties. Then 19 successes and a failure.
-	steps = append(steps, bkTraffic(300*bkSec, bkSec, 19, bkNever, false)...)
+	steps = append(steps, bkTraffic(300*bkS, bkS, 19, bkNever, false)...)
 	steps = append(steps,
-		bkStep{at: 319 * bkSec, op: bkCall, o: Failure, ok: true},                                     // 1 of 20: one failure is no trend
-		bkStep{at: 320 * bkSec, op: bkCall, o: Failure, ok: true},                                     // 2 of 21 = 0.095
-		bkStep{at: 321 * bkSec, op: bkCall, o: Failure, ok: true},                                     // 3 of 22 = 0.136
-		bkStep{at: 322 * bkSec, op: bkCall, o: Failure, ok: true},                                     // 4 of 23 = 0.174
-		bkStep{at: 323 * bkSec, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen}, // 5 of 24 = 0.208
+		bkStep{at: 319 * bkS, op: bkCall, o: Failure, ok: true},                                     // 1 of 20: one failure is no trend
+		bkStep{at: 320 * bkS, op: bkCall, o: Failure, ok: true},                                     // 2 of 21 = 0.095
+		bkStep{at: 321 * bkS, op: bkCall, o: Failure, ok: true},                                     // 3 of 22 = 0.136
+		bkStep{at: 322 * bkS, op: bkCall, o: Failure, ok: true},                                     // 4 of 23 = 0.174
+		bkStep{at: 323 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen}, // 5 of 24 = 0.208
 	)
 	b, _ := bkRun(t, cfg, steps[:200])
-	if r := b.Rate(bkStart.Add(250 * bkSec)); !r.BaselineKnown || r.Baseline != 0 || r.TripPoint != 0.2 {
+	if r := b.Rate(bkStart.Add(250 * bkS)); !r.BaselineKnown || r.Baseline != 0 || r.TripPoint != 0.2 {
 		t.Fatalf("Rate = %+v, want a known baseline of 0 and the floor 0.2", r)
 	}
 	bkRun(t, cfg, steps)
@@ -410,7 +409,7 @@ func TestBreakerRateReport(t *testing.T) {
 // differently for different seeds, the same for the same seed, and drawn
 // afresh when a probe fails.
 func TestBreakerJitter(t *testing.T) {
-	const openFor = 4 * bkSec
+	const openFor = 4 * bkS
 	cfg := Breaker{ConsecutiveFailures: 1, OpenFor: openFor}
 	trip := func(b *CircuitBreaker, now time.Time) time.Duration {
 		p, d := b.Allow(now)
@@ -458,19 +457,19 @@ func TestBreakerJitter(t *testing.T) {
 
 func TestBreakerDefaults(t *testing.T) {
 	got := Breaker{}.WithDefaults()
-	want := Breaker{ConsecutiveFailures: 5, MinimumCalls: 20, Window: 30 * bkSec, OpenFor: 5 * bkSec, Probes: 3}
+	want := Breaker{ConsecutiveFailures: 5, MinimumCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("WithDefaults (-want +got):\n%s", diff)
 	}
 	// Defaults in action: five failures in a row trip; three probes.
-	steps := bkTraffic(0, bkSec, 4, func(int) bool { return true }, false)
+	steps := bkTraffic(0, bkS, 4, func(int) bool { return true }, false)
 	steps = append(steps,
-		bkStep{at: 4 * bkSec, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		bkStep{at: 5 * bkSec, op: bkAllow, retry: [2]time.Duration{4 * bkSec, 5*bkSec + 250*time.Millisecond}, state: BreakerOpen},
-		bkStep{at: 11 * bkSec, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkSec, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkSec, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkSec, op: bkAllow, slot: 3, state: BreakerHalfOpen},
+		bkStep{at: 4 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		bkStep{at: 5 * bkS, op: bkAllow, retry: [2]time.Duration{4 * bkS, 5*bkS + 250*time.Millisecond}, state: BreakerOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 3, state: BreakerHalfOpen},
 	)
 	bkRun(t, Breaker{}, steps)
 }
@@ -497,11 +496,11 @@ func TestBreakerAllocs(t *testing.T) {
 		t.Fatalf("closed Allow+Done: %v allocs, want 0", allocs)
 	}
 
-	b = NewCircuitBreaker(Breaker{ConsecutiveFailures: 1, Probes: 1, OpenFor: 4 * bkSec}, bkStart, 1)
+	b = NewCircuitBreaker(Breaker{ConsecutiveFailures: 1, Probes: 1, OpenFor: 4 * bkS}, bkStart, 1)
 	p, _ := b.Allow(bkStart)
 	b.Done(bkStart, p, Failure)
 	allocs = testing.AllocsPerRun(1000, func() {
-		if _, d := b.Allow(bkStart.Add(bkSec)); d.OK || d.RetryAfter == 0 {
+		if _, d := b.Allow(bkStart.Add(bkS)); d.OK || d.RetryAfter == 0 {
 			t.Fatal("admitted while open")
 		}
 	})
@@ -525,7 +524,7 @@ func TestBreakerAllocs(t *testing.T) {
 }
 
 func TestBreakerConcurrent(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: 3, MinimumCalls: 10, Window: bkSec, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
+	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: 3, MinimumCalls: 10, Window: bkS, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex

@@ -159,3 +159,58 @@ func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
 		t.Fatalf("hedging shrank the limit from %d to %d", without, with)
 	}
 }
+
+// TestThrottlerShedsBulkFirstWhenTheUpstreamRefuses: an upstream with room
+// for two calls at a time refuses the rest with 503. The client-side
+// throttler (SRE book ch. 21) then lets through about K = 2 requests per
+// accept and refuses the excess locally with ErrThrottled (a kind of
+// ErrShed), taking it from Bulk, three quarters of the traffic here, so
+// that Critical is not throttled at all.
+func TestThrottlerShedsBulkFirstWhenTheUpstreamRefuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := httptestutil.NewUpstream(httptestutil.Options{
+			Latency: httptestutil.Constant(10 * time.Millisecond), Capacity: 2,
+		})
+		tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: policy.Set{Throttler: &policy.Throttler{}}})
+		var bulk, critical tally
+		var wg sync.WaitGroup
+		stop := time.Now().Add(20 * time.Second)
+		for w := range 8 {
+			prio, tl := shedding.Bulk, &bulk
+			if w < 2 {
+				prio, tl = shedding.Critical, &critical
+			}
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					req, _ := http.NewRequestWithContext(shedding.WithPriority(context.Background(), prio),
+						http.MethodGet, "http://up.test/", nil)
+					resp, err := tr.RoundTrip(req)
+					switch {
+					case err == nil:
+						if resp.StatusCode == 200 {
+							tl.ok.Add(1)
+						} else {
+							tl.other.Add(1)
+						}
+						resp.Body.Close()
+					case errors.Is(err, policy.ErrThrottled) && errors.Is(err, policy.ErrShed):
+						tl.shed.Add(1)
+					default:
+						t.Errorf("unexpected error %v", err)
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("bulk: %d ok, %d 503, %d throttled; critical: %d ok, %d 503, %d throttled",
+			bulk.ok.Load(), bulk.other.Load(), bulk.shed.Load(), critical.ok.Load(), critical.other.Load(), critical.shed.Load())
+		if c := critical.shed.Load(); c*50 > critical.total() {
+			t.Errorf("Critical throttled %d of %d times; Bulk should absorb the throttling", c, critical.total())
+		}
+		if b := bulk.shed.Load(); b*10 < bulk.total()*4 {
+			t.Errorf("Bulk throttled %d of %d times, want at least 40%%", b, bulk.total())
+		}
+	})
+}
