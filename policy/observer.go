@@ -43,8 +43,9 @@ type Observer struct {
 	// BreakerTransition is called when a scope's breaker changes state.
 	BreakerTransition func(BreakerTransition)
 
-	// MalformedHeader is called when a priority header cannot be parsed;
-	// the call goes on at the default priority.
+	// MalformedHeader is called when a header resilix reads cannot be
+	// parsed: a priority (the call goes on as Critical) or a Retry-After
+	// (the backoff alone decides the wait).
 	MalformedHeader func(MalformedHeader)
 
 	// LimitTransition is called when a scope's adaptive concurrency limit

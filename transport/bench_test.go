@@ -31,6 +31,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"bare", mustNew(b, Config{Base: okBase{}})},
 		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}})},
 		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}})},
+		{"gates", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{},
+			Throttler: &policy.Throttler{}, Breaker: &policy.Breaker{}, Limiter: &policy.Limiter{},
+			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}})},
 		{"retry+observer", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}},
 			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}})},
 	} {

@@ -110,14 +110,15 @@ func (c *call) run() (*http.Response, error) {
 		}
 		now := time.Now()
 		delay, why := c.backoff(resp, now)
-		if why == 0 && !c.s.budget.Withdraw(now) {
-			why = policy.SkipBudget
-		}
 		if why == 0 {
 			var gerr error
 			if body, gerr = c.newBody(); gerr != nil {
 				why = policy.SkipBodyError
 			}
+		}
+		if why == 0 && !c.s.budget.Withdraw(now) {
+			closeBody(body)
+			why = policy.SkipBudget
 		}
 		if why != 0 {
 			c.skipped(why)

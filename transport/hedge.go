@@ -22,6 +22,9 @@ type round struct {
 	max       int // Hedge.MaximumConcurrent
 	threshold time.Duration
 
+	first  leg     // the inline leg, legs[0]
+	legBuf [3]*leg // legs' storage for the default MaximumConcurrent
+
 	mu      sync.Mutex
 	legs    []*leg // every leg sent, in order; legs[0] runs inline
 	live    int    // legs sent and not yet reported
@@ -52,11 +55,10 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, r
 		return first.resp, first.err
 	}
 
-	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold}
-	l := new(leg)
-	*l = *first
+	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold, first: *first}
+	l := &r.first
 	r.c.prepare(l, kind, body, replay, true)
-	r.legs = append(make([]*leg, 0, r.max), l)
+	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
 	r.timer = time.AfterFunc(wait, r.fire)

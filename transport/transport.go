@@ -217,8 +217,8 @@ type Measured struct {
 	// rejection probability.
 	Pressure float64
 
-	// MalformedHeaders counts requests whose priority header could not
-	// be parsed.
+	// MalformedHeaders counts priority headers on requests and
+	// Retry-After headers on responses that could not be parsed.
 	MalformedHeaders uint64
 }
 
