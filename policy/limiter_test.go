@@ -663,3 +663,53 @@ func TestLimiterDefaults(t *testing.T) {
 	}
 	l.Release(p, lmStart, time.Millisecond, Success)
 }
+
+// TestLimiterShedsHeavyTenantsFirstBeforeQueueing: within one priority, the
+// sheds that pressure makes due fall on the tenant above its fair share;
+// the light tenant's arrivals queue.
+func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := time.Now()
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 20}, now)
+		for i := range 110 { // admissions: heavy 100, light 10
+			id := "heavy"
+			if i%11 == 0 {
+				id = "light"
+			}
+			p, d := l.Acquire(t.Context(), now, shedding.BestEffort, id)
+			if !d.OK {
+				t.Fatalf("history: refused %+v", d)
+			}
+			l.Release(p, now, 0, Canceled)
+		}
+		held := lmFill(t, l, now, 2)
+		out := make(chan lmResult, 128)
+		ctx, cancel := context.WithCancel(t.Context())
+		shed := map[string]int{}
+		for i := range 33 { // ten heavy arrivals per light one, into a queue of 40 places
+			name := "heavy"
+			if i%11 == 0 {
+				name = "light"
+			}
+			lmGo(ctx, l, name, shedding.BestEffort, name, out)
+			for _, r := range lmTake(out) {
+				if r.d.Reason == LimiterShed {
+					shed[r.name]++
+				}
+			}
+		}
+		if shed["light"] != 0 || shed["heavy"] == 0 {
+			t.Errorf("shed %v: want the heavy tenant's arrivals shed and none of the light one's", shed)
+		}
+		cancel()
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			if r.d.OK {
+				l.Release(r.p, time.Now(), 0, Canceled)
+			}
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, Canceled)
+		}
+	})
+}
