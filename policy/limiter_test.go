@@ -670,7 +670,7 @@ func TestLimiterDefaults(t *testing.T) {
 func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		now := time.Now()
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 20}, now)
+		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 40}, now)
 		for i := range 110 { // admissions: heavy 100, light 10
 			id := "heavy"
 			if i%11 == 0 {
@@ -686,9 +686,9 @@ func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 		out := make(chan lmResult, 128)
 		ctx, cancel := context.WithCancel(t.Context())
 		shed := map[string]int{}
-		for i := range 33 { // ten heavy arrivals per light one, into a queue of 40 places
+		for i := range 60 { // three heavy arrivals per light one, into a queue of 80 places
 			name := "heavy"
-			if i%11 == 0 {
+			if i%4 == 0 {
 				name = "light"
 			}
 			lmGo(ctx, l, name, shedding.BestEffort, name, out)
