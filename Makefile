@@ -14,12 +14,16 @@ test:
 	@# examples/prometheus is its own module, so that the Prometheus exporter
 	@# stays out of resilix's go.mod; ./... does not reach it.
 	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	@# benchmarks/ is the comparison with peer libraries, also its own module;
+	@# its tests are the correctness facts (fast, in synctest).
+	cd benchmarks && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## demo: the main job against a local upstream, printed as a table.
 demo:
 	$(GO) run ./examples/hedging
 
-## bench: every benchmark, with allocations; compare runs with benchstat.
+## bench: every benchmark of resilix, with allocations; compare runs with
+## benchstat. The comparison with peers: cd benchmarks && go test -bench .
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./... | tee bench.txt
 	@echo "compare two runs with: $(GO) run $(BENCHSTAT) old.txt bench.txt"

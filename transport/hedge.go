@@ -207,7 +207,16 @@ func (r *round) report(l *leg) {
 
 	for _, o := range losers {
 		o.cancel(errDiscarded)
-		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: now.Sub(o.dispatch)})
+		elapsed := now.Sub(o.dispatch)
+		if elapsed >= r.threshold {
+			// A leg cut short in the tail took at least this long. Left
+			// out, the slow calls that hedging rescues would vanish from
+			// the window, the quantile would sink, and more than 1 - q of
+			// calls would be hedged; recorded at this lower bound, they
+			// stay above the threshold, where they belong.
+			r.h.Record(now, elapsed)
+		}
+		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: elapsed})
 	}
 	c.attemptDone(l)
 	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {

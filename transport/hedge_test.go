@@ -565,3 +565,36 @@ func TestHedgeThatFailsLetsTheFirstLegWin(t *testing.T) {
 		}
 	})
 }
+
+// TestHedgedTailStaysInTheWindow: hedging must not change the distribution
+// it measures. The slow legs it rescues are cancelled; if they vanished
+// from the latency window, the window would see only fast legs, and the
+// quantile would stay in the fast mode however many calls turned slow: the
+// better hedging worked, the more it would hedge. They are recorded at the
+// time they were cut short, a lower bound. Here 2% of legs take a second,
+// then 10% do, hedged at p95: once a tenth of calls are that slow, p95 is
+// no longer a fast call's latency, and the threshold must leave the fast
+// mode (10-40ms) and climb toward the slow one.
+func TestHedgedTailStaysInTheWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var every atomic.Int64
+		every.Store(50)
+		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+			if i%every.Load() == 0 {
+				return time.Second, 200
+			}
+			return 10*time.Millisecond + time.Duration(i*7919%31)*time.Millisecond, 200
+		}}
+		set := policy.Set{Hedge: &policy.Hedge{Quantile: 0.95}, Budget: policy.Budget{Ratio: -1}}
+		tr := mustNew(t, Config{Base: base, Policies: set})
+		warm(t, tr, 500)
+		calm := tr.Measured("up.test").HedgeThreshold
+		every.Store(10)
+		warm(t, tr, 2500) // a minute: twice the window
+		slow := tr.Measured("up.test").HedgeThreshold
+		t.Logf("threshold %v with 2%% slow legs, %v with 10%%", calm, slow)
+		if calm > 50*time.Millisecond || slow < 100*time.Millisecond {
+			t.Fatalf("threshold %v then %v: want the fast mode, then well above it", calm, slow)
+		}
+	})
+}
