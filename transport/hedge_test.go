@@ -65,6 +65,16 @@ func steady(d time.Duration) func(int64, *http.Request) (time.Duration, int) {
 	return func(int64, *http.Request) (time.Duration, int) { return d, 200 }
 }
 
+// warmThenFailSlowly answers the first 30 calls in 10ms, to warm the
+// latency window, and every later one with a 503 after 100ms, slow enough
+// to be hedged.
+func warmThenFailSlowly(i int64, _ *http.Request) (time.Duration, int) {
+	if i < 30 {
+		return 10 * time.Millisecond, 200
+	}
+	return 100 * time.Millisecond, 503
+}
+
 // hedgeEvents collects what an observer saw.
 type hedgeEvents struct {
 	mu         sync.Mutex
@@ -277,12 +287,7 @@ func TestHedgesAndRetriesShareOneBudget(t *testing.T) {
 		// Every first leg is slow and then fails; hedges fail too. Both
 		// retries and hedges want tokens; the budget holds 3 and never
 		// refills (MinPerSecond < 0, Ratio tiny).
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if i < 30 {
-				return 10 * time.Millisecond, 200
-			}
-			return 100 * time.Millisecond, 503
-		}}
+		base := &slowRT{latency: warmThenFailSlowly}
 		var ev hedgeEvents
 		var skips atomic.Int64
 		obs := ev.observer()
@@ -468,12 +473,7 @@ func TestWinRateRetreatsAndRecovers(t *testing.T) {
 
 func TestAttemptsCountsWireCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
-			if i < 30 {
-				return 10 * time.Millisecond, 200
-			}
-			return 100 * time.Millisecond, 503
-		}}
+		base := &slowRT{latency: warmThenFailSlowly}
 		set := policy.Set{
 			Attempts: 3,
 			Retry:    &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},

@@ -58,6 +58,19 @@ func flood(wg *sync.WaitGroup, c *http.Client, url string, workers int, stop tim
 	}
 }
 
+// limitedUpstream serves a fixed-capacity upstream on loopback, 8 workers
+// at 5ms a call with a queue beyond that, to a client whose transport runs
+// the adaptive limiter.
+func limitedUpstream(t *testing.T) (*Transport, *http.Client, string) {
+	_, url := loopback(t, httptestutil.Options{
+		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
+	})
+	base := &http.Transport{MaxIdleConnsPerHost: 64}
+	t.Cleanup(base.CloseIdleConnections)
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
+	return tr, &http.Client{Transport: tr}, url
+}
+
 // TestCriticalSurvivesABulkFlood is Netflix's incident in miniature: a Bulk
 // flood far above what a fixed-capacity upstream can serve (8 workers, 5ms
 // a call, queueing beyond that), beside a steady Critical load. The limiter
@@ -66,13 +79,7 @@ func TestCriticalSurvivesABulkFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loopback load test")
 	}
-	_, url := loopback(t, httptestutil.Options{
-		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
-	})
-	base := &http.Transport{MaxIdleConnsPerHost: 64}
-	defer base.CloseIdleConnections()
-	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
-	c := &http.Client{Transport: tr}
+	tr, c, url := limitedUpstream(t)
 
 	calm := func(ctx context.Context) context.Context { return ctx }
 	bulk := func(ctx context.Context) context.Context { return shedding.WithPriority(ctx, shedding.Bulk) }
@@ -103,13 +110,7 @@ func TestHeavyTenantShedBeforeLight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loopback load test")
 	}
-	_, url := loopback(t, httptestutil.Options{
-		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
-	})
-	base := &http.Transport{MaxIdleConnsPerHost: 64}
-	defer base.CloseIdleConnections()
-	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
-	c := &http.Client{Transport: tr}
+	_, c, url := limitedUpstream(t)
 
 	as := func(id string) func(context.Context) context.Context {
 		return func(ctx context.Context) context.Context {
