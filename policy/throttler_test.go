@@ -135,18 +135,17 @@ type thTally struct{ sent, admitted int }
 
 func (c thTally) rate() float64 { return float64(c.admitted) / float64(c.sent) }
 
-// TestThrottlerShedsBulkFirst: half the traffic Critical, half Bulk, and a
-// backend that accepts 35% of it. p settles near 1 − 2·0.35 = 0.3, all of
-// it taken from Bulk: Critical is never refused.
-func TestThrottlerShedsBulkFirst(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 7)
+// thDrive runs 300 s of traffic, 100 requests every 100 ms, request i Bulk
+// when bulk(i) and Critical otherwise, against a backend that accepts
+// capacity requests a tick, and tallies the second half per priority.
+func thDrive(th *AdaptiveThrottler, capacity int, bulk func(i int) bool) [shedding.NumPriorities]thTally {
 	var tally [shedding.NumPriorities]thTally
 	for tick := range 3000 {
 		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
-		be := thBackend{capacity: 35}
+		be := thBackend{capacity: capacity}
 		for i := range 100 {
 			prio := shedding.Critical
-			if i%2 == 1 {
+			if bulk(i) {
 				prio = shedding.Bulk
 			}
 			d := th.Admit(now, prio, "")
@@ -161,6 +160,15 @@ func TestThrottlerShedsBulkFirst(t *testing.T) {
 			}
 		}
 	}
+	return tally
+}
+
+// TestThrottlerShedsBulkFirst: half the traffic Critical, half Bulk, and a
+// backend that accepts 35% of it. p settles near 1 − 2·0.35 = 0.3, all of
+// it taken from Bulk: Critical is never refused.
+func TestThrottlerShedsBulkFirst(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 7)
+	tally := thDrive(th, 35, func(i int) bool { return i%2 == 1 })
 	p := th.Pressure(thStart.Add(300 * time.Second))
 	if p < 0.2 || p > 0.4 {
 		t.Errorf("Pressure = %v, want about 0.3", p)
@@ -179,27 +187,7 @@ func TestThrottlerShedsBulkFirst(t *testing.T) {
 // and Bulk is then refused outright.
 func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
 	th := NewAdaptiveThrottler(Throttler{}, thStart, 9)
-	var tally [shedding.NumPriorities]thTally
-	for tick := range 3000 {
-		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
-		be := thBackend{capacity: 10}
-		for i := range 100 {
-			prio := shedding.Critical
-			if i%4 == 3 {
-				prio = shedding.Bulk
-			}
-			d := th.Admit(now, prio, "")
-			if tick >= 1500 {
-				tally[prio].sent++
-				if d.OK {
-					tally[prio].admitted++
-				}
-			}
-			if d.OK {
-				th.Done(now, Success, be.serve())
-			}
-		}
-	}
+	tally := thDrive(th, 10, func(i int) bool { return i%4 == 3 })
 	if got := tally[shedding.Bulk].admitted; got != 0 {
 		t.Errorf("Bulk: %d admitted while Critical was being shed, want 0", got)
 	}
