@@ -31,7 +31,7 @@ const (
 	numOutcomes   = int(policy.Rejected) + 1
 	numKinds      = int(policy.AttemptHedge) + 1
 	numReasons    = int(policy.HedgeBodyError) + 1
-	numGates      = int(policy.GateBudget) + 1
+	numGates      = int(policy.GateRateLimit) + 1
 	numPriorities = 4 // shedding.NumPriorities
 )
 

@@ -41,7 +41,7 @@
 //     hedges{outcome="won"} / hedges{outcome="started"};
 //   - gate and priority on shed: every refusal of an attempt by an
 //     admission gate, whichever gate it was (throttler, breaker, limiter,
-//     bulkhead, rate_limit, budget; policy.Gate) and the request's
+//     bulkhead or rate_limit; policy.Gate) and the request's
 //     priority (critical, degraded, best-effort, bulk). Refused hedge legs
 //     are included; they are also counted as hedges suppressed with reason
 //     rejected. A call whose first attempt or retry is refused ends there,

@@ -15,13 +15,17 @@ import (
 var ErrRejected = errors.New("resilix: rejected")
 
 // The per-gate sentinels. Each is matched by errors.Is on the *RejectedError
-// that the gate returns, as is ErrRejected.
+// that the gate returns, as is ErrRejected: ErrCircuitOpen by the Breaker,
+// ErrBulkheadFull by the Bulkhead, ErrRateLimited by the RateLimit, ErrShed
+// by the Limiter when it sheds by priority or a full queue. (The budget
+// refuses no call: a retry it refuses leaves the caller with the last
+// response, and a hedge it refuses is not sent; Observer.RetrySkipped and
+// Observer.HedgeSuppressed report both.)
 var (
-	ErrCircuitOpen     = errors.New("resilix: circuit open")
-	ErrBulkheadFull    = errors.New("resilix: bulkhead full")
-	ErrRateLimited     = errors.New("resilix: rate limited")
-	ErrShed            = errors.New("resilix: shed")
-	ErrBudgetExhausted = errors.New("resilix: retry budget exhausted")
+	ErrCircuitOpen  = errors.New("resilix: circuit open")
+	ErrBulkheadFull = errors.New("resilix: bulkhead full")
+	ErrRateLimited  = errors.New("resilix: rate limited")
+	ErrShed         = errors.New("resilix: shed")
 )
 
 // ErrThrottled is the adaptive throttler's refusal. Throttling is shedding
@@ -46,16 +50,16 @@ var ErrAttemptTimeout = errors.New("resilix: attempt timed out")
 // Gate names the admission gate that refused a call.
 type Gate uint8
 
+// The admission gates, in the order a wire attempt meets them.
 const (
 	GateThrottler Gate = iota + 1
 	GateBreaker
 	GateLimiter
 	GateBulkhead
 	GateRateLimit
-	GateBudget
 )
 
-var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "rate_limit", "budget"}
+var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "rate_limit"}
 
 // String returns the gate's name as it appears in metrics: "breaker",
 // "rate_limit", ...

@@ -1,0 +1,34 @@
+// Package policy holds resilix's policies: their configs, which a user
+// writes as plain struct literals in a Set, and their runtime state, which
+// the transport keeps per upstream key and drives.
+//
+// The chain's order is fixed:
+//
+//	Retry → Hedge → Throttler → Breaker → Limiter → Bulkhead → RateLimit → Timeout → base
+//
+// A nil policy is off; a non-nil zero-valued one is on with the defaults its
+// field docs give ("If zero, ... is used."), which are the recommended
+// production settings. Set.Validate reports every invalid field by name;
+// transport.New calls it, so nothing here panics on a config that passed.
+//
+// Retry and Hedge are the amplifiers: they send more than one wire call
+// per logical call, and Set.Attempts bounds the wire calls of both together
+// while one Budget per key bounds them as a share of the traffic. The
+// admission gates (Throttler, Breaker, Limiter, Bulkhead, RateLimit) are
+// asked by every wire attempt, hedges included, and either admit it with a
+// permit, released once with the attempt's outcome, or refuse it with a
+// *RejectedError that matches ErrRejected and the gate's own sentinel.
+//
+// Outcomes are what the dependency's health is judged on: Classify (by
+// default DefaultClassify) says Success or Failure; Canceled (the caller
+// gave up) and Discarded (resilix cancelled a hedge loser) are not evidence
+// and teach no policy anything.
+//
+// The runtime types (CircuitBreaker, AdaptiveLimiter, AdaptiveThrottler,
+// BulkheadGate, RateLimiter, BudgetBucket, HedgeState) are exported for the
+// transport and for tests; their cores take the current time as a
+// parameter, run no goroutine or timer of their own, call nothing back, and
+// are safe for concurrent use. Most users never touch them.
+//
+// The Observer receives what the policies did, call by call.
+package policy
