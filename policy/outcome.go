@@ -48,7 +48,9 @@ func (o Outcome) Evidence() bool { return o == Success || o == Failure }
 // It is called with the response or the error of the base RoundTripper,
 // exactly one of them non-nil, and must return Success or Failure; it must
 // not read or close the body. Cancellation by the caller or by resilix is
-// recognised before Classify is asked, so it never sees those.
+// recognised before Classify is asked, so it never sees those. It is called
+// with no lock held, and concurrently for the legs of a hedged call, so it
+// must be safe for concurrent use.
 type Classify func(resp *http.Response, err error) Outcome
 
 // DefaultClassify is the Classify used when Set.Classify is nil:
