@@ -1,11 +1,37 @@
 // Package transport is resilix's http.RoundTripper: set it as an
 // http.Client's Transport and every request runs through one fixed chain of
-// policies, with state kept per upstream (per key):
+// policies, with state kept per upstream (per key, by default the host):
 //
 //	retry → hedge → throttler → breaker → limiter → bulkhead → rateLimit → timeout → base
 //
-// New validates the whole configuration once; RoundTrip then never panics
-// on anything a caller or a server sends.
+// New validates the whole configuration once and reports every invalid
+// field by name; the Transport then never panics on anything a caller or a
+// server sends. Which policies run, and how, is a policy.Set; see package
+// policy.
+//
+// What a caller can count on, on every path:
+//
+//   - RoundTrip returns a response or an error, never both, never neither,
+//     and never modifies the caller's request. The request's body is
+//     closed; it is only ever replayed through GetBody.
+//   - A request is sent more than once (retried or hedged) only when that
+//     is safe: an idempotent method, an Idempotency-Key header, or a context
+//     marked with MarkRepeatable, and a body that GetBody can re-create.
+//   - Every response resilix throws away (a superseded retry, the loser of
+//     a hedge) is closed, and a superseded one drained first so its
+//     connection can be reused.
+//   - The response returned keeps its attempt alive until its body is read
+//     to the end or closed; close it, as with any http.Client response.
+//   - No wait (backoff, queue, rate limit, hedge) outlives the request's
+//     context. A wire call in flight is cut short by cancelling its
+//     context, which net/http's transport honours; a base RoundTripper that
+//     ignores cancellation cannot be hurried, and a call over it may
+//     outlive its deadline by as long as the base takes.
+//   - Refusals are *policy.RejectedError, usable with errors.Is and
+//     errors.As through http.Client's *url.Error.
+//
+// A Transport holds no goroutine or timer of its own: state moves lazily,
+// from the time of the calls that read it.
 package transport
 
 import (
