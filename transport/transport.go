@@ -30,8 +30,9 @@
 //   - Refusals are *policy.RejectedError, usable with errors.Is and
 //     errors.As through http.Client's *url.Error.
 //
-// A Transport holds no goroutine or timer of its own: state moves lazily,
-// from the time of the calls that read it.
+// An idle Transport holds no goroutine or timer: state moves lazily,
+// from the time of the calls that read it. The timers and goroutines a call
+// needs (a per-attempt timeout, a hedge) end with it.
 package transport
 
 import (
