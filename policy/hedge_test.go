@@ -1,0 +1,120 @@
+package policy
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// hedgeStep is an instant on a 10s window: the hedges recorded then, and
+// the allowance wanted after them.
+type hedgeStep struct {
+	at            time.Duration
+	started, won  int
+	wantAllowance float64
+}
+
+func TestWinRateAIMDSteps(t *testing.T) {
+	h := NewHedgeState(Hedge{Window: 10 * time.Second,
+		WinRate: &WinRate{Floor: 0.5, MinimumAllowance: 0.1, MinimumSamples: 4}}, t0)
+	for i, s := range []hedgeStep{
+		{at: 0, wantAllowance: 1},
+		// A window with 8 hedges and 1 win: below the floor, halved.
+		{at: 1 * time.Second, started: 8, won: 1, wantAllowance: 1},
+		{at: 10 * time.Second, wantAllowance: 0.5},
+		{at: 11 * time.Second, started: 8, won: 0, wantAllowance: 0.5},
+		{at: 20 * time.Second, wantAllowance: 0.25},
+		{at: 21 * time.Second, started: 4, won: 0, wantAllowance: 0.25},
+		{at: 30 * time.Second, wantAllowance: 0.125},
+		{at: 31 * time.Second, started: 4, won: 0, wantAllowance: 0.125},
+		{at: 40 * time.Second, wantAllowance: 0.1}, // the floor, not 0.0625
+		// Too few hedges to judge: relaxed by a quarter.
+		{at: 41 * time.Second, started: 1, won: 0, wantAllowance: 0.1},
+		{at: 50 * time.Second, wantAllowance: 0.35},
+		// Hedges that win: a quarter back per window, capped at 1.
+		{at: 51 * time.Second, started: 6, won: 5, wantAllowance: 0.35},
+		{at: 60 * time.Second, wantAllowance: 0.6},
+		{at: 61 * time.Second, started: 6, won: 3, wantAllowance: 0.6}, // exactly the floor: not below it
+		{at: 70 * time.Second, wantAllowance: 0.85},
+		{at: 80 * time.Second, wantAllowance: 1},
+	} {
+		now := t0.Add(s.at)
+		for range s.started {
+			h.Started(now)
+		}
+		for range s.won {
+			h.Won(now)
+		}
+		if got := h.Allowance(now); math.Abs(got-s.wantAllowance) > 1e-9 {
+			t.Fatalf("step %d (at %v): allowance %v, want %v", i, s.at, got, s.wantAllowance)
+		}
+	}
+}
+
+func TestValueIsDeficitAccounted(t *testing.T) {
+	h := NewHedgeState(Hedge{Window: 10 * time.Second,
+		WinRate: &WinRate{Floor: 0.5, MinimumAllowance: 0.25, MinimumSamples: 1}}, t0)
+	for w := range 3 { // three windows of one losing hedge: 1 → 0.5 → 0.25 → 0.25
+		h.Started(t0.Add(time.Duration(w) * 10 * time.Second))
+		h.Allowance(t0.Add(time.Duration(w+1) * 10 * time.Second))
+	}
+	now := t0.Add(35 * time.Second) // within the fourth window: no judgment
+	if a := h.Allowance(now); a != 0.25 {
+		t.Fatalf("allowance %v, want 0.25", a)
+	}
+	// At 0.25, credit accumulates a quarter per opportunity: exactly one in
+	// four passes, and the spending is spread, not bunched.
+	var passed []int
+	for i := range 12 {
+		if h.Value(now) {
+			passed = append(passed, i)
+		}
+	}
+	if len(passed) != 3 || passed[0] != 3 || passed[1] != 7 || passed[2] != 11 {
+		t.Fatalf("passed at %v, want every fourth opportunity", passed)
+	}
+	if !NewHedgeState(Hedge{}, t0).Value(t0) {
+		t.Fatal("without WinRate the value gate always passes")
+	}
+}
+
+func TestHealthWithoutABreaker(t *testing.T) {
+	h := NewHedgeState(Hedge{}, t0) // SuppressAt 0.5 of the breaker's 0.5 warm-up trip point: 0.25
+	record := func(ok, fail int) {
+		for range ok {
+			h.Outcome(t0, Success)
+		}
+		for range fail {
+			h.Outcome(t0, Failure)
+		}
+		h.Outcome(t0, Canceled)  // not evidence
+		h.Outcome(t0, Discarded) // not evidence
+	}
+	record(15, 4)
+	if r := h.Rate(t0); r.Calls != 19 || !h.Healthy(r) {
+		t.Fatalf("19 calls (%+v): below MinimumCalls, a rate is not judged", r)
+	}
+	record(1, 0)
+	if r := h.Rate(t0); r.Calls != 20 || r.ErrorRate != 0.2 || !h.Healthy(r) {
+		t.Fatalf("20%% errors (%+v): below SuppressAt of the trip point, healthy", r)
+	}
+	record(0, 2)
+	if r := h.Rate(t0); h.Healthy(r) {
+		t.Fatalf("6 of 22 failed (%+v): past a quarter, hedging suppressed", r)
+	}
+	if r := h.Rate(t0.Add(time.Hour)); r.Calls != 0 || !h.Healthy(r) {
+		t.Fatalf("an hour later the window is empty: %+v", r)
+	}
+}
+
+func TestHedgeDefaults(t *testing.T) {
+	got := Hedge{WinRate: &WinRate{}}.WithDefaults()
+	if got.Quantile != 0.95 || got.MaximumConcurrent != 2 || got.MinimumSamples != 20 ||
+		got.Window != 30*time.Second || got.SuppressAt != 0.5 ||
+		got.WinRate.Floor != 0.1 || got.WinRate.MinimumAllowance != 0.05 || got.WinRate.MinimumSamples != 10 {
+		t.Fatalf("defaults %+v %+v", got, *got.WinRate)
+	}
+	if (Hedge{}).WithDefaults().WinRate != nil {
+		t.Fatal("WinRate must stay off unless set")
+	}
+}
