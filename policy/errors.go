@@ -83,6 +83,9 @@ type RejectedError struct {
 	RetryAfter time.Duration
 }
 
+// Error says which gate refused, for which key and priority, and when it
+// might admit again: `resilix: circuit open (key "api:443", priority
+// critical, retry after 2s)`.
 func (e *RejectedError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Err.Error())

@@ -93,8 +93,12 @@ type LimitTransition struct {
 type AttemptKind uint8
 
 const (
+	// AttemptFirst is a call's first wire attempt.
 	AttemptFirst AttemptKind = iota + 1
+	// AttemptRetry is sent after a failed round, past its backoff.
 	AttemptRetry
+	// AttemptHedge is sent while an earlier leg of the same round is still
+	// in flight, because it was slower than the hedge threshold.
 	AttemptHedge
 )
 
