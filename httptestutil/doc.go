@@ -8,9 +8,8 @@
 // arrivals per method, requests in flight and the peak in flight, and can
 // enforce a fixed capacity, refusing the excess with 503 or, with
 // Options.Queue, queueing it as a server with a fixed pool of workers does.
-// The latency and the faults can be switched while
-// it serves ([Upstream.SetLatency], [Upstream.SetFaults]) to simulate a
-// brownout.
+// The latency and the faults can be switched while it serves
+// ([Upstream.SetLatency], [Upstream.SetFaults]) to simulate a brownout.
 //
 // An Upstream can be served two ways:
 //
