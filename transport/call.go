@@ -154,8 +154,8 @@ func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if c.s.hedge != nil && c.replayable() {
-		return c.hedged(&l, kind, body, !first, now)
+	if threshold, wait, ok := c.hedgeAfter(now); ok {
+		return c.hedged(&l, kind, body, !first, threshold, wait)
 	}
 	c.prepare(&l, kind, body, !first, false)
 	c.send(&l)

@@ -36,25 +36,30 @@ type round struct {
 	outcome policy.Outcome
 }
 
-// hedged runs a round whose first leg l has passed the admission gates.
-func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, now time.Time) (*http.Response, error) {
+// hedgeAfter reports whether this round hedges and, if so, the threshold
+// and how long to wait before the first hedge: the threshold, or the time
+// left before the deadline if that is shorter. A request that may not be
+// sent twice is never hedged; a window still warming is counted.
+func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
 	h := c.s.hedge
-	threshold, ok := h.Threshold(now)
-	wait := threshold
+	if h == nil || !c.replayable() {
+		return 0, 0, false
+	}
+	threshold, ok = h.Threshold(now)
+	if !ok {
+		c.suppress(policy.HedgeWarming)
+		return 0, 0, false
+	}
+	wait = threshold
 	if dl, has := c.ctx.Deadline(); has {
 		wait = min(wait, dl.Sub(now))
 	}
-	if !ok || wait <= 0 {
-		if !ok {
-			c.suppress(policy.HedgeWarming)
-		}
-		c.prepare(first, kind, body, replay, false)
-		c.send(first)
-		c.outcome = first.outcome
-		c.attemptDone(first)
-		return first.resp, first.err
-	}
+	return threshold, wait, wait > 0
+}
 
+// hedged runs a round whose first leg has passed the admission gates.
+func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, threshold, wait time.Duration) (*http.Response, error) {
+	h := c.s.hedge
 	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold, first: *first}
 	l := &r.first
 	r.c.prepare(l, kind, body, replay, true)
