@@ -196,7 +196,13 @@ func TestLoserIsAborted(t *testing.T) {
 			t.Fatalf("the losing leg's context: %v, want it cancelled as discarded", context.Cause(loser))
 		}
 		var discarded int
-		for _, a := range ev.attempts {
+		// The winner reports the loser as discarded at the moment it
+		// cancels it, on the winner's goroutine, which may be after the
+		// call has returned: read under the observer's lock.
+		ev.mu.Lock()
+		attempts := ev.attempts
+		ev.mu.Unlock()
+		for _, a := range attempts {
 			if a.Outcome == policy.Discarded {
 				discarded++
 			}
