@@ -20,7 +20,9 @@ type Observer struct {
 
 	// AttemptDone is called once per wire attempt: when its response
 	// headers or error arrive, or, for a leg resilix cancelled, at the
-	// moment of cancellation (Outcome Discarded).
+	// moment of cancellation (Outcome Discarded). The legs of a hedged
+	// call are reported from their own goroutines, so some may arrive
+	// after the call's CallDone.
 	AttemptDone func(AttemptInfo)
 
 	// Refused is called when a gate refuses an attempt.
