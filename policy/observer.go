@@ -180,9 +180,12 @@ const (
 	SkipRetryAfter
 	// SkipBodyError: Request.GetBody failed.
 	SkipBodyError
+	// SkipPermanent: the error will not go away by sending again (the
+	// server's TLS certificate was not trusted).
+	SkipPermanent
 )
 
-var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error"}
+var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error", "permanent"}
 
 // String returns the reason's name as it appears in metrics.
 func (r SkipReason) String() string {

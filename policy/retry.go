@@ -10,7 +10,8 @@ import "time"
 // Idempotency-Key or X-Idempotency-Key header (net/http's own convention),
 // or whose context was marked with transport.MarkRepeatable; and only when
 // its body can be replayed, through Request.GetBody, or there is none. It
-// never reads the caller's body itself.
+// never reads the caller's body itself. It does not retry an error that
+// sending again cannot fix: a server certificate that was not trusted.
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ))), or longer if the

@@ -109,7 +109,7 @@ func (c *call) run() (*http.Response, error) {
 			return resp, err
 		}
 		now := time.Now()
-		delay, why := c.backoff(resp, now)
+		delay, why := c.backoff(resp, err, now)
 		if why == 0 {
 			var gerr error
 			if body, gerr = c.newBody(); gerr != nil {
@@ -170,10 +170,13 @@ func (c *call) replayable() bool {
 }
 
 // backoff returns the wait before the next round, or why there is none.
-func (c *call) backoff(resp *http.Response, now time.Time) (time.Duration, policy.SkipReason) {
+func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
 	if !c.replayable() {
 		return 0, policy.SkipNotReplayable
+	}
+	if err != nil && httpx.Permanent(err) {
+		return 0, policy.SkipPermanent
 	}
 	d := r.Backoff(c.wire, rand.Float64())
 	if resp != nil && r.MaxRetryAfter >= 0 {

@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -132,5 +133,25 @@ func TestLoopbackSlowBodyIsNotCutByPerAttempt(t *testing.T) {
 	}
 	if tracker.Open() != 0 {
 		t.Fatal("body left open")
+	}
+}
+
+func TestLoopbackUntrustedCertificateIsNotRetried(t *testing.T) {
+	srv := httptest.NewUnstartedServer(httptestutil.NewUpstream(httptestutil.Options{}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is the point
+	srv.StartTLS()
+	defer srv.Close()
+	base := cleanhttp.DefaultPooledTransport() // does not trust the test server's certificate
+	defer base.CloseIdleConnections()
+	var skips []policy.RetrySkip
+	tr := mustNew(t, Config{Base: base, Policies: retrySet(), Observer: &policy.Observer{
+		RetrySkipped: func(s policy.RetrySkip) { skips = append(skips, s) },
+	}})
+	_, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	if err == nil {
+		t.Fatal("an untrusted certificate was accepted")
+	}
+	if len(skips) != 1 || skips[0].Reason != policy.SkipPermanent || skips[0].Attempt != 1 {
+		t.Fatalf("skips %+v: a certificate error is not retried", skips)
 	}
 }

@@ -1,6 +1,11 @@
 package httpx
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -119,4 +124,22 @@ func TestDiscardIsBounded(t *testing.T) {
 		t.Fatalf("read %d bytes (limit %d), closed=%v", b.read, DrainLimit, b.closed)
 	}
 	Discard(nil) // no panic
+}
+
+func TestPermanent(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{x509.UnknownAuthorityError{}, true},
+		{fmt.Errorf("dial: %w", x509.HostnameError{Host: "a"}), true},
+		{&tls.CertificateVerificationError{Err: errors.New("bad")}, true},
+		{x509.CertificateInvalidError{}, true},
+		{errors.New("connection refused"), false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := Permanent(tc.err); got != tc.want {
+			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }
