@@ -135,13 +135,8 @@ func TestRateLimitRefusalCarriesRetryAfter(t *testing.T) {
 
 func TestHedgesPassTheGatesToo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &slowRT{latency: steady(10 * time.Millisecond)}
-		slowOnce := func() { base.slowOnce(time.Second) }
-		var ev hedgeEvents
-		set := policy.Set{Hedge: &policy.Hedge{}, Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}
-		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
-		warm(t, tr, 30)
-		slowOnce()
+		tr, base, ev := warmHedging(t, policy.Set{Hedge: &policy.Hedge{}, Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}})
+		base.slowOnce(time.Second)
 		if _, err := do(t, t.Context(), tr); err != nil {
 			t.Fatal(err)
 		}

@@ -75,6 +75,18 @@ func warmThenFailSlowly(i int64, _ *http.Request) (time.Duration, int) {
 	return 100 * time.Millisecond, 503
 }
 
+// warmHedging returns a transport running set over a base whose calls
+// take 10ms, with its latency window already warm (30 calls), and what its
+// observer sees.
+func warmHedging(t *testing.T, set policy.Set) (*Transport, *slowRT, *hedgeEvents) {
+	t.Helper()
+	base := &slowRT{latency: steady(10 * time.Millisecond)}
+	ev := &hedgeEvents{}
+	tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+	warm(t, tr, 30)
+	return tr, base, ev
+}
+
 // hedgeEvents collects what an observer saw.
 type hedgeEvents struct {
 	mu         sync.Mutex
@@ -177,11 +189,8 @@ func TestBrownoutStopsTheHedgingItWouldOtherwiseCause(t *testing.T) {
 
 func TestLoserIsAborted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		tr, base, ev := warmHedging(t, hedgeSet())
 		slowOnce := func() { base.slowOnce(time.Hour) }
-		var ev hedgeEvents
-		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
-		warm(t, tr, 30)
 		slowOnce()
 		start := time.Now()
 		if _, err := do(t, t.Context(), tr); err != nil {
@@ -256,11 +265,8 @@ func TestLosingResponseIsClosed(t *testing.T) {
 
 func TestPlainPostIsNeverHedged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		tr, base, ev := warmHedging(t, hedgeSet())
 		slowOnce := func() { base.slowOnce(time.Second) }
-		var ev hedgeEvents
-		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
-		warm(t, tr, 30)
 		post := func(key bool, ctx context.Context) {
 			slowOnce()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://up.test/", strings.NewReader("pay=1"))
@@ -527,11 +533,8 @@ func TestColdPolicyHedgesNothing(t *testing.T) {
 
 func TestBulkIsNeverHedged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &slowRT{latency: steady(10 * time.Millisecond)}
+		tr, base, ev := warmHedging(t, hedgeSet())
 		slowOnce := func() { base.slowOnce(time.Second) }
-		var ev hedgeEvents
-		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
-		warm(t, tr, 30)
 		slowOnce()
 		if _, err := do(t, shedding.WithPriority(t.Context(), shedding.Bulk), tr); err != nil {
 			t.Fatal(err)
