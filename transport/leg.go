@@ -127,22 +127,19 @@ func (c *call) send(l *leg) {
 		s.hedge.Outcome(now, l.outcome)
 	}
 
-	if resp != nil && (l.cancel != nil || l.bulkhead) {
-		r := &releaser{rc: resp.Body, cancel: l.cancel}
-		if l.bulkhead {
-			r.bulkhead = s.bulkhead
-		}
+	var bulkhead *policy.BulkheadGate
+	if l.bulkhead {
+		bulkhead = s.bulkhead
+	}
+	switch {
+	case resp == nil:
+		free(l.cancel, bulkhead)
+	case l.cancel != nil || bulkhead != nil:
+		r := &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead}
 		if rw, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 			resp.Body = &releaserRW{releaser: r, w: rw}
 		} else {
 			resp.Body = r
-		}
-	} else if resp == nil {
-		if l.cancel != nil {
-			l.cancel(context.Canceled)
-		}
-		if l.bulkhead {
-			s.bulkhead.Release()
 		}
 	}
 	l.bulkhead = false
@@ -178,12 +175,18 @@ type releaser struct {
 
 func (r *releaser) release() {
 	if r.done.CompareAndSwap(false, true) {
-		if r.cancel != nil {
-			r.cancel(context.Canceled)
-		}
-		if r.bulkhead != nil {
-			r.bulkhead.Release()
-		}
+		free(r.cancel, r.bulkhead)
+	}
+}
+
+// free releases what an attempt held: its context, if it has its own, and
+// its bulkhead slot, if it took one.
+func free(cancel context.CancelCauseFunc, bulkhead *policy.BulkheadGate) {
+	if cancel != nil {
+		cancel(context.Canceled)
+	}
+	if bulkhead != nil {
+		bulkhead.Release()
 	}
 }
 
