@@ -183,9 +183,12 @@ const (
 	// SkipPermanent: the error will not go away by sending again (the
 	// server's TLS certificate was not trusted).
 	SkipPermanent
+	// SkipGate: an admission gate refused the retry (RetrySkip.Gate says
+	// which); the caller gets the last attempt's response or error.
+	SkipGate
 )
 
-var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error", "permanent"}
+var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error", "permanent", "gate"}
 
 // String returns the reason's name as it appears in metrics.
 func (r SkipReason) String() string {
@@ -200,6 +203,8 @@ type RetrySkip struct {
 	Key      string
 	Priority shedding.Priority
 	Reason   SkipReason
+	// Gate is the gate that refused the retry, when Reason is SkipGate.
+	Gate Gate
 	// Attempt is the number of the failed attempt that was not retried.
 	Attempt int
 }

@@ -94,22 +94,31 @@ type call struct {
 	tenant string // read only when a gate is fair between tenants
 
 	wire    int            // wire attempts made; guarded by the round's lock while hedges run
+	retries int            // retries sent
 	outcome policy.Outcome // of what the call returns
 }
 
 // run is the retry loop: rounds until one is not a failure, attempts or
-// budget run out, or the next one could not start before the deadline.
+// budget run out, or the next one could not start before the deadline. The
+// response a retry would supersede is kept until the retry is admitted:
+// when a gate refuses it, the caller gets that response, intact.
 func (c *call) run() (*http.Response, error) {
 	ch := c.s.chain
 	c.s.budget.Deposit(c.start)
-	var body io.ReadCloser // the replayed body of the next round
-	for first := true; ; first = false {
-		resp, err := c.round(first, body)
-		if c.outcome != policy.Failure || ch.retry == nil || c.wire >= ch.attempts {
-			return resp, err
+	var l leg
+	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
+		closeBody(c.req.Body)
+		c.outcome = policy.Rejected
+		if _, refused := err.(*policy.RejectedError); !refused {
+			c.outcome = policy.Canceled
 		}
+		return nil, err
+	}
+	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
+	for c.outcome == policy.Failure && ch.retry != nil && c.wire < ch.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
+		var body io.ReadCloser // the replayed body of the next round
 		if why == 0 {
 			var gerr error
 			if body, gerr = c.newBody(); gerr != nil {
@@ -121,46 +130,47 @@ func (c *call) run() (*http.Response, error) {
 			why = policy.SkipBudget
 		}
 		if why != 0 {
-			c.skipped(why)
+			c.skipped(why, 0)
 			return resp, err
 		}
-		httpx.Discard(resp)
 		if !sleep(c.ctx, delay) {
 			closeBody(body)
+			httpx.Discard(resp)
 			c.outcome = policy.Canceled
 			return nil, c.ctx.Err()
 		}
+		c.retries++
+		now = time.Now()
+		l = leg{}
+		if aerr := c.admit(&l, policy.AttemptRetry, now, true, resp); aerr != nil {
+			closeBody(body)
+			if rej, refused := aerr.(*policy.RejectedError); refused {
+				c.skipped(policy.SkipGate, rej.Gate)
+				return resp, err // the upstream's last word stands
+			}
+			httpx.Discard(resp)
+			c.outcome = policy.Canceled
+			return nil, aerr
+		}
+		httpx.Discard(resp) // superseded, now that the retry is on its way
+		resp, err = c.round(&l, policy.AttemptRetry, body, now)
 	}
+	return resp, err
 }
 
-// round makes one logical attempt: a single leg, or, when the chain hedges
-// and the request may be sent twice, a hedged round. The first round sends
-// the caller's own body; later ones the replayed body.
-func (c *call) round(first bool, body io.ReadCloser) (*http.Response, error) {
-	kind := policy.AttemptRetry
-	now := c.start // the first round starts with the call
-	if first {
-		kind = policy.AttemptFirst
-		body = c.req.Body
-	} else {
-		now = time.Now()
-	}
-	var l leg
-	if err := c.admit(&l, kind, now, true); err != nil {
-		closeBody(body)
-		c.outcome = policy.Rejected
-		if c.ctx.Err() != nil {
-			c.outcome = policy.Canceled
-		}
-		return nil, err
-	}
+// round makes one logical attempt whose first leg l has been admitted: a
+// single leg, or, when the chain hedges and the request may be sent twice,
+// a hedged round. The first round sends the caller's own body; later ones
+// a replayed body.
+func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
+	replay := kind != policy.AttemptFirst
 	if threshold, wait, ok := c.hedgeAfter(now); ok {
-		return c.hedged(&l, kind, body, !first, threshold, wait)
+		return c.hedged(l, kind, body, replay, threshold, wait)
 	}
-	c.prepare(&l, kind, body, !first, false)
-	c.send(&l)
+	c.prepare(l, kind, body, replay, false)
+	c.send(l)
 	c.outcome = l.outcome
-	c.attemptDone(&l)
+	c.attemptDone(l)
 	return l.resp, l.err
 }
 
@@ -178,7 +188,7 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	if err != nil && httpx.Permanent(err) {
 		return 0, policy.SkipPermanent
 	}
-	d := r.Backoff(c.wire, rand.Float64())
+	d := r.Backoff(c.retries, rand.Float64())
 	if resp != nil && r.MaxRetryAfter >= 0 {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)
@@ -206,9 +216,9 @@ func (c *call) newBody() (io.ReadCloser, error) {
 	return c.req.GetBody()
 }
 
-func (c *call) skipped(why policy.SkipReason) {
+func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Key: c.s.key, Priority: c.prio, Reason: why, Attempt: c.wire})
+		o.RetrySkipped(policy.RetrySkip{Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire})
 	}
 }
 
@@ -223,11 +233,15 @@ var noWait = func() context.Context {
 
 // admit passes leg l through the admission gates in their order,
 // throttler → breaker → limiter → bulkhead → rate limit, and either records
-// their permits in l or returns the refusal, having released what earlier
-// gates granted. With wait false, gates that would queue refuse instead.
-// When the caller's own context ends while a gate waits, it returns that
-// context's error rather than a refusal.
-func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) error {
+// their permits in l or returns the refusal, a *policy.RejectedError,
+// having released what earlier gates granted. With wait false, gates that
+// would queue refuse instead. When the caller's own context ends while a
+// gate waits, it returns that context's error rather than a refusal.
+//
+// prev is the response the leg would supersede, if any: when it holds a
+// bulkhead slot the leg takes the slot over rather than queue behind its
+// own call, and gives it back if a later gate refuses.
+func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, prev *http.Response) error {
 	s := c.s
 	ctx := c.ctx
 	if !wait {
@@ -261,8 +275,13 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) 
 		l.lp, l.limiter = p, true
 	}
 	if s.bulkhead != nil {
-		if !s.bulkhead.Acquire(ctx) {
+		if r := heldSlot(prev); r != nil {
+			r.bulkhead, l.inherited = nil, r
+		} else if !s.bulkhead.Acquire(ctx) {
 			c.unadmit(l, now)
+			if err := c.callerDone(); wait && err != nil {
+				return err
+			}
 			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0, false)
 		}
 		l.bulkhead = true
@@ -270,14 +289,32 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool) 
 	if s.rate != nil {
 		if ok, ra := s.rate.Acquire(ctx, now); !ok {
 			c.unadmit(l, now)
+			if err := c.callerDone(); wait && err != nil {
+				return err
+			}
 			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra, false)
 		}
+	}
+	l.inherited = nil // the slot is the leg's now
+	return nil
+}
+
+// callerDone returns the error of the caller's context if it has ended,
+// counting a deadline that has passed before the context's own timer
+// noticed (a gate's wait bounded by the deadline may end first).
+func (c *call) callerDone() error {
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := c.ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
 	}
 	return nil
 }
 
-// unadmit gives back what admit granted to a leg that will not be sent.
-// Nothing is learned from it: it is released as Discarded.
+// unadmit gives back what admit granted to a leg that will not be sent, or
+// that teaches nothing (a hedge leg that lost, a base that panicked): it
+// is released as Discarded.
 func (c *call) unadmit(l *leg, now time.Time) {
 	s := c.s
 	if l.throttled {
@@ -293,7 +330,11 @@ func (c *call) unadmit(l *leg, now time.Time) {
 		l.limiter = false
 	}
 	if l.bulkhead {
-		s.bulkhead.Release()
+		if l.inherited != nil {
+			l.inherited.bulkhead, l.inherited = s.bulkhead, nil
+		} else {
+			s.bulkhead.Release()
+		}
 		l.bulkhead = false
 	}
 }

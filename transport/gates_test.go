@@ -59,19 +59,27 @@ func TestRefusalClosesTheBodyAndNeverReachesTheBase(t *testing.T) {
 }
 
 func TestAnOpenBreakerIsNotRetried(t *testing.T) {
-	base := &script{codes: []int{503}}
-	set := retrySet()
-	set.Breaker = &policy.Breaker{ConsecutiveFailures: 2}
-	tr := mustNew(t, Config{Base: base, Policies: set})
-	resp, err := get(t, t.Context(), tr, "http://a.test/")
-	// Attempt 1 fails, attempt 2 fails and trips the breaker, attempt 3
-	// is refused: the caller gets the refusal, not a third 503.
-	if resp != nil || !errors.Is(err, policy.ErrCircuitOpen) {
-		t.Fatalf("got %v, %v", resp, err)
-	}
-	if base.n() != 2 || !base.resps[1].Body.(*body).closed.Load() {
-		t.Fatalf("%d wire calls; the superseded response must be closed", base.n())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		base := &script{codes: []int{503}}
+		set := retrySet()
+		set.Breaker = &policy.Breaker{ConsecutiveFailures: 2}
+		tr := mustNew(t, Config{Base: base, Policies: set})
+		resp, err := get(t, t.Context(), tr, "http://a.test/")
+		// Attempt 1 fails, attempt 2 fails and trips the breaker, attempt
+		// 3 is refused: the caller gets the second 503, intact, not the
+		// refusal.
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("got %v, %v; want the last 503", resp, err)
+		}
+		defer resp.Body.Close()
+		if b, _ := io.ReadAll(resp.Body); string(b) != http.StatusText(503) {
+			t.Fatalf("body %q, want it intact", b)
+		}
+		synctest.Wait() // the superseded response is drained in the background
+		if base.n() != 2 || !base.resps[0].Body.(*body).closed.Load() {
+			t.Fatalf("%d wire calls; the superseded response must be closed", base.n())
+		}
+	})
 }
 
 func TestBulkheadHoldsItsSlotUntilTheBodyIsClosed(t *testing.T) {
@@ -112,8 +120,10 @@ func TestBulkheadWaitEndsAtTheDeadline(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err = get(t, ctx, tr, "http://a.test/")
-		if !errors.Is(err, policy.ErrBulkheadFull) || time.Since(start) != 2*time.Second {
-			t.Fatalf("err %v after %v; want ErrBulkheadFull at the 2s deadline", err, time.Since(start))
+		// The caller's own deadline ended the wait: its error, not a
+		// refusal.
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, policy.ErrRejected) || time.Since(start) != 2*time.Second {
+			t.Fatalf("err %v after %v; want the caller's deadline at 2s", err, time.Since(start))
 		}
 	})
 }

@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -13,27 +15,41 @@ import (
 
 // round is one hedged logical attempt. The first leg runs inline on the
 // caller's goroutine with one timer armed; only when the timer fires and
-// every gate passes does a hedge leg get a goroutine, and the round a
-// channel. The first acceptable answer wins and the other legs are
-// cancelled; if every leg fails, the last failure goes back to retry.
+// every gate passes does a hedge leg get a goroutine. The first acceptable
+// answer wins and the legs still on the wire lose; if every leg fails, the
+// last failure goes back to retry.
+//
+// A leg is settled exactly once, under the round's lock, by whichever comes
+// first: its own answer (the leg is then evidence, taught to the gates
+// with its outcome), or another leg's win while it is still on the wire
+// (it is then lost: cancelled, reported discarded, and it teaches nothing
+// when it comes back). No leg ever sends on anything, so no leg can block
+// once the caller has gone, however many legs the round started.
+//
+// The caller's request is read only while the round is undecided and the
+// caller is inside RoundTrip: a hedge leg sends a deep copy, so a loser
+// still inside a slow base never touches the request the caller may reuse.
 type round struct {
 	c         call // a copy, so the caller's call stays on its stack
 	h         *policy.HedgeState
 	max       int // Hedge.MaximumConcurrent
 	threshold time.Duration
+	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller
 
 	first  leg     // the inline leg, legs[0]
 	legBuf [3]*leg // legs' storage for the default MaximumConcurrent
 
 	mu      sync.Mutex
-	legs    []*leg // every leg sent, in order; legs[0] runs inline
-	live    int    // legs sent and not yet reported
-	over    bool   // no more legs may start
+	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
+	legs    []*leg    // every leg sent, in order; legs[0] runs inline
+	live    int       // legs sent and not yet ended
+	firing  bool      // fire is deciding on a leg: the round waits for it
+	over    bool      // no more legs may start
 	winner  *leg
-	failed  []*leg // legs that reported a failure, in order
-	results chan *leg
+	failed  *leg // the last leg that failed; earlier ones are discarded
+	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
+	decided bool // a winner, a panic, or the caller abandoned the round
 	timer   *time.Timer
-	outcome policy.Outcome
 }
 
 // hedgeAfter reports whether this round hedges and, if so, the threshold
@@ -60,8 +76,10 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
-	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold, first: *first}
+	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
+	r.cond.L = &r.mu
 	l := &r.first
+	l.round = r
 	r.c.prepare(l, kind, body, replay, true)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
@@ -69,17 +87,41 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, r
 	r.timer = time.AfterFunc(wait, r.fire)
 	r.mu.Unlock()
 
+	done := false
+	defer func() {
+		if !done {
+			// The inline leg panicked (the base or a user func): end
+			// the round before the panic reaches the caller.
+			r.abandon(nil)
+		}
+	}()
 	r.c.send(l)
 	r.report(l)
 	resp, err := r.collect()
-	c.wire, c.outcome = r.c.wire, r.outcome
+	done = true
+	c.wire, c.outcome = r.c.wire, r.c.outcome
 	return resp, err
 }
 
 // fire runs on the timer's goroutine: it asks the hedging gates in order
-// and, if all pass, sends one more leg.
+// and, if all pass, sends one more leg. A panic here (GetBody, an
+// observer) would kill the process: it is handed to the caller instead.
 func (r *round) fire() {
 	c := &r.c
+	firing := false
+	defer func() {
+		p := recover()
+		if firing {
+			// No leg after all: the round must not wait for one.
+			r.mu.Lock()
+			r.firing = false
+			r.cond.Broadcast()
+			r.mu.Unlock()
+		}
+		if p != nil {
+			r.abandon(newLegPanic(p))
+		}
+	}()
 	now := time.Now()
 	r.mu.Lock()
 	if r.over {
@@ -87,6 +129,8 @@ func (r *round) fire() {
 		return
 	}
 	why := r.gate(now)
+	r.firing = why == 0
+	firing = r.firing
 	r.mu.Unlock()
 	if why != 0 {
 		c.suppress(why)
@@ -94,15 +138,18 @@ func (r *round) fire() {
 	}
 
 	l := new(leg)
-	if err := c.admit(l, policy.AttemptHedge, now, false); err != nil {
+	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
 		c.suppress(policy.HedgeRejected)
 		return
 	}
-	body, err := c.newBody()
-	if err != nil {
-		c.unadmit(l, now)
-		c.suppress(policy.HedgeBodyError)
-		return
+	var body io.ReadCloser
+	if r.getBody != nil {
+		var err error
+		if body, err = r.getBody(); err != nil {
+			c.unadmit(l, now)
+			c.suppress(policy.HedgeBodyError)
+			return
+		}
 	}
 
 	// The budget is charged last, under the round's lock, so that a token
@@ -118,22 +165,23 @@ func (r *round) fire() {
 		}
 		return
 	}
+	// Not over: the caller is still inside RoundTrip, so its request may
+	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, body, true, true)
+	l.round = r
 	r.legs = append(r.legs, l)
 	r.live++
-	if r.results == nil {
-		r.results = make(chan *leg, r.max)
-	}
+	r.firing, firing = false, false
 	if r.live < r.max && c.wire < c.s.chain.attempts {
 		r.timer.Reset(r.threshold)
 	}
 	r.mu.Unlock()
 
+	go r.run(l)
 	r.h.Started(now)
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
 		o.HedgeStarted(policy.HedgeInfo{Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 	}
-	go r.run(l)
 }
 
 // gate asks the hedging gates after warming, in order: deadline,
@@ -163,66 +211,81 @@ func (r *round) gate(now time.Time) policy.SuppressReason {
 	return 0
 }
 
-// run sends a hedge leg on its own goroutine.
+// run sends a hedge leg on its own goroutine. A panic there could not be
+// recovered by anyone, so it is caught and handed to the caller's
+// goroutine, which re-raises it.
 func (r *round) run(l *leg) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.mu.Lock()
+			if !l.ended {
+				l.ended = true
+				r.live--
+			}
+			r.mu.Unlock()
+			r.abandon(newLegPanic(p))
+		}
+	}()
 	r.c.send(l)
 	r.report(l)
-	r.results <- l // buffered for every leg: never blocks
 }
 
-// report settles a finished leg. The first acceptable answer wins: the
-// legs still in flight are cancelled and observed as discarded at once, so
-// the caller never waits on a loser. A leg that finishes after the round
-// was won is closed.
+// settle decides, as leg l's answer comes back from the base, whether l is
+// evidence (true) or was lost to another leg's win while on the wire
+// (false). It is the one place where that is decided.
+func (r *round) settle(l *leg) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l.lost {
+		return false
+	}
+	l.settled = true
+	return true
+}
+
+// report ends a leg that has been through send. The first acceptable
+// answer wins: the legs still on the wire lose, are cancelled and reported
+// as discarded at once, so the caller never waits on a loser. A failure
+// supersedes the failure before it, which is thrown away. Anything that
+// ends after the round was decided is thrown away.
 func (r *round) report(l *leg) {
 	c := &r.c
 	now := time.Now()
 	r.mu.Lock()
-	l.done = true
+	l.ended = true
 	r.live--
 	if l == r.legs[0] {
 		// The inline leg is back: whatever happens, no more legs start.
 		r.over = true
 		r.timer.Stop()
 	}
-	if r.winner != nil {
-		// Lost: cancelled and observed when the winner was chosen.
+	defer r.cond.Broadcast()
+	if l.lost {
+		// Reported discarded when it lost; send closed what it got.
 		r.mu.Unlock()
-		if l.resp != nil {
-			closeBody(l.resp.Body)
-		}
+		return
+	}
+	if r.decided {
+		r.mu.Unlock()
+		c.attemptDone(l)
+		httpx.Discard(l.resp)
 		return
 	}
 	if l.outcome == policy.Failure {
-		r.failed = append(r.failed, l)
+		superseded := r.failed
+		r.failed = l
 		r.mu.Unlock()
 		c.attemptDone(l)
+		if superseded != nil {
+			httpx.Discard(superseded.resp)
+		}
 		return
 	}
 	r.winner = l
-	r.over = true
-	r.timer.Stop()
-	var losers []*leg
-	for _, o := range r.legs {
-		if !o.done {
-			losers = append(losers, o)
-		}
-	}
+	losers := r.decideLocked()
 	r.mu.Unlock()
 
-	for _, o := range losers {
-		o.cancel(errDiscarded)
-		elapsed := now.Sub(o.dispatch)
-		if elapsed >= r.threshold {
-			// A leg cut short in the tail took at least this long. Left
-			// out, the slow calls that hedging rescues would vanish from
-			// the window, the quantile would sink, and more than 1 - q of
-			// calls would be hedged; recorded at this lower bound, they
-			// stay above the threshold, where they belong.
-			r.h.Record(now, elapsed)
-		}
-		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: elapsed})
-	}
+	r.discard(losers, now)
 	c.attemptDone(l)
 	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {
 		r.h.Won(now)
@@ -232,36 +295,112 @@ func (r *round) report(l *leg) {
 	}
 }
 
+// decideLocked marks the round decided: no more legs start, and every leg
+// still on the wire is lost. It returns the losers. r.mu is held.
+func (r *round) decideLocked() []*leg {
+	r.decided, r.over = true, true
+	r.timer.Stop()
+	var losers []*leg
+	for _, o := range r.legs {
+		if !o.ended && !o.settled {
+			o.lost = true
+			losers = append(losers, o)
+		}
+	}
+	return losers
+}
+
+// discard cancels the legs that lost and reports them, once, as discarded.
+func (r *round) discard(losers []*leg, now time.Time) {
+	c := &r.c
+	for _, o := range losers {
+		o.cancel(errDiscarded)
+		elapsed := now.Sub(o.dispatch)
+		if elapsed >= r.threshold {
+			// A leg cut short in the tail took at least this long. Left
+			// out, the slow calls that hedging rescues would vanish from
+			// the window, the quantile would sink, and more than 1 - q of
+			// calls would be hedged; recorded at this lower bound, they
+			// stay above the threshold, where they belong. A lost leg
+			// records nothing when it comes back, so this is its only
+			// sample.
+			r.h.Record(now, elapsed)
+		}
+		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: elapsed})
+	}
+}
+
+// abandon decides the round without a winner: the inline leg panicked
+// (p is nil: the panic is already on its way to the caller), or a hedge
+// leg did (p is kept for the caller to re-raise). The legs on the wire are
+// cancelled and the failure held is thrown away. A panic on a leg that
+// ends after the round was decided has no caller left to reach: it is
+// dropped, its leg's permits already returned.
+func (r *round) abandon(p any) {
+	r.mu.Lock()
+	if r.decided {
+		r.mu.Unlock()
+		return
+	}
+	r.panic = p
+	losers := r.decideLocked()
+	failed := r.failed
+	r.failed = nil
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.discard(losers, time.Now())
+	if failed != nil {
+		httpx.Discard(failed.resp)
+	}
+}
+
 // collect waits, after the inline leg has reported, for the round to be
-// decided: a winner, or every leg failed. Superseded failures are drained
-// and closed; the last one is the round's verdict.
+// decided: a winner, a panic, or every leg ended (and fire done deciding
+// whether to start one more).
 func (r *round) collect() (*http.Response, error) {
 	r.mu.Lock()
-	for r.winner == nil && r.live > 0 {
-		ch := r.results
-		r.mu.Unlock()
-		<-ch
-		r.mu.Lock()
+	for !r.decided && (r.live > 0 || r.firing) {
+		r.cond.Wait()
 	}
-	w, failed := r.winner, r.failed
+	r.decided = true // whatever ends now is thrown away
+	w, failed, p := r.winner, r.failed, r.panic
+	r.failed = nil
 	r.mu.Unlock()
+	if p != nil {
+		panic(p)
+	}
 	if w != nil {
-		for _, f := range failed {
-			httpx.Discard(f.resp)
+		if failed != nil {
+			httpx.Discard(failed.resp)
 		}
-		r.outcome = w.outcome
+		r.c.outcome = w.outcome
 		return w.resp, w.err
 	}
-	last := failed[len(failed)-1]
-	for _, f := range failed[:len(failed)-1] {
-		httpx.Discard(f.resp)
-	}
-	r.outcome = last.outcome
-	return last.resp, last.err
+	r.c.outcome = failed.outcome
+	return failed.resp, failed.err
 }
 
 func (c *call) suppress(why policy.SuppressReason) {
 	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
 		o.HedgeSuppressed(policy.HedgeSuppression{Key: c.s.key, Priority: c.prio, Reason: why})
 	}
+}
+
+// legPanic carries a hedge leg's panic to the caller's goroutine, with
+// the stack of the goroutine it happened on (as x/sync/singleflight does).
+type legPanic struct {
+	value any
+	stack []byte
+}
+
+func newLegPanic(v any) *legPanic { return &legPanic{value: v, stack: debug.Stack()} }
+
+func (p *legPanic) Error() string {
+	return fmt.Sprintf("resilix: panic in a hedge leg: %v\n\n%s", p.value, p.stack)
+}
+
+// Unwrap returns the panic's value when it is an error.
+func (p *legPanic) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
 }

@@ -30,20 +30,30 @@ type leg struct {
 	lp        policy.LimiterPermit
 	limiter   bool // lp is held
 	bulkhead  bool // a bulkhead slot is held
+	// inherited is the superseded response whose bulkhead slot this leg
+	// took over, until the leg is sent: a refused leg gives it back.
+	inherited *releaser
 
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
-	done     bool      // reported to its round; guarded by the round's lock
 	resp     *http.Response
 	err      error
 	outcome  policy.Outcome
 	latency  time.Duration
+
+	// A hedged round's legs; guarded by the round's lock.
+	round   *round
+	settled bool // answered before the round was decided: evidence
+	lost    bool // still on the wire when the round was decided: discarded
+	ended   bool // done with: reported, or gone in a panic
 }
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
 var errDiscarded = errors.New("resilix: hedge leg discarded")
 
 // prepare builds the leg's request: the caller's own when nothing about it
-// changes, else a shallow copy with the attempt's context and body. The
+// changes, else a shallow copy with the attempt's context and body; a hedge
+// leg, which may still be running after the call is over, gets a deep copy
+// (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
 // gets a cancellable context.
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
@@ -57,7 +67,11 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 		}
 	}
 	l.req = c.req
-	if l.ctx != c.ctx || replay {
+	switch {
+	case kind == policy.AttemptHedge:
+		l.req = c.req.Clone(l.ctx)
+		l.req.Body = body
+	case l.ctx != c.ctx || replay:
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	}
@@ -69,10 +83,19 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 // send makes the wire call and settles what it holds: the breaker learns
 // the outcome at headers; the context and the bulkhead slot are released
 // now, or, when a response came back, when its body is closed or read to
-// the end.
+// the end. A leg of a hedged round that lost while on the wire teaches
+// nothing: it is released as discarded and what it got is closed. If the
+// base panics, everything the leg holds is released and the panic goes on.
 func (c *call) send(l *leg) {
 	s := c.s
+	sent := false
+	defer func() {
+		if !sent {
+			c.abandon(l)
+		}
+	}()
 	resp, err := c.t.base.RoundTrip(l.req)
+	sent = true
 	var now time.Time // only read when the leg is timed
 	if !l.dispatch.IsZero() {
 		now = time.Now()
@@ -94,12 +117,18 @@ func (c *call) send(l *leg) {
 		timedOut = true
 	}
 
-	switch {
-	case l.cancel != nil && context.Cause(l.ctx) == errDiscarded:
-		l.outcome = policy.Discarded
-	case c.ctx.Err() != nil:
+	if l.round != nil && !l.round.settle(l) {
+		if resp != nil {
+			closeBody(resp.Body)
+		}
+		c.unadmit(l, now)
+		free(l.cancel, nil)
+		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
+		return
+	}
+	if c.ctx.Err() != nil {
 		l.outcome = policy.Canceled
-	default:
+	} else {
 		l.outcome = s.chain.classify(resp, err)
 	}
 
@@ -131,19 +160,24 @@ func (c *call) send(l *leg) {
 	if l.bulkhead {
 		bulkhead = s.bulkhead
 	}
-	switch {
-	case resp == nil:
-		free(l.cancel, bulkhead)
-	case l.cancel != nil || bulkhead != nil:
-		r := &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead}
-		if rw, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-			resp.Body = &releaserRW{releaser: r, w: rw}
-		} else {
-			resp.Body = r
-		}
-	}
 	l.bulkhead = false
+	if resp == nil {
+		free(l.cancel, bulkhead)
+	} else if l.cancel != nil || bulkhead != nil {
+		resp.Body = wrapBody(resp.Body, &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead})
+	}
 	l.resp, l.err = resp, err
+}
+
+// abandon releases what a leg holds when its base panicked: its timer, its
+// context, and its permits, as discarded, since a panic says nothing about
+// the dependency.
+func (c *call) abandon(l *leg) {
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	c.unadmit(l, time.Now())
+	free(l.cancel, nil)
 }
 
 // errNilResponse replaces a base RoundTripper's (nil, nil).
@@ -169,7 +203,7 @@ func sane(resp *http.Response, err error) (*http.Response, error) {
 type releaser struct {
 	rc       io.ReadCloser
 	cancel   context.CancelCauseFunc
-	bulkhead *policy.BulkheadGate
+	bulkhead *policy.BulkheadGate // nil once a retry took the slot over
 	done     atomic.Bool
 }
 
@@ -204,13 +238,54 @@ func (r *releaser) Close() error {
 	return err
 }
 
-// releaserRW keeps a 101 Switching Protocols body writable.
+func (r *releaser) unwrap() *releaser { return r }
+
+// wrapBody returns r as the body in place of b, keeping what b can do
+// beyond reading: an upgraded (101) connection stays writable, and
+// half-closable where b is (httputil.ReverseProxy calls CloseWrite).
+func wrapBody(b io.ReadCloser, r *releaser) io.ReadCloser {
+	rw, ok := b.(io.ReadWriteCloser)
+	if !ok {
+		return r
+	}
+	if cw, ok := b.(interface{ CloseWrite() error }); ok {
+		return &releaserRWC{releaserRW{r, rw}, cw}
+	}
+	return &releaserRW{r, rw}
+}
+
+// releaserRW keeps an upgraded body writable.
 type releaserRW struct {
 	*releaser
 	w io.Writer
 }
 
 func (r *releaserRW) Write(p []byte) (int, error) { return r.w.Write(p) }
+
+// releaserRWC keeps an upgraded body half-closable too.
+type releaserRWC struct {
+	releaserRW
+	cw interface{ CloseWrite() error }
+}
+
+func (r *releaserRWC) CloseWrite() error { return r.cw.CloseWrite() }
+
+// heldSlot returns the releaser of resp's body if it still holds a
+// bulkhead slot, or nil. resp must not be in use by anyone else.
+func heldSlot(resp *http.Response) *releaser {
+	if resp == nil {
+		return nil
+	}
+	b, ok := resp.Body.(interface{ unwrap() *releaser })
+	if !ok {
+		return nil
+	}
+	r := b.unwrap()
+	if r.bulkhead == nil || r.done.Load() {
+		return nil
+	}
+	return r
+}
 
 // attemptTimeoutError is the error of an attempt cut short by
 // Timeout.PerAttempt. It matches policy.ErrAttemptTimeout and

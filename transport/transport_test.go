@@ -159,21 +159,24 @@ func retrySet() policy.Set {
 }
 
 func TestRetryUntilSuccess(t *testing.T) {
-	base := &script{codes: []int{503, 502, 200}}
-	tr := mustNew(t, Config{Base: base, Policies: retrySet()})
-	resp, err := get(t, t.Context(), tr, "http://a.test/")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("got %v, %v", resp, err)
-	}
-	resp.Body.Close()
-	if base.n() != 3 {
-		t.Fatalf("wire calls = %d, want 3", base.n())
-	}
-	for i, r := range base.resps[:2] {
-		if !r.Body.(*body).closed.Load() {
-			t.Errorf("superseded response %d not closed", i)
+	synctest.Test(t, func(t *testing.T) {
+		base := &script{codes: []int{503, 502, 200}}
+		tr := mustNew(t, Config{Base: base, Policies: retrySet()})
+		resp, err := get(t, t.Context(), tr, "http://a.test/")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v, %v", resp, err)
 		}
-	}
+		resp.Body.Close()
+		if base.n() != 3 {
+			t.Fatalf("wire calls = %d, want 3", base.n())
+		}
+		synctest.Wait() // superseded responses are drained in the background
+		for i, r := range base.resps[:2] {
+			if !r.Body.(*body).closed.Load() {
+				t.Errorf("superseded response %d not closed", i)
+			}
+		}
+	})
 }
 
 func TestAttemptsRunOutOnAResponse(t *testing.T) {
@@ -398,6 +401,7 @@ func TestCancelDuringBackoffReturnsTheCallersError(t *testing.T) {
 		if !errors.Is(err, context.Canceled) || base.n() != 1 {
 			t.Fatalf("err = %v after %d calls", err, base.n())
 		}
+		synctest.Wait()
 		if !base.resps[0].Body.(*body).closed.Load() {
 			t.Fatal("the superseded response was not closed")
 		}

@@ -50,14 +50,29 @@ const maxWait = 100 * 365 * 24 * time.Hour
 // before closing it.
 const DrainLimit = 4 << 10
 
-// Discard drains up to DrainLimit bytes of resp's body, so that a small
-// body's connection can be reused, and closes it. A nil resp is ignored.
+// DrainTime is the longest Discard spends draining a body before it
+// closes it.
+const DrainTime = 100 * time.Millisecond
+
+// Discard throws resp away without making the caller wait. In the
+// background it reads at most DrainLimit bytes of the body, for at most
+// DrainTime, so that a small body's connection can be reused, then closes
+// it. A body that stalls is closed when DrainTime runs out, which ends a
+// pending read on net/http's bodies, so the goroutine ends by then. A nil
+// resp, or one without a body, is ignored.
 func Discard(resp *http.Response) {
-	if resp == nil || resp.Body == nil {
+	if resp == nil || resp.Body == nil || resp.Body == http.NoBody {
 		return
 	}
-	_, _ = io.CopyN(io.Discard, resp.Body, DrainLimit)
-	_ = resp.Body.Close()
+	go drain(resp.Body)
+}
+
+func drain(b io.ReadCloser) {
+	stop := time.AfterFunc(DrainTime, func() { _ = b.Close() })
+	_, _ = io.CopyN(io.Discard, b, DrainLimit)
+	if stop.Stop() {
+		_ = b.Close()
+	}
 }
 
 // Replayable reports whether req may be sent more than once: its method is

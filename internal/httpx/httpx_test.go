@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -106,24 +108,63 @@ func TestReplayable(t *testing.T) {
 
 type countingBody struct {
 	r      io.Reader
+	mu     sync.Mutex
 	read   int64
 	closed bool
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
+	b.mu.Lock()
 	b.read += int64(n)
+	b.mu.Unlock()
 	return n, err
 }
-func (b *countingBody) Close() error { b.closed = true; return nil }
 
-func TestDiscardIsBounded(t *testing.T) {
-	b := &countingBody{r: strings.NewReader(strings.Repeat("x", 1<<20))}
-	Discard(&http.Response{Body: b})
-	if b.read > DrainLimit || !b.closed {
-		t.Fatalf("read %d bytes (limit %d), closed=%v", b.read, DrainLimit, b.closed)
-	}
-	Discard(nil) // no panic
+func (b *countingBody) Close() error { b.mu.Lock(); b.closed = true; b.mu.Unlock(); return nil }
+
+func TestDiscardIsBoundedInBytes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &countingBody{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+		Discard(&http.Response{Body: b})
+		synctest.Wait()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.read > DrainLimit || !b.closed {
+			t.Fatalf("read %d bytes (limit %d), closed=%v", b.read, DrainLimit, b.closed)
+		}
+		Discard(nil) // no panic
+	})
+}
+
+// stalled is a body whose reads block until it is closed.
+type stalled struct{ closed chan struct{} }
+
+func (s stalled) Read([]byte) (int, error) { <-s.closed; return 0, io.ErrClosedPipe }
+func (s stalled) Close() error             { close(s.closed); return nil }
+
+func TestDiscardNeverWaitsOnAStalledBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := stalled{closed: make(chan struct{})}
+		start := time.Now()
+		Discard(&http.Response{Body: b})
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Discard held its caller %v", d)
+		}
+		synctest.Wait()
+		select {
+		case <-b.closed:
+			t.Fatal("closed before DrainTime")
+		default:
+		}
+		time.Sleep(DrainTime)
+		synctest.Wait()
+		select {
+		case <-b.closed:
+		default:
+			t.Fatal("the stalled body was not closed at DrainTime")
+		}
+	})
 }
 
 func TestPermanent(t *testing.T) {
