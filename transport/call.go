@@ -152,7 +152,15 @@ func (c *call) run() (*http.Response, error) {
 			c.outcome = policy.Canceled
 			return nil, aerr
 		}
-		httpx.Discard(resp) // superseded, now that the retry is on its way
+		// Superseded, now that the retry is on its way. Drained in the
+		// background, unless the retry took over its bulkhead slot: it
+		// is then closed at once, so that the bulkhead's bound holds.
+		if l.inherited != nil {
+			l.inherited = nil
+			closeBody(resp.Body)
+		} else {
+			httpx.Discard(resp)
+		}
 		resp, err = c.round(&l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
@@ -240,7 +248,8 @@ var noWait = func() context.Context {
 //
 // prev is the response the leg would supersede, if any: when it holds a
 // bulkhead slot the leg takes the slot over rather than queue behind its
-// own call, and gives it back if a later gate refuses.
+// own call (l.inherited says so), and gives it back if a later gate
+// refuses.
 func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, prev *http.Response) error {
 	s := c.s
 	ctx := c.ctx
@@ -295,7 +304,6 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra, false)
 		}
 	}
-	l.inherited = nil // the slot is the leg's now
 	return nil
 }
 

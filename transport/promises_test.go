@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,7 +66,6 @@ func TestHedgedRoundLeavesNoGoroutineBehind(t *testing.T) {
 		}
 		tr := mustNew(t, Config{Base: base, Policies: set})
 		warm(t, tr, 30)
-		before := runtime.NumGoroutine()
 		code, err := do(t, t.Context(), tr)
 		if err != nil || code != 200 {
 			t.Fatalf("got %d, %v; want the slow first leg's 200", code, err)
@@ -76,9 +74,8 @@ func TestHedgedRoundLeavesNoGoroutineBehind(t *testing.T) {
 		if n := base.calls.Load(); n != 30+8 {
 			t.Errorf("%d wire calls, want the 8 attempts", n-30)
 		}
-		if after := runtime.NumGoroutine(); after > before {
-			t.Fatalf("%d goroutines outlive the call", after-before)
-		}
+		// A leg left blocked would make the bubble panic as it ends,
+		// naming it.
 	})
 }
 
