@@ -4,7 +4,9 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHSTAT   := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 FUZZTIME  ?= 15s
 
-.PHONY: test demo bench lint fuzz
+SOAK      ?= 3m
+
+.PHONY: test demo bench lint fuzz soak
 
 ## test: gofmt check, go vet, and every test with the race detector.
 test:
@@ -17,6 +19,13 @@ test:
 	@# benchmarks/ is the comparison with peer libraries, also its own module;
 	@# its tests are the correctness facts (fast, in synctest).
 	cd benchmarks && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+## soak: the transport's contract checks over loopback, randomized, for
+## SOAK (default 3m): 5xx storms, resets, stalled bodies, slow headers and
+## a panicking base; ends by itself and prints what it checked. make test
+## runs a 2-second version of the same test.
+soak:
+	RESILIX_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 0 ./transport/ | grep -v '^=== '
 
 ## demo: the main job against a local upstream, printed as a table.
 demo:
