@@ -152,7 +152,9 @@ type Refusal struct {
 	Key string
 	// Kind is the refused attempt's: a refused hedge leg is also reported
 	// as a hedge suppressed with HedgeRejected, and costs the caller
-	// nothing; a refused first attempt or retry ends the call.
+	// nothing; a refused retry is also reported as a retry skipped with
+	// SkipGate, and the call ends with the last attempt's response or
+	// error; a refused first attempt ends the call with the refusal.
 	Kind     AttemptKind
 	Gate     Gate
 	Priority shedding.Priority

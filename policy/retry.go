@@ -14,13 +14,16 @@ import "time"
 // sending again cannot fix: a server certificate that was not trusted.
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
-// uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ))), or longer if the
-// response asked for it with Retry-After. It never sleeps past the caller's
-// deadline: when the next attempt could not start before it, the last
-// response or error is returned at once. Each retry withdraws one token
-// from the scope's Budget; when none is left the last response is returned.
-// A response a retry supersedes is drained (at most 4 KiB, so its
-// connection can be reused) and closed.
+// uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), n the retries so far),
+// or longer if the response asked for it with Retry-After. It never sleeps
+// past the caller's deadline: when the next attempt could not start before
+// it, the last response or error is returned at once. Each retry withdraws
+// one token from the scope's Budget and passes the admission gates like
+// any attempt; when no token is left, or a gate refuses, the last response
+// or error is returned, and Observer.RetrySkipped says why. A response is
+// thrown away only once the retry that supersedes it is admitted: it is
+// then drained in the background (at most 4 KiB, at most 100 ms, so its
+// connection can be reused without the caller waiting) and closed.
 //
 // When attempts run out on a response, that response is returned with a nil
 // error, so the caller sees the 503 and its body; when they run out on an

@@ -18,15 +18,33 @@
 //     is safe: an idempotent method, an Idempotency-Key header, or a context
 //     marked with MarkRepeatable, and a body that GetBody can re-create.
 //   - Every response resilix throws away (a superseded retry, the loser of
-//     a hedge) is closed, and a superseded one drained first so its
-//     connection can be reused.
+//     a hedge) is closed. A superseded one is drained first, in the
+//     background, at most 4 KiB for at most 100 ms, so that its connection
+//     can be reused without the caller ever waiting on it.
+//   - A response is thrown away only once the attempt that supersedes it
+//     is on its way: when a retry cannot be sent (a gate refuses it, the
+//     budget is spent, the deadline is too close, Retry-After asks too
+//     much), the caller gets the last response, body intact, and the
+//     Observer hears why. Only a call whose first attempt is refused gets a
+//     *policy.RejectedError.
 //   - The response returned keeps its attempt alive until its body is read
 //     to the end or closed; close it, as with any http.Client response.
+//     Once it is closed, no attempt touches the caller's request: hedge
+//     legs send a deep copy, so the request may be reused.
 //   - No wait (backoff, queue, rate limit, hedge) outlives the request's
-//     context. A wire call in flight is cut short by cancelling its
-//     context, which net/http's transport honours; a base RoundTripper that
-//     ignores cancellation cannot be hurried, and a call over it may
-//     outlive its deadline by as long as the base takes.
+//     context, and a wait the caller's context ends returns the context's
+//     error, never a refusal. A wire call in flight is cut short by
+//     cancelling its context, which net/http's transport honours; a base
+//     RoundTripper that ignores cancellation cannot be hurried, and a call
+//     over it may outlive its deadline by as long as the base takes.
+//   - No goroutine outlives its call, however many legs a hedged round
+//     starts, except a bounded background drain (above) and a hedge leg
+//     that lost while inside a base that ignores cancellation, which ends
+//     when the base returns.
+//   - A panic in the base releases everything the attempt held (permits,
+//     bulkhead slot, context) and reaches the caller: on a hedge leg's
+//     goroutine it is recovered, the round's other legs are cancelled and
+//     their bodies closed, and it is re-raised on the caller's goroutine.
 //   - Refusals are *policy.RejectedError, usable with errors.Is and
 //     errors.As through http.Client's *url.Error.
 //
