@@ -15,8 +15,11 @@ import (
 // Throttler is client-side adaptive throttling, from Google's SRE book,
 // chapter 21 ("Handling Overload"): the client refuses a call locally with
 // probability max(0, (requests − K·accepts) / (requests + 1)) over a recent
-// window, so a dependency that is refusing work stops receiving it. See
-// AdaptiveThrottler for what counts as accepted and who is refused first.
+// window, so a dependency that is refusing work stops receiving it, and
+// with probability 0 while the window holds fewer than MinRequests
+// requests, so a host the client has only just met is not throttled on the
+// strength of a few refusals. See AdaptiveThrottler for the exact rule,
+// what counts as accepted and who is refused first.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
 	// starts throttling; at least 1. If zero, 2 is used (the book's
@@ -26,6 +29,14 @@ type Throttler struct {
 	// Window is how much history requests and accepts are counted over.
 	// If zero, 2m is used, the book's choice.
 	Window time.Duration
+
+	// MinRequests is the number of requests the window must hold before
+	// the client throttles at all: below it the rejection probability is
+	// 0, whatever the backend answered. If zero, 20 is used. If negative,
+	// there is no floor, and a single refusal from a fresh host makes the
+	// next attempt be refused with probability 1/2, as the book's formula
+	// alone does.
+	MinRequests int
 
 	// Accepted decides whether the backend accepted an attempt, from its
 	// response or error (exactly one of them non-nil); it must not read or
@@ -47,6 +58,7 @@ func (t *Throttler) validate() error {
 func (t Throttler) WithDefaults() Throttler {
 	t.K = or(t.K, 2)
 	t.Window = or(t.Window, 2*time.Minute)
+	t.MinRequests = or(t.MinRequests, thrMinRequests)
 	if t.Accepted == nil {
 		t.Accepted = DefaultAccepted
 	}
@@ -105,6 +117,8 @@ const (
 	thrMinShare = 0.1
 	// thrTenantWindow is the history of tenant admissions.
 	thrTenantWindow = 30 * time.Second
+	// thrMinRequests is Throttler.MinRequests's default.
+	thrMinRequests = 20
 )
 
 // AdaptiveThrottler is the runtime state of a Throttler, one per scope:
@@ -119,7 +133,15 @@ const (
 // the ones it refuses itself, as the book does, and accepts, the attempts
 // the backend accepted. Each new attempt is refused with probability
 //
-//	p = max(0, (requests − K·accepts) / (requests + 1))
+//	p = 0                                               if requests < MinRequests
+//	p = max(0, (requests − K·accepts) / (requests + 1)) otherwise
+//
+// where requests and accepts are the window's counts before the attempt.
+// The floor is not the book's: without it, one 503 from a host the client
+// has just met (requests 1, accepts 0) gives p = 1/2. With the default
+// MinRequests of 20, nothing is throttled until 20 requests are in the
+// window, again after a quiet spell has emptied it; a negative MinRequests
+// leaves the book's formula alone.
 //
 // While the backend accepts everything, p is 0. When it starts refusing,
 // the client keeps sending about K requests per accept, so the backend
@@ -182,6 +204,7 @@ const (
 // everything. An AdaptiveThrottler is safe for concurrent use.
 type AdaptiveThrottler struct {
 	k       float64
+	minReq  uint64 // the floor on requests; 0 for none
 	win     *estimator.Counters
 	tenants *tenant.Tracker
 
@@ -196,6 +219,7 @@ func NewAdaptiveThrottler(cfg Throttler, now time.Time, seed uint64) *AdaptiveTh
 	cfg = cfg.WithDefaults()
 	t := &AdaptiveThrottler{
 		k:       max(cfg.K, 1),
+		minReq:  uint64(max(cfg.MinRequests, 0)),
 		win:     estimator.NewCounters(cfg.Window, thrCounters, now),
 		tenants: tenant.NewTracker(0, thrTenantWindow, now),
 	}
@@ -306,7 +330,8 @@ func (t *AdaptiveThrottler) Done(now time.Time, o Outcome, accepted bool) {
 }
 
 // Pressure returns the rejection probability p at now, before the split by
-// priority and tenant.
+// priority and tenant: the p the next Admit would start from, floor
+// included.
 func (t *AdaptiveThrottler) Pressure(now time.Time) float64 {
 	if t == nil {
 		return 0
@@ -322,7 +347,11 @@ func (t *AdaptiveThrottler) rejection(sums *[thrCounters]uint64) float64 {
 	if wd >= req {
 		return 0
 	}
-	r := float64(req - wd)
+	n := req - wd
+	if n < t.minReq {
+		return 0
+	}
+	r := float64(n)
 	p := (r - t.k*float64(acc)) / (r + 1)
 	if !(p > 0) {
 		return 0

@@ -68,6 +68,115 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 	}
 }
 
+// TestThrottlerFreshHost: one refusal from a host the throttler has just
+// met is not evidence of overload. The book's formula alone gives
+// 1/(1+1) = 0.5 here, so half the next attempts would never leave the
+// process.
+func TestThrottlerFreshHost(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	if d := th.Admit(thStart, shedding.Critical, ""); !d.OK {
+		t.Fatal("the first attempt was refused")
+	}
+	th.Done(thStart, Failure, false) // a 503
+	if got := th.Pressure(thStart); got != 0 {
+		t.Errorf("after one 503 on a fresh host: Pressure = %v, want 0", got)
+	}
+	for i := range 10 {
+		if d := th.Admit(thStart, shedding.Bulk, ""); !d.OK || d.Pressure != 0 {
+			t.Fatalf("attempt %d after one 503: %+v, want admitted at pressure 0", i+2, d)
+		}
+	}
+}
+
+// thStep is a step of the floor and ceiling tables: at an instant, some
+// attempts withdrawn (Canceled), then some accepted, then some refused by
+// the backend, and the rejection probability wanted afterwards.
+type thStep struct {
+	at                           time.Duration
+	withdrawn, accepts, failures int
+	want                         float64
+}
+
+// TestThrottlerFloor steps the MinRequests floor: p is 0 while the window
+// holds fewer than MinRequests requests (withdrawn ones do not count), and
+// the book's formula from MinRequests on. Pressure must agree with the
+// table after each step, and the next Admit's Pressure after the last.
+func TestThrottlerFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Throttler
+		steps []thStep
+	}{
+		{"fresh host, one refusal", Throttler{}, []thStep{
+			{failures: 1, want: 0},
+		}},
+		{"default floor: 19 requests, then 20", Throttler{}, []thStep{
+			{accepts: 3, failures: 16, want: 0}, // the formula alone: 13/20
+			{at: time.Second, failures: 1, want: 14.0 / 21},
+		}},
+		{"MinRequests 5: 4 refusals, then 5", Throttler{MinRequests: 5}, []thStep{
+			{failures: 4, want: 0},
+			{at: time.Second, failures: 1, want: 5.0 / 6},
+		}},
+		{"withdrawn attempts do not count toward the floor", Throttler{}, []thStep{
+			{withdrawn: 10, accepts: 3, failures: 16, want: 0},
+			{at: time.Second, failures: 1, want: 14.0 / 21},
+		}},
+		{"enough accepts: no pressure past the floor", Throttler{}, []thStep{
+			{accepts: 50, failures: 50, want: 0},
+		}},
+		{"the floor applies again once the window has emptied", Throttler{MinRequests: 5}, []thStep{
+			{failures: 5, want: 5.0 / 6},
+			{at: 2*time.Minute + 30*time.Second, failures: 1, want: 0},
+		}},
+		{"negative MinRequests: no floor, the book's formula", Throttler{MinRequests: -1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+			{at: time.Second, failures: 1, want: 2.0 / 3},
+		}},
+		{"MinRequests 1: the book's formula too", Throttler{MinRequests: 1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			thRunSteps(t, tc.cfg, tc.steps)
+		})
+	}
+}
+
+// thRunSteps drives a fresh throttler of cfg through steps, Critical
+// attempts with no tenant, and checks Pressure after each step and, after
+// the last, the Pressure the next Admit decides at.
+func thRunSteps(t *testing.T, cfg Throttler, steps []thStep) {
+	t.Helper()
+	th := NewAdaptiveThrottler(cfg, thStart, 1)
+	admit := func(now time.Time, o Outcome, accepted bool) {
+		if d := th.Admit(now, shedding.Critical, ""); d.OK {
+			th.Done(now, o, accepted)
+		} else if o != Failure {
+			t.Fatalf("an attempt meant to be %v was refused: the table is wrong", o)
+		}
+	}
+	for _, s := range steps {
+		now := thStart.Add(s.at)
+		for range s.withdrawn {
+			admit(now, Canceled, false)
+		}
+		for range s.accepts {
+			admit(now, Success, true)
+		}
+		for range s.failures {
+			admit(now, Failure, false)
+		}
+		if got := th.Pressure(now); math.Abs(got-s.want) > 1e-12 {
+			t.Errorf("at %v: Pressure = %v, want %v", s.at, got, s.want)
+		}
+	}
+	last := steps[len(steps)-1]
+	if d := th.Admit(thStart.Add(last.at), shedding.Critical, ""); math.Abs(d.Pressure-last.want) > 1e-12 {
+		t.Errorf("at %v: the next Admit decided at Pressure %v, want %v", last.at, d.Pressure, last.want)
+	}
+}
+
 // TestThrottlerK: a larger K tolerates more refusals before throttling.
 func TestThrottlerK(t *testing.T) {
 	th := NewAdaptiveThrottler(Throttler{K: 4, Window: time.Minute}, thStart, 1)
@@ -307,6 +416,16 @@ func TestNilThrottler(t *testing.T) {
 	}
 }
 
+func TestThrottlerDefaults(t *testing.T) {
+	d := Throttler{}.WithDefaults()
+	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 {
+		t.Errorf("defaults: K %v, Window %v, MinRequests %v; want 2, 2m, 20", d.K, d.Window, d.MinRequests)
+	}
+	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {
+		t.Errorf("a negative MinRequests must stay negative (no floor), got %d", got)
+	}
+}
+
 func TestThrottlerValidate(t *testing.T) {
 	for _, tt := range []struct {
 		cfg Throttler
@@ -317,6 +436,8 @@ func TestThrottlerValidate(t *testing.T) {
 		{Throttler{K: 0.5}, false},
 		{Throttler{K: math.NaN()}, false},
 		{Throttler{Window: -1}, false},
+		{Throttler{MinRequests: 5}, true},
+		{Throttler{MinRequests: -1}, true}, // no floor
 	} {
 		if err := tt.cfg.validate(); (err == nil) != tt.ok {
 			t.Errorf("%+v: validate() = %v", tt.cfg, err)
