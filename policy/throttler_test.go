@@ -143,6 +143,95 @@ func TestThrottlerFloor(t *testing.T) {
 	}
 }
 
+// TestThrottlerCeiling steps the MaxRejection ceiling: however many
+// refusals, p stops at MaxRejection; below it the formula is untouched.
+func TestThrottlerCeiling(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Throttler
+		steps []thStep
+	}{
+		{"all refusals, at the floor: capped at 0.95", Throttler{}, []thStep{
+			{failures: 19, want: 0},
+			{at: time.Second, failures: 1, want: 0.95}, // the formula alone: 20/21
+		}},
+		{"all refusals, many", Throttler{}, []thStep{
+			{failures: 1000, want: 0.95},
+			{at: time.Minute, failures: 1000, want: 0.95},
+		}},
+		{"below the ceiling, the formula", Throttler{}, []thStep{
+			{accepts: 3, failures: 17, want: 14.0 / 21},
+		}},
+		{"a lower ceiling", Throttler{MaxRejection: 0.5}, []thStep{
+			{accepts: 3, failures: 17, want: 0.5}, // the formula alone: 14/21
+		}},
+		{"MaxRejection 1: the book's formula", Throttler{MaxRejection: 1}, []thStep{
+			{failures: 1000, want: 1000.0 / 1001},
+		}},
+		{"no floor and no ceiling", Throttler{MinRequests: -1, MaxRejection: 1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+			{at: time.Second, failures: 99, want: 100.0 / 101},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			thRunSteps(t, tc.cfg, tc.steps)
+		})
+	}
+}
+
+// TestThrottlerCeilingSplit: a backend that refuses everything, under the
+// default ceiling. p stops at 0.95 and the split keeps the share refused
+// there: with Critical alone, about 1 attempt in 20 goes through; with
+// Critical and Bulk half and half, Bulk is refused outright and Critical
+// takes the rest, q = (0.95·2 − 1)/1 = 0.9, so about 1 in 10 goes through.
+func TestThrottlerCeilingSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		isBulk                 func(i int) bool
+		wantCritical, wantBulk float64 // admitted rates
+	}{
+		{"critical only", func(int) bool { return false }, 0.05, 0},
+		{"half bulk", func(i int) bool { return i%2 == 1 }, 0.10, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 40 s of 100 attempts every 100 ms, every one refused by the
+			// backend; p is at the ceiling from the 21st attempt on, and
+			// the last 30 s are tallied.
+			th := NewAdaptiveThrottler(Throttler{}, thStart, 13)
+			var tally [shedding.NumPriorities]thTally
+			for tick := range 400 {
+				now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
+				for i := range 100 {
+					prio := shedding.Critical
+					if tc.isBulk(i) {
+						prio = shedding.Bulk
+					}
+					d := th.Admit(now, prio, "")
+					if d.OK {
+						th.Done(now, Failure, false)
+					}
+					if tick >= 100 {
+						tally[prio].sent++
+						if d.OK {
+							tally[prio].admitted++
+						}
+					}
+				}
+			}
+			if p := th.Pressure(thStart.Add(40 * time.Second)); p != 0.95 {
+				t.Errorf("Pressure = %v, want the ceiling, 0.95", p)
+			}
+			if got := tally[shedding.Critical].rate(); math.Abs(got-tc.wantCritical) > 0.01 {
+				t.Errorf("Critical admitted at %.4f, want about %v", got, tc.wantCritical)
+			}
+			if c := tally[shedding.Bulk]; c.admitted != 0 {
+				t.Errorf("Bulk: %d of %d admitted, want none", c.admitted, c.sent)
+			}
+			t.Logf("admitted: critical %.4f", tally[shedding.Critical].rate())
+		})
+	}
+}
+
 // thRunSteps drives a fresh throttler of cfg through steps, Critical
 // attempts with no tenant, and checks Pressure after each step and, after
 // the last, the Pressure the next Admit decides at.
@@ -418,8 +507,9 @@ func TestNilThrottler(t *testing.T) {
 
 func TestThrottlerDefaults(t *testing.T) {
 	d := Throttler{}.WithDefaults()
-	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 {
-		t.Errorf("defaults: K %v, Window %v, MinRequests %v; want 2, 2m, 20", d.K, d.Window, d.MinRequests)
+	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 || d.MaxRejection != 0.95 {
+		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 2, 2m, 20, 0.95",
+			d.K, d.Window, d.MinRequests, d.MaxRejection)
 	}
 	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {
 		t.Errorf("a negative MinRequests must stay negative (no floor), got %d", got)
@@ -438,9 +528,18 @@ func TestThrottlerValidate(t *testing.T) {
 		{Throttler{Window: -1}, false},
 		{Throttler{MinRequests: 5}, true},
 		{Throttler{MinRequests: -1}, true}, // no floor
+		{Throttler{MaxRejection: 0.5}, true},
+		{Throttler{MaxRejection: 1}, true}, // no ceiling
+		{Throttler{MaxRejection: 1.5}, false},
+		{Throttler{MaxRejection: -0.5}, false},
+		{Throttler{MaxRejection: math.NaN()}, false},
 	} {
 		if err := tt.cfg.validate(); (err == nil) != tt.ok {
 			t.Errorf("%+v: validate() = %v", tt.cfg, err)
 		}
+	}
+	err := (&Throttler{MaxRejection: 1.5}).validate()
+	if want := "policy: Throttler.MaxRejection must be in (0, 1], got 1.5"; err == nil || err.Error() != want {
+		t.Errorf("validate() = %v, want %q", err, want)
 	}
 }
