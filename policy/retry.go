@@ -14,10 +14,11 @@ import "time"
 // sending again cannot fix: a server certificate that was not trusted.
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
-// uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), n the retries so far),
-// or longer if the response asked for it with Retry-After. It never sleeps
-// past the caller's deadline: when the next attempt could not start before
-// it, the last response or error is returned at once. Each retry withdraws
+// uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number
+// of retries already made, 0 before the first; see Backoff), or longer if
+// the response asked for it with Retry-After. It never sleeps past the
+// caller's deadline: when the next attempt could not start before it, the
+// last response or error is returned at once. Each retry withdraws
 // one token from the scope's Budget and passes the admission gates like
 // any attempt; when no token is left, or a gate refuses, the last response
 // or error is returned, and Observer.RetrySkipped says why. A response is
@@ -66,12 +67,24 @@ func (r Retry) WithDefaults() Retry {
 	return r
 }
 
-// Backoff returns the sleep before retry number n (1 for the first retry)
-// with full jitter, given a uniform draw u in [0, 1). The caller supplies u
-// so the function is pure; r must have its defaults applied.
-func (r *Retry) Backoff(n int, u float64) time.Duration {
+// Backoff returns the sleep before the next retry, given the number of
+// retries already made (0 before the first; a negative count is taken as
+// 0) and a uniform draw u in [0, 1):
+//
+//	u · min(MaxDelay, BaseDelay·2ⁿ), n = retries
+//
+// which is full jitter over an exponential ceiling: BaseDelay before the
+// first retry, twice that before the second, and so on up to MaxDelay. The
+// ceiling stops doubling once it reaches MaxDelay, so a large count neither
+// overflows nor loops for long. The caller supplies u so the function is
+// pure; r must have its defaults applied.
+func (r *Retry) Backoff(retries int, u float64) time.Duration {
 	ceil := r.BaseDelay
-	for i := 1; i < n && ceil < r.MaxDelay; i++ {
+	for ; retries > 0 && ceil > 0 && ceil < r.MaxDelay; retries-- {
+		if ceil > r.MaxDelay/2 { // doubling would pass MaxDelay, or overflow
+			ceil = r.MaxDelay
+			break
+		}
 		ceil *= 2
 	}
 	ceil = min(ceil, r.MaxDelay)

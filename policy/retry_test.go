@@ -1,22 +1,88 @@
 package policy
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
 )
 
+// TestBackoff steps Backoff over the retries already made and the draw:
+// u·min(MaxDelay, BaseDelay·2ⁿ), n = 0 before the first retry, exact to the
+// nanosecond.
+func TestBackoff(t *testing.T) {
+	const (
+		ms  = time.Millisecond
+		big = math.MaxInt // retries: no overflow, no long loop
+	)
+	for _, tc := range []struct {
+		base, max time.Duration
+		retries   int
+		u         float64
+		want      time.Duration
+	}{
+		// Before the first retry the ceiling is BaseDelay.
+		{100 * ms, time.Second, 0, 0, 0},
+		{100 * ms, time.Second, 0, 0.5, 50 * ms},
+		{100 * ms, time.Second, 0, 0.999, 99900 * time.Microsecond},
+		// Then it doubles with each retry made.
+		{100 * ms, time.Second, 1, 0, 0},
+		{100 * ms, time.Second, 1, 0.5, 100 * ms},
+		{100 * ms, time.Second, 1, 0.999, 199800 * time.Microsecond},
+		{100 * ms, time.Second, 2, 0.5, 200 * ms},
+		{100 * ms, time.Second, 2, 0.999, 399600 * time.Microsecond},
+		{100 * ms, time.Second, 3, 0, 0},
+		{100 * ms, time.Second, 3, 0.5, 400 * ms},
+		{100 * ms, time.Second, 3, 0.999, 799200 * time.Microsecond},
+		// Until MaxDelay caps it: 1.6s would be next.
+		{100 * ms, time.Second, 4, 0.5, 500 * ms},
+		{100 * ms, time.Second, 4, 0.999, 999 * ms},
+		{100 * ms, time.Second, 60, 0.5, 500 * ms},
+		{100 * ms, time.Second, big, 0, 0},
+		{100 * ms, time.Second, big, 0.5, 500 * ms},
+		{100 * ms, time.Second, big, 0.999, 999 * ms},
+		// A negative count is taken as 0.
+		{100 * ms, time.Second, -1, 0.5, 50 * ms},
+		{100 * ms, time.Second, -big, 0.999, 99900 * time.Microsecond},
+		// The defaults: 50ms, then 100ms, 200ms, 400ms, ..., at most 5s.
+		{0, 0, 0, 0.5, 25 * ms},
+		{0, 0, 1, 0.999, 99900 * time.Microsecond},
+		{0, 0, 3, 0.5, 200 * ms},
+		{0, 0, 7, 0.5, 2500 * ms}, // 6.4s capped
+		{0, 0, big, 0.999, 4995 * ms},
+		// MaxDelay not a power-of-two multiple of BaseDelay: 120ms capped.
+		{30 * ms, 100 * ms, 1, 0.5, 30 * ms},
+		{30 * ms, 100 * ms, 2, 0.5, 50 * ms},
+		{30 * ms, 100 * ms, 3, 0.999, 99900 * time.Microsecond},
+		// BaseDelay = MaxDelay: no growth at all.
+		{time.Second, time.Second, 0, 0.5, 500 * ms},
+		{time.Second, time.Second, 5, 0.5, 500 * ms},
+		// A MaxDelay near the largest Duration: the doubling stops there
+		// instead of overflowing.
+		{1, math.MaxInt64, 62, 0.5, 1 << 61},
+		{1, math.MaxInt64, 63, 0.5, 1 << 62},
+		{1, math.MaxInt64, big, 0.5, 1 << 62},
+		{math.MaxInt64/2 + 1, math.MaxInt64, 1, 0.5, 1 << 62},
+	} {
+		r := Retry{BaseDelay: tc.base, MaxDelay: tc.max}.WithDefaults()
+		if got := r.Backoff(tc.retries, tc.u); got != tc.want {
+			t.Errorf("Retry{BaseDelay: %v, MaxDelay: %v}.Backoff(%d, %v) = %v (%d), want %v (%d)",
+				tc.base, tc.max, tc.retries, tc.u, got, int64(got), tc.want, int64(tc.want))
+		}
+	}
+}
+
 func TestBackoffCeilings(t *testing.T) {
 	r := Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: time.Second}.WithDefaults()
 	for _, tc := range []struct {
-		n    int
+		n    int // retries already made
 		ceil time.Duration
 	}{
-		{1, 100 * time.Millisecond},
-		{2, 200 * time.Millisecond},
-		{3, 400 * time.Millisecond},
-		{4, 800 * time.Millisecond},
-		{5, time.Second},
+		{0, 100 * time.Millisecond},
+		{1, 200 * time.Millisecond},
+		{2, 400 * time.Millisecond},
+		{3, 800 * time.Millisecond},
+		{4, time.Second},
 		{60, time.Second}, // no overflow however many retries
 	} {
 		if got := r.Backoff(tc.n, 0.999999999); got > tc.ceil || got < tc.ceil*99/100 {
@@ -32,10 +98,10 @@ func TestBackoffFullJitterIsUniform(t *testing.T) {
 	r := Retry{}.WithDefaults()
 	rng := rand.New(rand.NewPCG(1, 2))
 	const n = 20000
-	ceil := r.BaseDelay * 4 // third retry
+	ceil := r.BaseDelay * 4 // the third retry, two made
 	var sum time.Duration
 	for range n {
-		d := r.Backoff(3, rng.Float64())
+		d := r.Backoff(2, rng.Float64())
 		if d < 0 || d >= ceil {
 			t.Fatalf("Backoff = %v outside [0, %v)", d, ceil)
 		}

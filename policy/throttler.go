@@ -15,8 +15,13 @@ import (
 // Throttler is client-side adaptive throttling, from Google's SRE book,
 // chapter 21 ("Handling Overload"): the client refuses a call locally with
 // probability max(0, (requests − K·accepts) / (requests + 1)) over a recent
-// window, so a dependency that is refusing work stops receiving it. See
-// AdaptiveThrottler for what counts as accepted and who is refused first.
+// window, so a dependency that is refusing work stops receiving it. Two
+// bounds are added to the book's rule: the probability is 0 while the
+// window holds fewer than MinRequests requests, so a host the client has
+// only just met is not throttled on the strength of a few refusals, and it
+// never exceeds MaxRejection, so some attempts always reach the backend to
+// show it has recovered. See AdaptiveThrottler for the exact rule, what
+// counts as accepted and who is refused first.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
 	// starts throttling; at least 1. If zero, 2 is used (the book's
@@ -26,6 +31,23 @@ type Throttler struct {
 	// Window is how much history requests and accepts are counted over.
 	// If zero, 2m is used, the book's choice.
 	Window time.Duration
+
+	// MinRequests is the number of requests the window must hold before
+	// the client throttles at all: below it the rejection probability is
+	// 0, whatever the backend answered. If zero, 20 is used. If negative,
+	// there is no floor, and a single refusal from a fresh host makes the
+	// next attempt be refused with probability 1/2, as the book's formula
+	// alone does.
+	MinRequests int
+
+	// MaxRejection caps the rejection probability, in (0, 1]: however
+	// badly the backend is doing, a share 1 − MaxRejection of the attempts
+	// still reaches it. If zero, 0.95 is used: one attempt in 20. 1 leaves
+	// the book's formula uncapped, under which a backend refusing
+	// everything sees about one attempt per Window. (Envoy's admission
+	// control, built on the same formula, has the same cap,
+	// max_rejection_probability, with a default of 0.8.)
+	MaxRejection float64
 
 	// Accepted decides whether the backend accepted an attempt, from its
 	// response or error (exactly one of them non-nil); it must not read or
@@ -39,6 +61,8 @@ func (t *Throttler) validate() error {
 		return fieldErr("Throttler.K", "must be >= 1, got %v", t.K)
 	case t.Window < 0:
 		return fieldErr("Throttler.Window", "must be >= 0, got %v", t.Window)
+	case t.MaxRejection != 0 && !(t.MaxRejection > 0 && t.MaxRejection <= 1):
+		return fieldErr("Throttler.MaxRejection", "must be in (0, 1], got %v", t.MaxRejection)
 	}
 	return nil
 }
@@ -47,6 +71,8 @@ func (t *Throttler) validate() error {
 func (t Throttler) WithDefaults() Throttler {
 	t.K = or(t.K, 2)
 	t.Window = or(t.Window, 2*time.Minute)
+	t.MinRequests = or(t.MinRequests, thrMinRequests)
+	t.MaxRejection = or(t.MaxRejection, thrMaxRejection)
 	if t.Accepted == nil {
 		t.Accepted = DefaultAccepted
 	}
@@ -105,6 +131,10 @@ const (
 	thrMinShare = 0.1
 	// thrTenantWindow is the history of tenant admissions.
 	thrTenantWindow = 30 * time.Second
+	// thrMinRequests is Throttler.MinRequests's default.
+	thrMinRequests = 20
+	// thrMaxRejection is Throttler.MaxRejection's default.
+	thrMaxRejection = 0.95
 )
 
 // AdaptiveThrottler is the runtime state of a Throttler, one per scope:
@@ -119,7 +149,19 @@ const (
 // the ones it refuses itself, as the book does, and accepts, the attempts
 // the backend accepted. Each new attempt is refused with probability
 //
-//	p = max(0, (requests − K·accepts) / (requests + 1))
+//	p = 0                                                                   if requests < MinRequests
+//	p = min(MaxRejection, max(0, (requests − K·accepts) / (requests + 1)))  otherwise
+//
+// where requests and accepts are the window's counts before the attempt.
+// The floor and the ceiling are not the book's. Without the floor, one 503
+// from a host the client has just met (requests 1, accepts 0) gives
+// p = 1/2; with the default MinRequests of 20, nothing is throttled until
+// 20 requests are in the window, and again after a quiet spell has emptied
+// it. Without the ceiling, p tends to 1 while the backend refuses
+// everything, and the backend hears from the client about once per
+// Window; with the default MaxRejection of 0.95, one attempt in 20 still
+// goes through. A negative MinRequests and a MaxRejection of 1 leave the book's
+// formula alone.
 //
 // While the backend accepts everything, p is 0. When it starts refusing,
 // the client keeps sending about K requests per accept, so the backend
@@ -146,11 +188,15 @@ const (
 //
 // # Who is refused
 //
-// p is the fraction of all traffic to shed. It is split bottom-up by
-// priority with shedding.Split over the window's mix of requests per
-// bucket: Bulk first, then BestEffort, then Degraded, and Critical only
-// when every lower bucket is fully shed (or p reaches 1). That gives each
-// bucket b its probability q_b.
+// p is the fraction of all traffic to shed, floor and ceiling applied. It
+// is split bottom-up by priority with shedding.Split over the window's mix
+// of requests per bucket: Bulk first, then BestEffort, then Degraded, and
+// Critical only when every lower bucket is fully shed (or p reaches 1,
+// which takes a MaxRejection of 1). That gives each bucket b its
+// probability q_b. A lower bucket's q_b may be 1 (Bulk refused outright
+// while the backend refuses everything), but the split keeps the expected
+// share of all attempts refused at p, so at most MaxRejection, and while
+// p is below 1 so is Critical's q_b.
 //
 // Within a bucket, tenants are refused by weight. A tenant's share s is its
 // recent admissions over its fair share (1 + tenant.Tracker.Excess, at
@@ -182,6 +228,8 @@ const (
 // everything. An AdaptiveThrottler is safe for concurrent use.
 type AdaptiveThrottler struct {
 	k       float64
+	minReq  uint64  // the floor on requests; 0 for none
+	maxRej  float64 // the ceiling on p, in (0, 1]
 	win     *estimator.Counters
 	tenants *tenant.Tracker
 
@@ -196,6 +244,8 @@ func NewAdaptiveThrottler(cfg Throttler, now time.Time, seed uint64) *AdaptiveTh
 	cfg = cfg.WithDefaults()
 	t := &AdaptiveThrottler{
 		k:       max(cfg.K, 1),
+		minReq:  uint64(max(cfg.MinRequests, 0)),
+		maxRej:  cfg.MaxRejection,
 		win:     estimator.NewCounters(cfg.Window, thrCounters, now),
 		tenants: tenant.NewTracker(0, thrTenantWindow, now),
 	}
@@ -306,7 +356,8 @@ func (t *AdaptiveThrottler) Done(now time.Time, o Outcome, accepted bool) {
 }
 
 // Pressure returns the rejection probability p at now, before the split by
-// priority and tenant.
+// priority and tenant: the p the next Admit would start from, floor and
+// ceiling applied.
 func (t *AdaptiveThrottler) Pressure(now time.Time) float64 {
 	if t == nil {
 		return 0
@@ -322,10 +373,14 @@ func (t *AdaptiveThrottler) rejection(sums *[thrCounters]uint64) float64 {
 	if wd >= req {
 		return 0
 	}
-	r := float64(req - wd)
+	n := req - wd
+	if n < t.minReq {
+		return 0
+	}
+	r := float64(n)
 	p := (r - t.k*float64(acc)) / (r + 1)
 	if !(p > 0) {
 		return 0
 	}
-	return math.Min(p, 1)
+	return math.Min(p, t.maxRej)
 }

@@ -68,6 +68,204 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 	}
 }
 
+// TestThrottlerFreshHost: one refusal from a host the throttler has just
+// met is not evidence of overload. The book's formula alone gives
+// 1/(1+1) = 0.5 here, so half the next attempts would never leave the
+// process.
+func TestThrottlerFreshHost(t *testing.T) {
+	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	if d := th.Admit(thStart, shedding.Critical, ""); !d.OK {
+		t.Fatal("the first attempt was refused")
+	}
+	th.Done(thStart, Failure, false) // a 503
+	if got := th.Pressure(thStart); got != 0 {
+		t.Errorf("after one 503 on a fresh host: Pressure = %v, want 0", got)
+	}
+	for i := range 10 {
+		if d := th.Admit(thStart, shedding.Bulk, ""); !d.OK || d.Pressure != 0 {
+			t.Fatalf("attempt %d after one 503: %+v, want admitted at pressure 0", i+2, d)
+		}
+	}
+}
+
+// thStep is a step of the floor and ceiling tables: at an instant, some
+// attempts withdrawn (Canceled), then some accepted, then some refused by
+// the backend, and the rejection probability wanted afterwards.
+type thStep struct {
+	at                           time.Duration
+	withdrawn, accepts, failures int
+	want                         float64
+}
+
+// TestThrottlerFloor steps the MinRequests floor: p is 0 while the window
+// holds fewer than MinRequests requests (withdrawn ones do not count), and
+// the book's formula from MinRequests on. Pressure must agree with the
+// table after each step, and the next Admit's Pressure after the last.
+func TestThrottlerFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Throttler
+		steps []thStep
+	}{
+		{"fresh host, one refusal", Throttler{}, []thStep{
+			{failures: 1, want: 0},
+		}},
+		{"default floor: 19 requests, then 20", Throttler{}, []thStep{
+			{accepts: 3, failures: 16, want: 0}, // the formula alone: 13/20
+			{at: time.Second, failures: 1, want: 14.0 / 21},
+		}},
+		{"MinRequests 5: 4 refusals, then 5", Throttler{MinRequests: 5}, []thStep{
+			{failures: 4, want: 0},
+			{at: time.Second, failures: 1, want: 5.0 / 6},
+		}},
+		{"withdrawn attempts do not count toward the floor", Throttler{}, []thStep{
+			{withdrawn: 10, accepts: 3, failures: 16, want: 0},
+			{at: time.Second, failures: 1, want: 14.0 / 21},
+		}},
+		{"enough accepts: no pressure past the floor", Throttler{}, []thStep{
+			{accepts: 50, failures: 50, want: 0},
+		}},
+		{"the floor applies again once the window has emptied", Throttler{MinRequests: 5}, []thStep{
+			{failures: 5, want: 5.0 / 6},
+			{at: 2*time.Minute + 30*time.Second, failures: 1, want: 0},
+		}},
+		{"negative MinRequests: no floor, the book's formula", Throttler{MinRequests: -1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+			{at: time.Second, failures: 1, want: 2.0 / 3},
+		}},
+		{"MinRequests 1: the book's formula too", Throttler{MinRequests: 1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			thRunSteps(t, tc.cfg, tc.steps)
+		})
+	}
+}
+
+// TestThrottlerCeiling steps the MaxRejection ceiling: however many
+// refusals, p stops at MaxRejection; below it the formula is untouched.
+func TestThrottlerCeiling(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Throttler
+		steps []thStep
+	}{
+		{"all refusals, at the floor: capped at 0.95", Throttler{}, []thStep{
+			{failures: 19, want: 0},
+			{at: time.Second, failures: 1, want: 0.95}, // the formula alone: 20/21
+		}},
+		{"all refusals, many", Throttler{}, []thStep{
+			{failures: 1000, want: 0.95},
+			{at: time.Minute, failures: 1000, want: 0.95},
+		}},
+		{"below the ceiling, the formula", Throttler{}, []thStep{
+			{accepts: 3, failures: 17, want: 14.0 / 21},
+		}},
+		{"a lower ceiling", Throttler{MaxRejection: 0.5}, []thStep{
+			{accepts: 3, failures: 17, want: 0.5}, // the formula alone: 14/21
+		}},
+		{"MaxRejection 1: the book's formula", Throttler{MaxRejection: 1}, []thStep{
+			{failures: 1000, want: 1000.0 / 1001},
+		}},
+		{"no floor and no ceiling", Throttler{MinRequests: -1, MaxRejection: 1}, []thStep{
+			{failures: 1, want: 1.0 / 2},
+			{at: time.Second, failures: 99, want: 100.0 / 101},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			thRunSteps(t, tc.cfg, tc.steps)
+		})
+	}
+}
+
+// TestThrottlerCeilingSplit: a backend that refuses everything, under the
+// default ceiling. p stops at 0.95 and the split keeps the share refused
+// there: with Critical alone, about 1 attempt in 20 goes through; with
+// Critical and Bulk half and half, Bulk is refused outright and Critical
+// takes the rest, q = (0.95·2 − 1)/1 = 0.9, so about 1 in 10 goes through.
+func TestThrottlerCeilingSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		isBulk                 func(i int) bool
+		wantCritical, wantBulk float64 // admitted rates
+	}{
+		{"critical only", func(int) bool { return false }, 0.05, 0},
+		{"half bulk", func(i int) bool { return i%2 == 1 }, 0.10, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 40 s of 100 attempts every 100 ms, every one refused by the
+			// backend; p is at the ceiling from the 21st attempt on, and
+			// the last 30 s are tallied.
+			th := NewAdaptiveThrottler(Throttler{}, thStart, 13)
+			var tally [shedding.NumPriorities]thTally
+			for tick := range 400 {
+				now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
+				for i := range 100 {
+					prio := shedding.Critical
+					if tc.isBulk(i) {
+						prio = shedding.Bulk
+					}
+					d := th.Admit(now, prio, "")
+					if d.OK {
+						th.Done(now, Failure, false)
+					}
+					if tick >= 100 {
+						tally[prio].sent++
+						if d.OK {
+							tally[prio].admitted++
+						}
+					}
+				}
+			}
+			if p := th.Pressure(thStart.Add(40 * time.Second)); p != 0.95 {
+				t.Errorf("Pressure = %v, want the ceiling, 0.95", p)
+			}
+			if got := tally[shedding.Critical].rate(); math.Abs(got-tc.wantCritical) > 0.01 {
+				t.Errorf("Critical admitted at %.4f, want about %v", got, tc.wantCritical)
+			}
+			if c := tally[shedding.Bulk]; c.admitted != 0 {
+				t.Errorf("Bulk: %d of %d admitted, want none", c.admitted, c.sent)
+			}
+			t.Logf("admitted: critical %.4f", tally[shedding.Critical].rate())
+		})
+	}
+}
+
+// thRunSteps drives a fresh throttler of cfg through steps, Critical
+// attempts with no tenant, and checks Pressure after each step and, after
+// the last, the Pressure the next Admit decides at.
+func thRunSteps(t *testing.T, cfg Throttler, steps []thStep) {
+	t.Helper()
+	th := NewAdaptiveThrottler(cfg, thStart, 1)
+	admit := func(now time.Time, o Outcome, accepted bool) {
+		if d := th.Admit(now, shedding.Critical, ""); d.OK {
+			th.Done(now, o, accepted)
+		} else if o != Failure {
+			t.Fatalf("an attempt meant to be %v was refused: the table is wrong", o)
+		}
+	}
+	for _, s := range steps {
+		now := thStart.Add(s.at)
+		for range s.withdrawn {
+			admit(now, Canceled, false)
+		}
+		for range s.accepts {
+			admit(now, Success, true)
+		}
+		for range s.failures {
+			admit(now, Failure, false)
+		}
+		if got := th.Pressure(now); math.Abs(got-s.want) > 1e-12 {
+			t.Errorf("at %v: Pressure = %v, want %v", s.at, got, s.want)
+		}
+	}
+	last := steps[len(steps)-1]
+	if d := th.Admit(thStart.Add(last.at), shedding.Critical, ""); math.Abs(d.Pressure-last.want) > 1e-12 {
+		t.Errorf("at %v: the next Admit decided at Pressure %v, want %v", last.at, d.Pressure, last.want)
+	}
+}
+
 // TestThrottlerK: a larger K tolerates more refusals before throttling.
 func TestThrottlerK(t *testing.T) {
 	th := NewAdaptiveThrottler(Throttler{K: 4, Window: time.Minute}, thStart, 1)
@@ -307,6 +505,17 @@ func TestNilThrottler(t *testing.T) {
 	}
 }
 
+func TestThrottlerDefaults(t *testing.T) {
+	d := Throttler{}.WithDefaults()
+	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 || d.MaxRejection != 0.95 {
+		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 2, 2m, 20, 0.95",
+			d.K, d.Window, d.MinRequests, d.MaxRejection)
+	}
+	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {
+		t.Errorf("a negative MinRequests must stay negative (no floor), got %d", got)
+	}
+}
+
 func TestThrottlerValidate(t *testing.T) {
 	for _, tt := range []struct {
 		cfg Throttler
@@ -317,9 +526,20 @@ func TestThrottlerValidate(t *testing.T) {
 		{Throttler{K: 0.5}, false},
 		{Throttler{K: math.NaN()}, false},
 		{Throttler{Window: -1}, false},
+		{Throttler{MinRequests: 5}, true},
+		{Throttler{MinRequests: -1}, true}, // no floor
+		{Throttler{MaxRejection: 0.5}, true},
+		{Throttler{MaxRejection: 1}, true}, // no ceiling
+		{Throttler{MaxRejection: 1.5}, false},
+		{Throttler{MaxRejection: -0.5}, false},
+		{Throttler{MaxRejection: math.NaN()}, false},
 	} {
 		if err := tt.cfg.validate(); (err == nil) != tt.ok {
 			t.Errorf("%+v: validate() = %v", tt.cfg, err)
 		}
+	}
+	err := (&Throttler{MaxRejection: 1.5}).validate()
+	if want := "policy: Throttler.MaxRejection must be in (0, 1], got 1.5"; err == nil || err.Error() != want {
+		t.Errorf("validate() = %v, want %q", err, want)
 	}
 }

@@ -513,11 +513,14 @@ func TestFirstRetryBacksOffBaseDelay(t *testing.T) {
 		set := policy.Set{
 			Attempts: 4,
 			Retry:    &policy.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second},
-			Hedge:    &policy.Hedge{},
-			Budget:   policy.Budget{Ratio: -1},
+			// The median stays at the warm-up's 10ms however many 50ms
+			// legs the test adds, so the first round always hedges.
+			Hedge:  &policy.Hedge{Quantile: 0.5},
+			Budget: policy.Budget{Ratio: -1},
 		}
-		tr := mustNew(t, Config{Base: base, Policies: set})
-		warm(t, tr, 30)
+		var ev hedgeEvents
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 100)
 		for i := range 20 {
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://up.test/", nil)
 			req.Header.Set("Call", fmt.Sprint(i))
@@ -531,6 +534,9 @@ func TestFirstRetryBacksOffBaseDelay(t *testing.T) {
 			mu.Unlock()
 			if legs != 3 {
 				t.Fatalf("%d wire calls, want a hedged round of 2 and one retry", legs)
+			}
+			if s, _ := ev.counts(); s != i+1 {
+				t.Fatalf("%d hedges after %d calls: the first round must be hedged", s, i+1)
 			}
 			if wait > 100*time.Millisecond {
 				t.Fatalf("the first retry waited %v, more than BaseDelay", wait)
