@@ -10,7 +10,8 @@ import (
 )
 
 // chain is a validated policy.Set with its defaults applied: what every
-// scope of a key shares, read-only.
+// scope of a key shares, read-only. It holds copies, never a pointer into
+// the caller's Set.
 type chain struct {
 	attempts  int
 	classify  policy.Classify
@@ -32,12 +33,12 @@ func compile(s policy.Set) (*chain, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
+	// Every policy is copied: scopes are built lazily from the chain, so
+	// a pointer into s would let an edit after New reach them unvalidated.
 	c := &chain{
-		attempts:  s.MaxAttempts(),
-		classify:  s.Classify,
-		budget:    s.Budget,
-		bulkhead:  s.Bulkhead,
-		rateLimit: s.RateLimit,
+		attempts: s.MaxAttempts(),
+		classify: s.Classify,
+		budget:   s.Budget,
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
@@ -61,6 +62,14 @@ func compile(s policy.Set) (*chain, error) {
 	if s.Limiter != nil {
 		l := s.Limiter.WithDefaults()
 		c.limiter = &l
+	}
+	if s.Bulkhead != nil {
+		b := *s.Bulkhead
+		c.bulkhead = &b
+	}
+	if s.RateLimit != nil {
+		r := s.RateLimit.WithDefaults()
+		c.rateLimit = &r
 	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt

@@ -114,7 +114,8 @@ type Transport struct {
 
 // New validates cfg and returns a Transport. Every invalid field is
 // reported, by name, in the returned error; New never corrects a value
-// silently.
+// silently. New copies what it keeps, the policies, the PerKey map and the
+// Observer: editing any of them afterwards changes nothing.
 func New(cfg Config) (*Transport, error) {
 	if cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys)
@@ -134,10 +135,15 @@ func New(cfg Config) (*Transport, error) {
 	t := &Transport{
 		base:           cfg.Base,
 		key:            cfg.Key,
-		obs:            cfg.Observer,
 		priorityHeader: ph,
 		tenantHeader:   th,
 		def:            def,
+	}
+	if cfg.Observer != nil {
+		// A copy, like every config: the funcs are called concurrently,
+		// so a later edit of the caller's struct would be a data race.
+		o := *cfg.Observer
+		t.obs = &o
 	}
 	if t.base == nil {
 		t.base = cleanhttp.DefaultPooledTransport()
