@@ -2,7 +2,10 @@ package transport
 
 import (
 	"net/http"
+	"net/url"
 	"reflect"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +141,79 @@ func TestEditingTheObserverAfterNewChangesNothing(t *testing.T) {
 	resp.Body.Close()
 	if calls != 1 {
 		t.Fatalf("CallDone called %d times, want 1", calls)
+	}
+}
+
+// TestNilURLIsAnError is the report's repro: a request without a URL
+// panicked in the default Key and left its body open.
+func TestNilURLIsAnError(t *testing.T) {
+	var sent atomic.Int32
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { sent.Add(1); return respond(r, 200), nil })
+	for name, cfg := range map[string]Config{
+		"default key": {Base: base, Policies: everyPolicy()},
+		"custom key":  {Base: base, Key: func(r *http.Request) string { return r.URL.Path }},
+	} {
+		tr := mustNew(t, cfg)
+		b := &body{Reader: strings.NewReader("payload")}
+		resp, err := tr.RoundTrip(&http.Request{Method: "POST", Header: http.Header{}, Body: b})
+		if resp != nil || err == nil || err.Error() != "resilix: nil Request.URL" {
+			t.Errorf("%s: got %v, %v; want the error resilix: nil Request.URL", name, resp, err)
+		}
+		if !b.closed.Load() {
+			t.Errorf("%s: the body was not closed", name)
+		}
+	}
+	if n := sent.Load(); n != 0 {
+		t.Errorf("%d requests reached the base", n)
+	}
+}
+
+// TestNilRequestIsAnError: http.Client never sends a nil request, but the
+// Transport never panics on anything a caller sends.
+func TestNilRequestIsAnError(t *testing.T) {
+	tr := mustNew(t, Config{Base: fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })})
+	if resp, err := tr.RoundTrip(nil); resp != nil || err == nil || err.Error() != "resilix: nil Request" {
+		t.Fatalf("got %v, %v; want the error resilix: nil Request", resp, err)
+	}
+}
+
+// TestNilHeaderIsEmpty: a nil Header is read as empty on every path that
+// reads one (priority, tenant, the idempotency rule), and the base gets a
+// copy of the request with an empty Header, as http.Client.Do would give
+// it; the caller's request keeps its nil Header.
+func TestNilHeaderIsEmpty(t *testing.T) {
+	var headers []http.Header
+	base := fakeRT(func(r *http.Request) (*http.Response, error) {
+		headers = append(headers, r.Header)
+		if len(headers) == 2 {
+			return respond(r, 200), nil // the GET's retry
+		}
+		return respond(r, 503), nil
+	})
+	set := everyPolicy()
+	set.Hedge = nil // one wire call at a time, so the base's log needs no lock
+	set.Retry = &policy.Retry{BaseDelay: time.Nanosecond, MaxDelay: time.Nanosecond}
+	set.Timeout = nil
+	set.Throttler = nil // it would refuse the retry after a 503 (the limiter reads the tenant too)
+	tr := mustNew(t, Config{Base: base, Policies: set})
+	for _, method := range []string{"GET", "POST"} {
+		u, _ := url.Parse("http://a.test/")
+		req := &http.Request{Method: method, URL: u}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		resp.Body.Close()
+		if req.Header != nil {
+			t.Fatalf("%s: the caller's request was given a Header", method)
+		}
+	}
+	if len(headers) != 3 { // GET retried once, a plain POST not retried
+		t.Fatalf("%d wire calls, want 3", len(headers))
+	}
+	for i, h := range headers {
+		if h == nil {
+			t.Fatalf("wire call %d had a nil Header", i)
+		}
 	}
 }

@@ -37,6 +37,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -184,6 +185,35 @@ func (src stateSource) States(f func(key string, s policy.State)) {
 }
 
 func hostKey(r *http.Request) string { return r.URL.Host }
+
+// The errors of requests no policy can run. net/http's Transport says
+// "http: nil Request.URL" for the second.
+var (
+	errNilRequest = errors.New("resilix: nil Request")
+	errNilURL     = errors.New("resilix: nil Request.URL")
+)
+
+// checkRequest returns the request RoundTrip runs, or the error it returns
+// at once, having closed the body, for a request that names no upstream:
+// nil, or without a URL. Such a request has no key, so no Observer hears of
+// it. A nil Header is read as empty: the request RoundTrip runs is then a
+// shallow copy with an empty Header, which is what http.Client.Do gives
+// its transport, and the caller's request keeps its nil.
+func checkRequest(req *http.Request) (*http.Request, error) {
+	switch {
+	case req == nil:
+		return nil, errNilRequest
+	case req.URL == nil:
+		closeBody(req.Body)
+		return nil, errNilURL
+	case req.Header == nil:
+		r := new(http.Request)
+		*r = *req
+		r.Header = make(http.Header)
+		return r, nil
+	}
+	return req, nil
+}
 
 // headerName validates a configured header name and returns it in
 // canonical form, so that the hot path can index req.Header directly.
