@@ -2,6 +2,7 @@ package transport
 
 import (
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,6 +220,9 @@ func (r *registry) get(key string, now time.Time) *scope {
 	if len(r.m) >= r.max {
 		r.evictLocked()
 	}
+	// The key is kept for the life of the scope: a copy, since it is
+	// often a substring of a request's URL, which it would keep alive.
+	key = strings.Clone(key)
 	s := r.create(key, now)
 	r.m[key] = s
 	return s
