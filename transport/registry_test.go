@@ -266,3 +266,156 @@ func TestKeysDoNotPinTheirURLs(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultKeyIsTheCanonicalAuthority: one upstream, however its URL
+// spells it, is one key. Before, "h", "H", "h:80" and "h." (http) were four
+// scopes, with four breakers and four budgets for one host.
+func TestDefaultKeyIsTheCanonicalAuthority(t *testing.T) {
+	for _, tc := range []struct {
+		want string
+		urls []string
+	}{
+		{"h", []string{"http://h/", "http://H/", "http://h:80/", "http://h./", "HTTP://H.:80/", "http://h:/", "http://h:080/",
+			"https://h/", "https://h:443/", "ws://h:80/", "wss://h.:443/"}},
+		{"h:443", []string{"http://h:443/", "ws://H:443/"}},
+		{"h:80", []string{"https://h:80/", "wss://h.:80/"}},
+		{"h:8080", []string{"http://h:8080/", "https://H.:8080/"}},
+		{"api.example.com", []string{"https://API.Example.COM./v1?q=1"}},
+		{"[::1]", []string{"http://[::1]/", "http://[::1]:80/", "https://[::1]:443/"}},
+		{"[::1]:8080", []string{"http://[::1]:8080/"}},
+		{"[fe80::1%En0]:8080", []string{"http://[FE80::1%25En0]:8080/"}},
+		{"10.0.0.1", []string{"http://10.0.0.1:80/"}},
+	} {
+		base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+		tr := mustNew(t, Config{Base: base})
+		for _, u := range tc.urls {
+			resp, err := get(t, t.Context(), tr, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		var keys []string
+		tr.scopes.each(func(s *scope) { keys = append(keys, s.key) })
+		if len(keys) != 1 || keys[0] != tc.want {
+			t.Errorf("%q: keys %q, want [%q]", tc.urls, keys, tc.want)
+		}
+	}
+}
+
+// TestCanonicalKeyAllocatesOnlyToChangeCase: the default key is computed on
+// every call, so an authority that only needs trimming is cut from the
+// URL's own string.
+func TestCanonicalKeyAllocatesOnlyToChangeCase(t *testing.T) {
+	for _, tc := range []struct{ scheme, authority string }{
+		{"http", "a.test"}, {"http", "a.test:80"}, {"https", "a.test:443"}, {"http", "a.test.:80"},
+		{"http", "a.test:8080"}, {"http", "[::1]:80"}, {"HTTPS", "a.test:443"},
+	} {
+		if n := testing.AllocsPerRun(100, func() { _ = canonicalKey(tc.scheme, tc.authority) }); n != 0 {
+			t.Errorf("canonicalKey(%q, %q): %v allocations", tc.scheme, tc.authority, n)
+		}
+	}
+}
+
+// TestPerKeyIsCanonicalized: a PerKey entry names its host as a request's
+// default key would, so it matches however the requests spell the host.
+// PerKey has no scheme: an entry's port 80 or 443 is dropped like the
+// default port of the request's scheme, so "h:443" and "h" name one key.
+func TestPerKeyIsCanonicalized(t *testing.T) {
+	base := &script{codes: []int{503}}
+	noRetry := policy.Set{}
+	tr := mustNew(t, Config{Base: base, Policies: retrySet(), PerKey: map[string]policy.Set{
+		"API.Example.com.": noRetry,
+		"h:443":            noRetry,
+		"w:80":             noRetry,
+		"[::1]:8080":       noRetry,
+		"::2":              noRetry,
+		"p:08080":          noRetry,
+	}})
+	for _, u := range []string{
+		"https://api.example.com/", "http://API.EXAMPLE.COM:80/",
+		"https://h/", "http://h/", "https://h.:443/",
+		"ws://W/", "https://w/",
+		"http://[::1]:8080/", "http://[::2]/", "http://p:8080/",
+	} {
+		n := base.n()
+		resp, err := get(t, t.Context(), tr, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if calls := base.n() - n; calls != 1 {
+			t.Errorf("%s: %d wire calls, want 1 (its PerKey entry does not retry)", u, calls)
+		}
+	}
+	// Ports other than 80 and 443 are the key's own.
+	n := base.n()
+	resp, err := get(t, t.Context(), tr, "http://api.example.com:8443/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if calls := base.n() - n; calls != 3 {
+		t.Errorf("api.example.com:8443: %d wire calls, want 3 (Policies retries)", calls)
+	}
+}
+
+// TestPerKeyMustNameAHost: a PerKey entry that is not a host[:port] could
+// never match a request's default key; New says so, naming it.
+func TestPerKeyMustNameAHost(t *testing.T) {
+	for _, tc := range []struct {
+		perKey []string
+		want   string
+	}{
+		{[]string{"https://api.example.com"}, `transport: PerKey["https://api.example.com"]: not a host[:port]`},
+		{[]string{"api.example.com/v1"}, `transport: PerKey["api.example.com/v1"]: not a host[:port]`},
+		{[]string{"/v1"}, `transport: PerKey["/v1"]: not a host[:port]`},
+		{[]string{""}, `transport: PerKey[""]: not a host[:port]`},
+		{[]string{"."}, `transport: PerKey["."]: not a host[:port]`},
+		{[]string{":8080"}, `transport: PerKey[":8080"]: not a host[:port]`},
+		{[]string{"user@h"}, `transport: PerKey["user@h"]: not a host[:port]`},
+		{[]string{"h?x"}, `transport: PerKey["h?x"]: not a host[:port]`},
+		{[]string{"a b"}, `transport: PerKey["a b"]: not a host[:port]`},
+		{[]string{"h:abc"}, `transport: PerKey["h:abc"]: not a host[:port]`},
+		{[]string{"h:99999"}, `transport: PerKey["h:99999"]: not a host[:port]: port out of range`},
+		{[]string{"h:0"}, `transport: PerKey["h:0"]: not a host[:port]: port out of range`},
+		{[]string{"[::1"}, `transport: PerKey["[::1"]: not a host[:port]`},
+		{[]string{"1:2:3"}, `transport: PerKey["1:2:3"]: not a host[:port]`},
+		{[]string{"H", "h."}, `transport: PerKey["H"] and PerKey["h."] are both the key "h"`},
+		{[]string{"h:443", "h:80"}, `transport: PerKey["h:443"] and PerKey["h:80"] are both the key "h"`},
+	} {
+		perKey := map[string]policy.Set{}
+		for _, k := range tc.perKey {
+			perKey[k] = policy.Set{}
+		}
+		_, err := New(Config{PerKey: perKey})
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("PerKey %q: error %v, want %s", tc.perKey, err, tc.want)
+		}
+	}
+}
+
+// TestPerKeyWithACustomKey: with Config.Key set, keys are whatever it
+// returns, and PerKey names them as they are.
+func TestPerKeyWithACustomKey(t *testing.T) {
+	base := &script{codes: []int{503}}
+	tr := mustNew(t, Config{
+		Base:     base,
+		Key:      func(r *http.Request) string { return r.Header.Get("Service") },
+		Policies: retrySet(),
+		PerKey:   map[string]policy.Set{"Payments/EU": {}, "": {}},
+	})
+	for _, svc := range []string{"Payments/EU", ""} {
+		req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+		req.Header.Set("Service", svc)
+		n := base.n()
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if calls := base.n() - n; calls != 1 {
+			t.Errorf("service %q: %d wire calls, want 1 (its PerKey entry does not retry)", svc, calls)
+		}
+	}
+}
