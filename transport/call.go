@@ -23,9 +23,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	start := time.Now()
+	s := t.scopes.enter(t.key(req), start)
+	defer s.leave()
 	c := call{
 		t:     t,
-		s:     t.scopes.get(t.key(req), start),
+		s:     s,
 		req:   req,
 		ctx:   req.Context(),
 		start: start,

@@ -1,12 +1,14 @@
 package transport
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -417,5 +419,206 @@ func TestPerKeyWithACustomKey(t *testing.T) {
 		if calls := base.n() - n; calls != 1 {
 			t.Errorf("service %q: %d wire calls, want 1 (its PerKey entry does not retry)", svc, calls)
 		}
+	}
+}
+
+// gate is a base whose first call to each of the hosts in hold blocks
+// until release is closed; entered receives each held call as it arrives.
+// Later calls answer at once, so that a test of a refusal does not hang
+// when the call is let through.
+type gate struct {
+	mu      sync.Mutex
+	hold    map[string]bool
+	entered chan string
+	release chan struct{}
+}
+
+func newGate(hosts ...string) *gate {
+	g := &gate{hold: map[string]bool{}, entered: make(chan string, len(hosts)), release: make(chan struct{})}
+	for _, h := range hosts {
+		g.hold[h] = true
+	}
+	return g
+}
+
+func (g *gate) RoundTrip(r *http.Request) (*http.Response, error) {
+	g.mu.Lock()
+	hold := g.hold[r.URL.Host]
+	delete(g.hold, r.URL.Host)
+	g.mu.Unlock()
+	if hold {
+		g.entered <- r.URL.Host
+		<-g.release
+	}
+	return respond(r, 200), nil
+}
+
+// getClose makes a GET and closes what comes back.
+func getClose(t *testing.T, tr *Transport, url string) error {
+	t.Helper()
+	resp, err := get(t, t.Context(), tr, url)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err
+}
+
+// TestEvictionSparesACallInFlight is the report's repro: with MaxKeys 2 and
+// a bulkhead of 1, calls to b and c while a call to a was in flight evicted
+// a's scope, and the next call to a found a fresh bulkhead: two in flight.
+func TestEvictionSparesACallInFlight(t *testing.T) {
+	base := newGate("a.test")
+	tr := mustNew(t, Config{Base: base, MaxKeys: 2, Policies: policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}})
+	done := make(chan error)
+	go func() { done <- getClose(t, tr, "http://a.test/") }()
+	<-base.entered
+	for _, h := range []string{"b.test", "c.test"} {
+		if err := getClose(t, tr, "http://"+h+"/"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := getClose(t, tr, "http://a.test/"); !errors.Is(err, policy.ErrBulkheadFull) {
+		t.Errorf("second call to a while one is in flight: %v, want ErrBulkheadFull", err)
+	}
+	close(base.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.scopes.len(); n != 2 {
+		t.Errorf("%d scopes, want MaxKeys = 2", n)
+	}
+}
+
+// TestEvictionSparesAnOpenBody: a bulkhead slot is held until the response
+// body is closed, after RoundTrip has returned, and the scope is busy until
+// then.
+func TestEvictionSparesAnOpenBody(t *testing.T) {
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+	tr := mustNew(t, Config{Base: base, MaxKeys: 2, Policies: policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}})
+	open, err := get(t, t.Context(), tr, "http://a.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"b.test", "c.test", "d.test"} {
+		if err := getClose(t, tr, "http://"+h+"/"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := getClose(t, tr, "http://a.test/"); !errors.Is(err, policy.ErrBulkheadFull) {
+		t.Errorf("a call to a while its body is open: %v, want ErrBulkheadFull", err)
+	}
+	open.Body.Close()
+}
+
+// TestEvictionSparesACallWithNoGate: a call is in flight from the start of
+// RoundTrip until it returns, whatever gates hold; its scope (here, only
+// its bookkeeping) stays.
+func TestEvictionSparesACallWithNoGate(t *testing.T) {
+	base := newGate("a.test")
+	tr := mustNew(t, Config{Base: base, MaxKeys: 2})
+	done := make(chan error)
+	go func() { done <- getClose(t, tr, "http://a.test/") }()
+	<-base.entered
+	for _, h := range []string{"b.test", "c.test", "d.test"} {
+		if err := getClose(t, tr, "http://"+h+"/"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !tr.Measured("a.test").Known {
+		t.Error("the scope of a call in flight was forgotten")
+	}
+	close(base.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEvictionSparesAnOpenBreaker is the report's repro: a breaker opened
+// for a minute was forgotten once 8 other hosts had been called, and
+// traffic flowed to the dead host again.
+func TestEvictionSparesAnOpenBreaker(t *testing.T) {
+	var dead atomic.Int32
+	base := fakeRT(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Host == "dead.test" {
+			dead.Add(1)
+			return respond(r, 503), nil
+		}
+		return respond(r, 200), nil
+	})
+	tr := mustNew(t, Config{Base: base, MaxKeys: 8, Policies: policy.Set{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1, OpenFor: time.Minute},
+	}})
+	_ = getClose(t, tr, "http://dead.test/")
+	if st := tr.Measured("dead.test").BreakerState; st != policy.BreakerOpen {
+		t.Fatalf("breaker %v after a failure, want open", st)
+	}
+	for i := range 50 {
+		if err := getClose(t, tr, "http://h"+strconv.Itoa(i)+".test/"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := getClose(t, tr, "http://dead.test/"); !errors.Is(err, policy.ErrCircuitOpen) || dead.Load() != 1 {
+		t.Errorf("after 50 other hosts: %v, %d calls reached the dead host; want ErrCircuitOpen and 1", err, dead.Load())
+	}
+	if n := tr.scopes.len(); n != 8 {
+		t.Errorf("%d scopes, want MaxKeys = 8", n)
+	}
+}
+
+// TestOpenBreakersDoNotGrowTheRegistry: a breaker that is not closed is
+// kept before a quiet scope, not beyond MaxKeys; among scopes that are all
+// tripped, the least recently used goes.
+func TestOpenBreakersDoNotGrowTheRegistry(t *testing.T) {
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 503), nil })
+	tr := mustNew(t, Config{Base: base, MaxKeys: 4, Policies: policy.Set{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1, OpenFor: time.Minute},
+	}})
+	for i := range 20 {
+		_ = getClose(t, tr, "http://h"+strconv.Itoa(i)+".test/")
+	}
+	if n := tr.scopes.len(); n != 4 {
+		t.Errorf("%d scopes, want MaxKeys = 4", n)
+	}
+	for i := 16; i < 20; i++ {
+		if m := tr.Measured("h" + strconv.Itoa(i) + ".test"); m.BreakerState != policy.BreakerOpen {
+			t.Errorf("h%d: %+v, want the four most recent breakers kept, open", i, m)
+		}
+	}
+}
+
+// TestRegistryGrowsOnlyForCallsInFlight: when every scope is busy, a new
+// key is let in beyond MaxKeys rather than evict one, and the registry
+// shrinks back to MaxKeys at the first new key after they are done.
+func TestRegistryGrowsOnlyForCallsInFlight(t *testing.T) {
+	hosts := []string{"a.test", "b.test", "c.test", "d.test", "e.test"}
+	base := newGate(hosts...)
+	tr := mustNew(t, Config{Base: base, MaxKeys: 2})
+	done := make(chan error)
+	for _, h := range hosts {
+		go func() { done <- getClose(t, tr, "http://"+h+"/") }()
+		<-base.entered
+	}
+	if n := tr.scopes.len(); n != len(hosts) {
+		t.Errorf("%d scopes with %d calls in flight to %d hosts, want %d", n, len(hosts), len(hosts), len(hosts))
+	}
+	for _, h := range hosts {
+		if !tr.Measured(h).Known {
+			t.Errorf("%s, in flight, was forgotten", h)
+		}
+	}
+	close(base.release)
+	for range hosts {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := getClose(t, tr, "http://z.test/"); err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.scopes.len(); n != 2 {
+		t.Errorf("%d scopes once the calls are done, want MaxKeys = 2", n)
+	}
+	if !tr.Measured("z.test").Known {
+		t.Error("the new key is not held")
 	}
 }

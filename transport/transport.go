@@ -97,11 +97,23 @@ type Config struct {
 	// Key is never called for a request without a URL.
 	Key func(*http.Request) string
 
-	// MaxKeys bounds the number of keys whose state is kept. When a new
-	// key arrives and the bound is reached, the least recently used key
-	// (approximately: the oldest of a small sample) is forgotten, so
+	// MaxKeys bounds the number of keys whose state is kept, so that
 	// memory stays bounded whatever hosts requests name. If zero, 1024 is
 	// used.
+	//
+	// When a new key arrives and the bound is reached, a key is forgotten:
+	// a quiet one, the least recently used (approximately: the oldest of a
+	// small sample, or of all keys when the sample holds no quiet one).
+	// A key whose breaker is open or half-open is forgotten only when no
+	// quiet key is left, so that traffic does not flow to a dead host
+	// again because other hosts were called. A key with calls in flight
+	// is never forgotten: a call is in flight from the start of RoundTrip
+	// until it returns, and after that while it holds a bulkhead slot
+	// (until its response body is closed or read to the end) or a limiter
+	// permit (a hedge leg still running). A new key that finds every key
+	// busy is kept beyond MaxKeys, so at most MaxKeys plus the calls in
+	// flight are held, and the first new key after they are done brings
+	// the count back to MaxKeys.
 	MaxKeys int
 
 	// Observer receives events about calls, attempts and refusals. If
