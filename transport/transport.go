@@ -193,7 +193,7 @@ func New(cfg Config) (*Transport, error) {
 		t.perKey = make(map[string]*chain, len(cfg.PerKey))
 		named := make(map[string]string, len(cfg.PerKey)) // key → the entry naming it
 		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
-			key := strings.Clone(k)
+			key := k
 			if cfg.Key == nil {
 				if key, err = perKeyName(k); err != nil {
 					return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
@@ -207,7 +207,7 @@ func New(cfg Config) (*Transport, error) {
 			if err != nil {
 				return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
 			}
-			t.perKey[key] = c
+			t.perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
 		}
 	}
 	max := cfg.MaxKeys
@@ -507,10 +507,10 @@ type Measured struct {
 	MalformedHeaders uint64
 }
 
-// Measured returns a snapshot of key's state: key as the Transport
-// computes it (see Config.Key), e.g. "api.example.com" for the default Key
-// and "https://API.example.com:443/". It does not create state for an
-// unknown key.
+// Measured returns a snapshot of key's state, key as the Transport
+// computes it (see Config.Key): with the default Key, "api.example.com"
+// for requests to "https://API.example.com:443/". It does not create
+// state for an unknown key.
 func (t *Transport) Measured(key string) Measured {
 	s := t.scopes.lookup(key)
 	if s == nil {
