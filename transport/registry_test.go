@@ -622,3 +622,33 @@ func TestRegistryGrowsOnlyForCallsInFlight(t *testing.T) {
 		t.Error("the new key is not held")
 	}
 }
+
+// FuzzCanonicalKey: canonicalKey never panics and is idempotent, and a
+// PerKey entry that New accepts names a key that is canonical for http and
+// https requests, and names itself.
+func FuzzCanonicalKey(f *testing.F) {
+	for _, seed := range []string{
+		"h", "H.:80", "h:080", "h..", "[::1]:443", "::1", "[FE80::1%En0]:8080", "[", "[]:", "h.:8080:",
+		"api.example.com:443", "1.2.3.4:65535", ":80", "é.TEST.:0443",
+	} {
+		f.Add("http", seed)
+	}
+	f.Fuzz(func(t *testing.T, scheme, authority string) {
+		k := canonicalKey(scheme, authority)
+		if again := canonicalKey(scheme, k); again != k {
+			t.Fatalf("canonicalKey(%q, %q) = %q, then %q", scheme, authority, k, again)
+		}
+		key, err := perKeyName(authority)
+		if err != nil {
+			return
+		}
+		for _, s := range []string{"http", "https"} {
+			if c := canonicalKey(s, key); c != key {
+				t.Fatalf("PerKey %q names %q, which a %s request's key would spell %q", authority, key, s, c)
+			}
+		}
+		if again, err := perKeyName(key); err != nil || again != key {
+			t.Fatalf("PerKey %q names %q, and PerKey %q names %q (%v)", authority, key, key, again, err)
+		}
+	})
+}

@@ -258,7 +258,7 @@ func canonicalKey(scheme, authority string) string {
 	case strings.IndexByte(host, ':') >= 0:
 		bracket = true // an IPv6 literal without its brackets
 	default:
-		host = strings.TrimSuffix(host, ".")
+		host = strings.TrimRight(host, ".")
 	}
 	host = lowerASCII(host)
 	switch {
