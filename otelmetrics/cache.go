@@ -1,6 +1,7 @@
 package otelmetrics
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -176,6 +177,9 @@ func (c *cache) add(key string) *entry {
 		c.m.Clear()
 		c.n = 0
 	}
+	// The entry outlives the event: a copy of the key, which may be a
+	// piece of a much larger string (a request's URL).
+	key = strings.Clone(key)
 	e := newEntry(key)
 	c.m.Store(key, e)
 	c.n++

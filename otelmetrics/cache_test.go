@@ -1,7 +1,9 @@
 package otelmetrics
 
 import (
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/resilix/resilix/policy"
@@ -55,5 +57,32 @@ func TestEntrySlots(t *testing.T) {
 		if len(a.add) != 1 || len(a.rec) != 1 || len(a.obs) != 1 {
 			t.Errorf("attrs %+v", a)
 		}
+	}
+}
+
+// TestCacheDoesNotPinItsKeys: an event's Key may be a substring of a much
+// larger string (a request's URL, with a custom transport.Config.Key), and
+// an entry that kept it kept the whole string alive.
+func TestCacheDoesNotPinItsKeys(t *testing.T) {
+	heap := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	var c cache
+	before := heap()
+	for i := range 64 {
+		url := "h" + strconv.Itoa(i) + ".test/?q=" + strings.Repeat("q", 1<<20)
+		c.get(url[:strings.IndexByte(url, '/')]).outcome(policy.Success)
+	}
+	retained := heap() - before
+	if c.n != 64 {
+		t.Fatalf("%d keys cached, want 64", c.n)
+	}
+	runtime.KeepAlive(&c)
+	t.Logf("64 keys retain %d bytes", retained)
+	if retained > 8<<20 {
+		t.Errorf("64 keys retain %.1f MB, want under 8 MB", float64(retained)/(1<<20))
 	}
 }

@@ -218,7 +218,6 @@ func adversaryScenario(t *testing.T, seed uint64, workers, calls int) {
 	set := adversarySet(rng)
 	hosts := 2 + rng.IntN(4)
 	maxKeys := 1 + rng.IntN(hosts)
-	maxKeys = hosts // TEMP
 	base := &adversary{rng: rand.New(rand.NewPCG(seed, 8)), deaf: seed%2 == 1,
 		inFlight: map[string]int{}, peak: map[string]int{}}
 	tr := mustNew(t, Config{Base: base, Policies: set, MaxKeys: maxKeys})

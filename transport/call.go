@@ -15,12 +15,19 @@ import (
 
 // RoundTrip runs req through the key's chain. It follows the
 // http.RoundTripper contract: req is never modified, req.Body is closed on
-// every path, and exactly one of the results is non-nil.
+// every path, and exactly one of the results is non-nil. A nil request, or
+// one without a URL, is an error before any policy runs; see checkRequest.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req, err := checkRequest(req)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
+	s := t.scopes.enter(t.key(req), start)
+	defer s.leave()
 	c := call{
 		t:     t,
-		s:     t.scopes.get(t.key(req), start),
+		s:     s,
 		req:   req,
 		ctx:   req.Context(),
 		start: start,

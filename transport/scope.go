@@ -1,7 +1,10 @@
 package transport
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,7 +13,8 @@ import (
 )
 
 // chain is a validated policy.Set with its defaults applied: what every
-// scope of a key shares, read-only.
+// scope of a key shares, read-only. It holds copies, never a pointer into
+// the caller's Set.
 type chain struct {
 	attempts  int
 	classify  policy.Classify
@@ -32,12 +36,12 @@ func compile(s policy.Set) (*chain, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
+	// Every policy is copied: scopes are built lazily from the chain, so
+	// a pointer into s would let an edit after New reach them unvalidated.
 	c := &chain{
-		attempts:  s.MaxAttempts(),
-		classify:  s.Classify,
-		budget:    s.Budget,
-		bulkhead:  s.Bulkhead,
-		rateLimit: s.RateLimit,
+		attempts: s.MaxAttempts(),
+		classify: s.Classify,
+		budget:   s.Budget,
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
@@ -62,6 +66,14 @@ func compile(s policy.Set) (*chain, error) {
 		l := s.Limiter.WithDefaults()
 		c.limiter = &l
 	}
+	if s.Bulkhead != nil {
+		b := *s.Bulkhead
+		c.bulkhead = &b
+	}
+	if s.RateLimit != nil {
+		r := s.RateLimit.WithDefaults()
+		c.rateLimit = &r
+	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
 	}
@@ -83,7 +95,34 @@ type scope struct {
 	hedge    *policy.HedgeState
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
+	calls     atomic.Int64 // RoundTrips between registry.enter and leave
 	malformed atomic.Uint64
+}
+
+// leave ends a call that registry.enter counted.
+func (s *scope) leave() { s.calls.Add(-1) }
+
+// The eviction ranks of a scope, from first to go to never.
+const (
+	rankQuiet    = iota // nothing in flight, breaker closed (or none)
+	rankTripped         // nothing in flight, breaker open or half-open
+	rankInFlight        // calls in flight: never evicted
+)
+
+// rank returns the scope's eviction rank at now. A scope has calls in
+// flight while a RoundTrip on it has not returned, and while its gates
+// hold anything for an attempt: a bulkhead slot (held until the response
+// body is closed or read to its end), a limiter permit or queue place (a
+// hedge leg outliving its call's return). A response body without a
+// bulkhead slot holds nothing of the scope's.
+func (s *scope) rank(now time.Time) int {
+	switch {
+	case s.calls.Load() > 0, s.bulkhead.InFlight() > 0, s.limiter.InFlight() > 0, s.limiter.Queued() > 0:
+		return rankInFlight
+	case s.breaker.State(now) != policy.BreakerClosed:
+		return rankTripped
+	}
+	return rankQuiet
 }
 
 func (t *Transport) newScope(key string, now time.Time) *scope {
@@ -172,8 +211,14 @@ func (s *scope) state(now time.Time) policy.State {
 	return st
 }
 
-// registry maps keys to scopes, bounded by max. Lookups take a read lock;
-// only a new key takes the write lock. No goroutine or timer runs for it.
+// registry maps keys to scopes. Lookups take a read lock; only a new key
+// takes the write lock. No goroutine or timer runs for it.
+//
+// It holds at most max scopes, except that a scope with calls in flight
+// (see scope.rank) is never evicted: a new key that finds every held scope
+// busy is let in beyond max, so that the registry holds at most max plus
+// the calls in flight at the peak, and the next new key once they are done
+// sheds the excess.
 type registry struct {
 	mu     sync.RWMutex
 	m      map[string]*scope
@@ -195,49 +240,94 @@ func (r *registry) lookup(key string) *scope {
 	return s
 }
 
-// get returns key's scope, creating it if needed: one map lookup when it
-// exists.
-func (r *registry) get(key string, now time.Time) *scope {
-	if s := r.lookup(key); s != nil {
+// enter returns key's scope, creating it if needed, with one more call
+// counted in it; the caller must call the scope's leave exactly once. When
+// the key exists, that is one map lookup under the read lock and two
+// atomic writes.
+func (r *registry) enter(key string, now time.Time) *scope {
+	r.mu.RLock()
+	s := r.m[key]
+	if s != nil {
+		// Counted under the lock, so that eviction, under the write
+		// lock, sees every call that has found the scope.
+		s.calls.Add(1)
+	}
+	r.mu.RUnlock()
+	if s != nil {
 		s.lastUsed.Store(now.UnixNano())
 		return s
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.m[key]; s != nil {
+		s.calls.Add(1)
+		s.lastUsed.Store(now.UnixNano())
 		return s
 	}
 	if len(r.m) >= r.max {
-		r.evictLocked()
+		r.evictLocked(now, len(r.m)-r.max+1)
 	}
-	s := r.create(key, now)
+	// The key is kept for the life of the scope: a copy, since it is
+	// often a substring of a request's URL, which it would keep alive.
+	key = strings.Clone(key)
+	s = r.create(key, now)
+	s.calls.Add(1)
 	r.m[key] = s
 	return s
 }
 
-// evictSample is how many scopes eviction compares. Go's map iteration
-// starts at a random position, so these are a cheap random sample, and the
-// least recently used of them approximates the least recently used overall
-// (Redis evicts the same way).
+// evictSample is how many scopes eviction compares first. Go's map
+// iteration starts at a random position, so these are a cheap random
+// sample, and the least recently used of them approximates the least
+// recently used overall (Redis evicts the same way).
 const evictSample = 8
 
-// evictLocked forgets the least recently used scope of a sample. Calls in
-// flight on it finish normally against state nobody else will see.
-func (r *registry) evictLocked() {
-	var (
-		victim string
-		oldest int64
-		n      int
-	)
-	for k, s := range r.m {
-		if lu := s.lastUsed.Load(); n == 0 || lu < oldest {
-			victim, oldest = k, lu
+// evictLocked forgets up to n scopes at now, never one with calls in
+// flight, and never a tripped one while a quiet one is left: the lowest
+// rank first, the least recently used first within a rank. One eviction
+// usually finds a quiet scope in a sample; otherwise, and when the
+// registry has grown beyond max, every scope is ranked.
+func (r *registry) evictLocked(now time.Time, n int) {
+	if n == 1 {
+		var (
+			victim string
+			oldest int64
+			found  bool
+			seen   int
+		)
+		for k, s := range r.m {
+			if lu := s.lastUsed.Load(); (!found || lu < oldest) && s.rank(now) == rankQuiet {
+				victim, oldest, found = k, lu, true
+			}
+			if seen++; seen == evictSample {
+				break
+			}
 		}
-		if n++; n == evictSample {
-			break
+		if found {
+			delete(r.m, victim)
+			return
 		}
 	}
-	delete(r.m, victim)
+	type candidate struct {
+		key      string
+		rank     int
+		lastUsed int64
+	}
+	var cands []candidate
+	for k, s := range r.m {
+		if rk := s.rank(now); rk != rankInFlight {
+			cands = append(cands, candidate{k, rk, s.lastUsed.Load()})
+		}
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		if c := cmp.Compare(a.rank, b.rank); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.lastUsed, b.lastUsed)
+	})
+	for _, c := range cands[:min(n, len(cands))] {
+		delete(r.m, c.key)
+	}
 }
 
 // len returns the number of scopes held.

@@ -55,11 +55,15 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
+	"net/netip"
 	"net/textproto"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,18 +86,52 @@ type Config struct {
 
 	// PerKey replaces Policies for the keys it names (whole sets, not
 	// merged field by field). Every entry is validated by New.
+	//
+	// With the default Key, an entry names a host as a URL's authority
+	// does, host[:port], and New canonicalizes it as the default Key does
+	// a request's: "API.example.com." names "api.example.com". PerKey has
+	// no scheme, so a port 80 or 443 is dropped whatever the scheme:
+	// "api.example.com:443" and "api.example.com:80" both name
+	// "api.example.com", which is the key of http:// and https:// requests
+	// to the host on their default ports (and a request on the other
+	// scheme's default port, https://h:80/, has the key "h:80", which no
+	// entry can name; a Key func can). An entry that is not a host[:port]
+	// ("https://api.example.com", a path, an empty string, a port out of
+	// range), or two entries that name one key ("h" and "H:443"), make
+	// New fail, naming them.
+	//
+	// With a Key func, entries are that func's keys, used as they are.
 	PerKey map[string]policy.Set
 
 	// Key maps a request to the key whose state it shares: breaker,
-	// budget, latency window, limits. If nil, req.URL.Host is used, so
-	// each upstream host:port is isolated from the others.
+	// budget, latency window, limits. Its result is used as is (and
+	// copied when a key's state is created). If nil, the request's
+	// canonical authority is used, so that each upstream is isolated from
+	// the others however its URLs spell it: req.URL.Host with the host in
+	// lower case and without a trailing dot, and the port dropped when it
+	// is the scheme's default (80 for http and ws, 443 for https and wss).
+	// "http://API.example.com.:80/x" and "https://api.example.com/y" both
+	// have the key "api.example.com"; "http://[::1]:8080/" has "[::1]:8080".
+	// Key is never called for a request without a URL.
 	Key func(*http.Request) string
 
-	// MaxKeys bounds the number of keys whose state is kept. When a new
-	// key arrives and the bound is reached, the least recently used key
-	// (approximately: the oldest of a small sample) is forgotten, so
+	// MaxKeys bounds the number of keys whose state is kept, so that
 	// memory stays bounded whatever hosts requests name. If zero, 1024 is
 	// used.
+	//
+	// When a new key arrives and the bound is reached, a key is forgotten:
+	// a quiet one, the least recently used (approximately: the oldest of a
+	// small sample, or of all keys when the sample holds no quiet one).
+	// A key whose breaker is open or half-open is forgotten only when no
+	// quiet key is left, so that traffic does not flow to a dead host
+	// again because other hosts were called. A key with calls in flight
+	// is never forgotten: a call is in flight from the start of RoundTrip
+	// until it returns, and after that while it holds a bulkhead slot
+	// (until its response body is closed or read to the end) or a limiter
+	// permit (a hedge leg still running). A new key that finds every key
+	// busy is kept beyond MaxKeys, so at most MaxKeys plus the calls in
+	// flight are held, and the first new key after they are done brings
+	// the count back to MaxKeys.
 	MaxKeys int
 
 	// Observer receives events about calls, attempts and refusals. If
@@ -132,7 +170,8 @@ type Transport struct {
 
 // New validates cfg and returns a Transport. Every invalid field is
 // reported, by name, in the returned error; New never corrects a value
-// silently.
+// silently. New copies what it keeps, the policies, the PerKey map and the
+// Observer: editing any of them afterwards changes nothing.
 func New(cfg Config) (*Transport, error) {
 	if cfg.MaxKeys < 0 {
 		return nil, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys)
@@ -152,10 +191,15 @@ func New(cfg Config) (*Transport, error) {
 	t := &Transport{
 		base:           cfg.Base,
 		key:            cfg.Key,
-		obs:            cfg.Observer,
 		priorityHeader: ph,
 		tenantHeader:   th,
 		def:            def,
+	}
+	if cfg.Observer != nil {
+		// A copy, like every config: the funcs are called concurrently,
+		// so a later edit of the caller's struct would be a data race.
+		o := *cfg.Observer
+		t.obs = &o
 	}
 	if t.base == nil {
 		t.base = cleanhttp.DefaultPooledTransport()
@@ -165,12 +209,23 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if len(cfg.PerKey) > 0 {
 		t.perKey = make(map[string]*chain, len(cfg.PerKey))
+		named := make(map[string]string, len(cfg.PerKey)) // key → the entry naming it
 		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
+			key := k
+			if cfg.Key == nil {
+				if key, err = perKeyName(k); err != nil {
+					return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
+				}
+				if other, dup := named[key]; dup {
+					return nil, fmt.Errorf("transport: PerKey[%q] and PerKey[%q] are both the key %q", other, k, key)
+				}
+				named[key] = k
+			}
 			c, err := compile(cfg.PerKey[k])
 			if err != nil {
 				return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
 			}
-			t.perKey[k] = c
+			t.perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
 		}
 	}
 	max := cfg.MaxKeys
@@ -195,7 +250,210 @@ func (src stateSource) States(f func(key string, s policy.State)) {
 	src.t.scopes.each(func(s *scope) { f(s.key, s.state(now)) })
 }
 
-func hostKey(r *http.Request) string { return r.URL.Host }
+// hostKey is the default Key: the request's canonical authority.
+func hostKey(r *http.Request) string { return canonicalKey(r.URL.Scheme, r.URL.Host) }
+
+// canonicalKey returns the key of a request to authority (a URL.Host,
+// host[:port]) under scheme: the authority with its host in lower case
+// (ASCII letters, up to an IPv6 zone, which is kept as is) and without a
+// trailing dot, and its port without leading zeros, dropped when empty or
+// the scheme's default (80 for http and ws, 443 for https and wss). An IPv6
+// literal keeps its brackets, and gains them if it has none.
+//
+// It is on every call's path, so it cuts the key from authority when it
+// can, and allocates only to change case, to keep a port after a trailing
+// dot, or for a port with leading zeros.
+func canonicalKey(scheme, authority string) string {
+	host, port, hasPort := splitAuthority(authority)
+	if hasPort {
+		if port = trimZeros(port); port == "" || port == defaultPort(scheme) {
+			hasPort = false
+		}
+	}
+	bracket := false
+	switch {
+	case strings.HasPrefix(host, "["):
+	case strings.IndexByte(host, ':') >= 0:
+		bracket = true // an IPv6 literal without its brackets
+	default:
+		host = strings.TrimRight(host, ".")
+	}
+	host = lowerASCII(host)
+	switch {
+	case bracket:
+	case !hasPort:
+		return host // authority's prefix, or its lowered copy
+	case len(authority) == len(host)+1+len(port) && strings.HasPrefix(authority, host):
+		return authority // nothing to change
+	}
+	var b strings.Builder
+	b.Grow(len(host) + len(port) + 3)
+	if bracket {
+		b.WriteByte('[')
+	}
+	b.WriteString(host)
+	if bracket {
+		b.WriteByte(']')
+	}
+	if hasPort {
+		b.WriteByte(':')
+		b.WriteString(port)
+	}
+	return b.String()
+}
+
+// errNotHost is the error of a PerKey entry that names no host.
+var errNotHost = errors.New("not a host[:port]")
+
+// perKeyName returns the key a PerKey entry names under the default Key.
+// An entry is a host, an IPv4 address or an IPv6 one (with or without
+// brackets), with an optional port, written as a URL's authority is; it
+// is canonicalized as a request's authority is, except that having no
+// scheme, both 80 and 443 are dropped. So "API.example.com.:443" names
+// "api.example.com", and so does "api.example.com:80". An IPv6 zone is
+// written as keys show it, "[fe80::1%en0]", not escaped.
+func perKeyName(k string) (string, error) {
+	a := k
+	switch {
+	case strings.HasPrefix(a, "["):
+		host, port, _ := splitAuthority(a)
+		if !strings.HasSuffix(host, "]") || !isIPv6(host[1:len(host)-1]) || !isPort(port) {
+			return "", errNotHost
+		}
+	case strings.Count(a, ":") > 1:
+		if !isIPv6(a) {
+			return "", errNotHost
+		}
+		a = "[" + a + "]"
+	default:
+		// url.Parse knows which bytes a host may hold; the authority is
+		// all it may find.
+		u, err := url.Parse("//" + a)
+		if err != nil || strings.ContainsAny(a, "/?#@") || u.Host != a {
+			return "", errNotHost
+		}
+	}
+	host, port, hasPort := splitAuthority(a)
+	if hasPort && port != "" {
+		n, err := strconv.ParseUint(port, 10, 64)
+		switch {
+		case err != nil:
+			return "", errNotHost
+		case n == 0 || n > 65535:
+			return "", fmt.Errorf("%w: port out of range", errNotHost)
+		case n == 80 || n == 443:
+			a = host
+		}
+	}
+	key := canonicalKey("", a)
+	if h, _, _ := splitAuthority(key); h == "" || h == "[]" {
+		return "", errNotHost
+	}
+	return key, nil
+}
+
+// isIPv6 reports whether s is an IPv6 address, with an optional zone.
+func isIPv6(s string) bool {
+	ip, err := netip.ParseAddr(s)
+	return err == nil && ip.Is6()
+}
+
+// isPort reports whether s is empty or digits, as a URL's port is.
+func isPort(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// splitAuthority splits host[:port]. A bracketed IPv6 host keeps its
+// brackets; an unbracketed one (more than one colon) has no port.
+func splitAuthority(a string) (host, port string, hasPort bool) {
+	if strings.HasPrefix(a, "[") {
+		i := strings.LastIndexByte(a, ']')
+		if i >= 0 && strings.HasPrefix(a[i+1:], ":") {
+			return a[:i+1], a[i+2:], true
+		}
+		return a, "", false
+	}
+	i := strings.IndexByte(a, ':')
+	if i < 0 || strings.IndexByte(a[i+1:], ':') >= 0 {
+		return a, "", false
+	}
+	return a[:i], a[i+1:], true
+}
+
+// trimZeros returns a port's digits without leading zeros.
+func trimZeros(port string) string {
+	if t := strings.TrimLeft(port, "0"); t != "" || port == "" {
+		return t
+	}
+	return "0"
+}
+
+// defaultPort returns the port a scheme implies, or "".
+func defaultPort(scheme string) string {
+	switch {
+	case strings.EqualFold(scheme, "http"), strings.EqualFold(scheme, "ws"):
+		return "80"
+	case strings.EqualFold(scheme, "https"), strings.EqualFold(scheme, "wss"):
+		return "443"
+	}
+	return ""
+}
+
+// lowerASCII returns s with its ASCII upper case letters lowered, up to a
+// '%' (an IPv6 zone, whose case is the interface's), or s itself when
+// there are none.
+func lowerASCII(s string) string {
+	end := strings.IndexByte(s, '%')
+	if end < 0 {
+		end = len(s)
+	}
+	for i := 0; i < end; i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			b := []byte(s)
+			for j := i; j < end; j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// The errors of requests no policy can run. net/http's Transport says
+// "http: nil Request.URL" for the second.
+var (
+	errNilRequest = errors.New("resilix: nil Request")
+	errNilURL     = errors.New("resilix: nil Request.URL")
+)
+
+// checkRequest returns the request RoundTrip runs, or the error it returns
+// at once, having closed the body, for a request that names no upstream:
+// nil, or without a URL. Such a request has no key, so no Observer hears of
+// it. A nil Header is read as empty: the request RoundTrip runs is then a
+// shallow copy with an empty Header, which is what http.Client.Do gives
+// its transport, and the caller's request keeps its nil.
+func checkRequest(req *http.Request) (*http.Request, error) {
+	switch {
+	case req == nil:
+		return nil, errNilRequest
+	case req.URL == nil:
+		closeBody(req.Body)
+		return nil, errNilURL
+	case req.Header == nil:
+		r := new(http.Request)
+		*r = *req
+		r.Header = make(http.Header)
+		return r, nil
+	}
+	return req, nil
+}
 
 // headerName validates a configured header name and returns it in
 // canonical form, so that the hot path can index req.Header directly.
@@ -267,8 +525,10 @@ type Measured struct {
 	MalformedHeaders uint64
 }
 
-// Measured returns a snapshot of key's state. It does not create state for
-// an unknown key.
+// Measured returns a snapshot of key's state, key as the Transport
+// computes it (see Config.Key): with the default Key, "api.example.com"
+// for requests to "https://API.example.com:443/". It does not create
+// state for an unknown key.
 func (t *Transport) Measured(key string) Measured {
 	s := t.scopes.lookup(key)
 	if s == nil {
