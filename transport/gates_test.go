@@ -119,18 +119,27 @@ func TestBulkheadWaitEndsAtTheDeadline(t *testing.T) {
 }
 
 func TestRateLimitRefusalCarriesRetryAfter(t *testing.T) {
-	base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
-	tr := mustNew(t, Config{Base: base, Policies: policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1, Burst: 1}}})
-	resp, err := get(t, t.Context(), tr, "http://a.test/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	_, err = get(t, t.Context(), tr, "http://a.test/")
-	var rej *policy.RejectedError
-	if !errors.As(err, &rej) || !errors.Is(err, policy.ErrRateLimited) || rej.RetryAfter <= 0 || rej.RetryAfter > time.Second {
-		t.Fatalf("err %v, want ErrRateLimited with a RetryAfter in (0, 1s]", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		base := fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1, Burst: 1}}})
+		resp, err := get(t, t.Context(), tr, "http://a.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		time.Sleep(time.Second / 4)
+		_, err = get(t, t.Context(), tr, "http://a.test/")
+		var rej *policy.RejectedError
+		if !errors.As(err, &rej) || !errors.Is(err, policy.ErrRateLimited) || rej.RetryAfter != time.Second*3/4 {
+			t.Fatalf("err %v, want ErrRateLimited with a RetryAfter of 750ms, when the next token is due", err)
+		}
+		time.Sleep(rej.RetryAfter)
+		resp, err = get(t, t.Context(), tr, "http://a.test/")
+		if err != nil {
+			t.Fatalf("after the RetryAfter: %v", err)
+		}
+		resp.Body.Close()
+	})
 }
 
 func TestHedgesPassTheGatesToo(t *testing.T) {
