@@ -21,7 +21,9 @@
 //
 // On the client side, [Track] wraps any [http.RoundTripper] and counts the
 // responses it handed out and how many of their bodies were closed, which is
-// how tests find response-body leaks.
+// how tests find response-body leaks; [Tracker.Wait] waits for the round
+// trips a client left running after its call returned, such as hedge
+// losers, so that a test in a bubble ends with none of them asleep.
 //
 // Randomness comes from a PCG source seeded with [Options.Seed], so the same
 // seed and the same arrival order give the same latencies and faults.

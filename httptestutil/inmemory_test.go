@@ -281,3 +281,54 @@ func TestTracker(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// TestTrackerWait: a round trip left running by a client that has moved on
+// (here on its own goroutine, over a base that ignores cancellation, as a
+// hedge loser would be) is waited for in virtual time, and its response is
+// counted by the time Wait returns.
+func TestTrackerWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(time.Second)})
+		inner := u.RoundTripper()
+		stubborn := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return inner.RoundTrip(r.WithContext(context.WithoutCancel(r.Context())))
+		})
+		tr := httptestutil.Track(stubborn)
+		start := time.Now()
+		tr.Wait() // nothing in flight: at once
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Wait with nothing in flight took %v", d)
+		}
+
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // the client has given up; the base does not care
+		for range 2 {
+			req := newRequest(t, ctx, http.MethodGet, "")
+			go func() {
+				resp, err := tr.RoundTrip(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+		}
+		synctest.Wait()
+		if n := tr.InFlight(); n != 2 {
+			t.Fatalf("InFlight = %d, want 2", n)
+		}
+		tr.Wait()
+		if d := time.Since(start); d != time.Second {
+			t.Errorf("Wait returned after %v, want 1s, when the upstream answered", d)
+		}
+		if tr.InFlight() != 0 || tr.Responses() != 2 {
+			t.Errorf("InFlight %d, Responses %d; want 0, 2", tr.InFlight(), tr.Responses())
+		}
+		synctest.Wait() // the goroutines close what they got
+		if tr.Open() != 0 {
+			t.Errorf("Open = %d, want 0", tr.Open())
+		}
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -14,6 +14,11 @@ import (
 // It does not modify requests; it replaces each response's Body with a
 // counting wrapper, which keeps the io.Writer of a 101 Switching Protocols
 // body. It is safe for concurrent use.
+//
+// A client may leave round trips running after its own call returned: a
+// hedge leg that lost, or an attempt abandoned over a base that ignores
+// cancellation. [Tracker.Wait] waits for them, so that a test counts what
+// they handed out, and ends with none of them still running.
 type Tracker struct {
 	next http.RoundTripper
 
@@ -24,6 +29,8 @@ type Tracker struct {
 
 	mu       sync.Mutex
 	byMethod map[string]int64
+	inFlight int64
+	idle     sync.Cond // on mu; broadcast when inFlight drops to 0
 }
 
 // Track returns a Tracker that sends requests through rt. If rt is nil,
@@ -32,7 +39,9 @@ func Track(rt http.RoundTripper) *Tracker {
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
-	return &Tracker{next: rt, byMethod: make(map[string]int64)}
+	t := &Tracker{next: rt, byMethod: make(map[string]int64)}
+	t.idle.L = &t.mu
+	return t
 }
 
 // RoundTrip counts req, sends it through the wrapped RoundTripper and, on
@@ -45,7 +54,9 @@ func (t *Tracker) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.mu.Lock()
 	t.byMethod[m]++
+	t.inFlight++
 	t.mu.Unlock()
+	defer t.done() // after the counting below, so Wait sees the counts final
 
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
@@ -63,6 +74,39 @@ func (t *Tracker) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body = &trackedBody{rc: rc, t: t}
 	}
 	return resp, nil
+}
+
+// done ends a round trip.
+func (t *Tracker) done() {
+	t.mu.Lock()
+	t.inFlight--
+	if t.inFlight == 0 {
+		t.idle.Broadcast()
+	}
+	t.mu.Unlock()
+}
+
+// Wait blocks until no round trip is in flight through t: every RoundTrip
+// call that has begun has returned, its response or error counted. Inside a
+// [testing/synctest] bubble the wait is durable, so virtual time advances
+// while it lasts: at the end of a test, call Wait (and then
+// [testing/synctest.Wait], for the goroutines that close what those round
+// trips returned) before asserting on the counts. It does not wait for bodies to
+// be closed; that is what Open reports.
+func (t *Tracker) Wait() {
+	t.mu.Lock()
+	for t.inFlight > 0 {
+		t.idle.Wait()
+	}
+	t.mu.Unlock()
+}
+
+// InFlight returns the number of RoundTrip calls that have begun and not
+// returned.
+func (t *Tracker) InFlight() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inFlight
 }
 
 // CloseIdleConnections calls CloseIdleConnections on the wrapped

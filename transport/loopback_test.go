@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-cleanhttp"
 
@@ -111,28 +110,6 @@ func TestLoopbackBudgetsArePerHost(t *testing.T) {
 	}
 	if tracker.Open() != 0 {
 		t.Fatalf("%d bodies open", tracker.Open())
-	}
-}
-
-func TestLoopbackSlowBodyIsNotCutByPerAttempt(t *testing.T) {
-	_, url := loopback(t, httptestutil.Options{
-		BodySize: 400,
-		Chunks:   4,
-		Faults:   []httptestutil.Fault{{Probability: 1, Status: 200, SlowBody: 60 * time.Millisecond}},
-	})
-	set := policy.Set{Timeout: &policy.Timeout{PerAttempt: 50 * time.Millisecond}}
-	tr, tracker := trackedTransport(t, set)
-	resp, err := (&http.Client{Transport: tr}).Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || len(b) != 400 {
-		t.Fatalf("read %d bytes, %v; the body streams under the caller's context, not PerAttempt", len(b), err)
-	}
-	if tracker.Open() != 0 {
-		t.Fatal("body left open")
 	}
 }
 

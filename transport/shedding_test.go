@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,8 +29,8 @@ func (t *tally) availability() float64 { return float64(t.ok.Load()) / float64(m
 // decorated by decorate and counting outcomes in tl. A caller that is shed
 // pauses as long as the upstream's service time before its next call, as
 // a real client's next request would come later: without it, refusals
-// that cost microseconds would turn the flood into a busy loop that starves
-// the test machine, not the upstream.
+// that take no time would spin in place, a bubble's clock with them (or,
+// over loopback, starve the machine rather than the upstream).
 func flood(wg *sync.WaitGroup, c *http.Client, url string, workers int, stop time.Time,
 	decorate func(context.Context) context.Context, tl *tally) {
 	for range workers {
@@ -58,17 +57,15 @@ func flood(wg *sync.WaitGroup, c *http.Client, url string, workers int, stop tim
 	}
 }
 
-// limitedUpstream serves a fixed-capacity upstream on loopback, 8 workers
-// at 5ms a call with a queue beyond that, to a client whose transport runs
-// the adaptive limiter.
+// limitedUpstream is a fixed-capacity upstream in memory, 8 workers at 5ms
+// a call with a queue beyond that, and a client whose transport runs the
+// adaptive limiter in front of it. Call it inside a bubble.
 func limitedUpstream(t *testing.T) (*Transport, *http.Client, string) {
-	_, url := loopback(t, httptestutil.Options{
+	up := httptestutil.NewUpstream(httptestutil.Options{
 		Latency: httptestutil.Constant(5 * time.Millisecond), Capacity: 8, Queue: true,
 	})
-	base := &http.Transport{MaxIdleConnsPerHost: 64}
-	t.Cleanup(base.CloseIdleConnections)
-	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}})
-	return tr, &http.Client{Transport: tr}, url
+	tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: policy.Set{Limiter: &policy.Limiter{}}})
+	return tr, &http.Client{Transport: tr}, "http://up.test/"
 }
 
 // TestCriticalSurvivesABulkFlood is Netflix's incident in miniature: a Bulk
@@ -76,64 +73,62 @@ func limitedUpstream(t *testing.T) (*Transport, *http.Client, string) {
 // a call, queueing beyond that), beside a steady Critical load. The limiter
 // learns the capacity from latency and sheds the flood, Bulk first.
 func TestCriticalSurvivesABulkFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("loopback load test")
-	}
-	tr, c, url := limitedUpstream(t)
+	synctest.Test(t, func(t *testing.T) {
+		tr, c, url := limitedUpstream(t)
 
-	calm := func(ctx context.Context) context.Context { return ctx }
-	bulk := func(ctx context.Context) context.Context { return shedding.WithPriority(ctx, shedding.Bulk) }
-	var warmup, critical, flooded tally
-	var wg sync.WaitGroup
-	flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup) // learn the calm latency
-	wg.Wait()
-	stop := time.Now().Add(2 * time.Second)
-	flood(&wg, c, url, 4, stop, calm, &critical) // untagged: Critical
-	flood(&wg, c, url, 48, stop, bulk, &flooded)
-	wg.Wait()
+		calm := func(ctx context.Context) context.Context { return ctx }
+		bulk := func(ctx context.Context) context.Context { return shedding.WithPriority(ctx, shedding.Bulk) }
+		var warmup, critical, flooded tally
+		var wg sync.WaitGroup
+		flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup) // learn the calm latency
+		wg.Wait()
+		stop := time.Now().Add(2 * time.Second)
+		flood(&wg, c, url, 4, stop, calm, &critical) // untagged: Critical
+		flood(&wg, c, url, 48, stop, bulk, &flooded)
+		wg.Wait()
 
-	m := tr.Measured(strings.TrimPrefix(url, "http://"))
-	t.Logf("critical %d/%d ok; bulk %d ok, %d shed, %d other; limit %d",
-		critical.ok.Load(), critical.total(), flooded.ok.Load(), flooded.shed.Load(), flooded.other.Load(), m.LimiterLimit)
-	if a := critical.availability(); a < 0.99 {
-		t.Errorf("Critical availability %.3f, want >= 0.99", a)
-	}
-	if flooded.shed.Load()*2 < flooded.total() {
-		t.Errorf("Bulk: %d of %d shed, want most", flooded.shed.Load(), flooded.total())
-	}
+		m := tr.Measured("up.test")
+		t.Logf("critical %d/%d ok; bulk %d ok, %d shed, %d other; limit %d",
+			critical.ok.Load(), critical.total(), flooded.ok.Load(), flooded.shed.Load(), flooded.other.Load(), m.LimiterLimit)
+		if a := critical.availability(); a < 0.99 {
+			t.Errorf("Critical availability %.3f, want >= 0.99", a)
+		}
+		if flooded.shed.Load()*2 < flooded.total() {
+			t.Errorf("Bulk: %d of %d shed, want most", flooded.shed.Load(), flooded.total())
+		}
+	})
 }
 
 // TestHeavyTenantShedBeforeLight: two tenants at the same priority, one with
 // ten times the callers of the other, against the same fixed capacity. The
 // light tenant keeps its calls; the heavy one absorbs the shedding.
 func TestHeavyTenantShedBeforeLight(t *testing.T) {
-	if testing.Short() {
-		t.Skip("loopback load test")
-	}
-	_, c, url := limitedUpstream(t)
+	synctest.Test(t, func(t *testing.T) {
+		_, c, url := limitedUpstream(t)
 
-	as := func(id string) func(context.Context) context.Context {
-		return func(ctx context.Context) context.Context {
-			return tenant.With(shedding.WithPriority(ctx, shedding.BestEffort), id)
+		as := func(id string) func(context.Context) context.Context {
+			return func(ctx context.Context) context.Context {
+				return tenant.With(shedding.WithPriority(ctx, shedding.BestEffort), id)
+			}
 		}
-	}
-	var warmup, heavy, light tally
-	var wg sync.WaitGroup
-	calm := func(ctx context.Context) context.Context { return ctx } // no tenant: not tracked
-	flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup)
-	wg.Wait()
-	stop := time.Now().Add(2 * time.Second)
-	flood(&wg, c, url, 40, stop, as("heavy"), &heavy)
-	flood(&wg, c, url, 4, stop, as("light"), &light)
-	wg.Wait()
-	t.Logf("light %d/%d ok; heavy %d/%d ok, %d shed", light.ok.Load(), light.total(),
-		heavy.ok.Load(), heavy.total(), heavy.shed.Load())
-	if a := light.availability(); a < 0.95 {
-		t.Errorf("light tenant availability %.3f, want >= 0.95", a)
-	}
-	if heavy.shed.Load() == 0 {
-		t.Error("the heavy tenant was never shed: the test did not overload the upstream")
-	}
+		var warmup, heavy, light tally
+		var wg sync.WaitGroup
+		calm := func(ctx context.Context) context.Context { return ctx } // no tenant: not tracked
+		flood(&wg, c, url, 4, time.Now().Add(300*time.Millisecond), calm, &warmup)
+		wg.Wait()
+		stop := time.Now().Add(2 * time.Second)
+		flood(&wg, c, url, 40, stop, as("heavy"), &heavy)
+		flood(&wg, c, url, 4, stop, as("light"), &light)
+		wg.Wait()
+		t.Logf("light %d/%d ok; heavy %d/%d ok, %d shed", light.ok.Load(), light.total(),
+			heavy.ok.Load(), heavy.total(), heavy.shed.Load())
+		if a := light.availability(); a < 0.95 {
+			t.Errorf("light tenant availability %.3f, want >= 0.95", a)
+		}
+		if heavy.shed.Load() == 0 {
+			t.Error("the heavy tenant was never shed: the test did not overload the upstream")
+		}
+	})
 }
 
 // TestHedgingDoesNotShrinkTheLimit is the seed's open question, kept as a
@@ -150,6 +145,7 @@ func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
 			set := policy.Set{Limiter: &policy.Limiter{}, Hedge: hedge}
 			tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: set})
 			httptestutil.Load{Calls: 20000, Workers: 24}.Run(&http.Client{Transport: tr}, "http://up.test/")
+			synctest.Wait() // the last rounds' losers release their permits
 			got = tr.Measured("up.test").LimiterLimit
 		})
 		return got

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/resilix/resilix/httptestutil"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
@@ -547,6 +548,39 @@ func TestSlowBodyIsNotCutByPerAttempt(t *testing.T) {
 			t.Fatal("the attempt's context must be released at EOF")
 		}
 		resp.Body.Close()
+	})
+}
+
+// TestUpstreamSlowBodyIsNotCutByPerAttempt is the same against the
+// in-memory upstream, whose body reads fail once the request's context
+// ends, as net/http's do: the headers come at once, then four chunks 60ms
+// apart, the last 130ms past a 50ms PerAttempt.
+func TestUpstreamSlowBodyIsNotCutByPerAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := httptestutil.NewUpstream(httptestutil.Options{
+			BodySize: 400,
+			Chunks:   4,
+			Faults:   []httptestutil.Fault{{Probability: 1, Status: 200, SlowBody: 60 * time.Millisecond}},
+		})
+		tracker := httptestutil.Track(up.RoundTripper())
+		set := policy.Set{Timeout: &policy.Timeout{PerAttempt: 50 * time.Millisecond}}
+		tr := mustNew(t, Config{Base: tracker, Policies: set})
+		start := time.Now()
+		resp, err := (&http.Client{Transport: tr}).Get("http://up.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || len(b) != 400 {
+			t.Fatalf("read %d bytes, %v; the body streams under the caller's context, not PerAttempt", len(b), err)
+		}
+		if d := time.Since(start); d != 180*time.Millisecond {
+			t.Fatalf("the body ended after %v, want 180ms", d)
+		}
+		if tracker.Open() != 0 {
+			t.Fatal("body left open")
+		}
 	})
 }
 

@@ -30,7 +30,7 @@ import (
 const workers = 8
 
 func main() {
-	if _, err := run(os.Stdout, 3000); err != nil {
+	if _, err := run(os.Stdout, 3000, loopback); err != nil {
 		fmt.Fprintln(os.Stderr, "hedging:", err)
 		os.Exit(1)
 	}
@@ -48,23 +48,43 @@ func (r row) extra() float64 {
 	return float64(r.wire-int64(n)) / float64(n)
 }
 
-// run makes calls calls per bimodal row and half as many in the brownout.
-func run(w io.Writer, calls int) ([]row, error) {
+// A backend makes the upstream reachable: it returns its URL, a func that
+// returns a new connection pool to it, and a func that shuts it down.
+type backend func(up *httptestutil.Upstream) (url string, pool func() http.RoundTripper, stop func())
+
+// loopback serves the upstream on a local socket, the demo's way.
+func loopback(up *httptestutil.Upstream) (string, func() http.RoundTripper, func()) {
+	srv := httptest.NewServer(up)
+	var pools []*http.Transport
+	pool := func() http.RoundTripper {
+		p := &http.Transport{MaxIdleConnsPerHost: 2 * workers}
+		pools = append(pools, p)
+		return p
+	}
+	return srv.URL, pool, func() {
+		for _, p := range pools {
+			p.CloseIdleConnections()
+		}
+		srv.Close()
+	}
+}
+
+// run makes calls calls per bimodal row and half as many in the brownout,
+// against the upstream served by serve.
+func run(w io.Writer, calls int, serve backend) ([]row, error) {
 	up := httptestutil.NewUpstream(httptestutil.Options{
 		Latency: httptestutil.Bimodal(4*time.Millisecond, 150*time.Millisecond, 0.03),
 		Seed:    1,
 	})
-	srv := httptest.NewServer(up)
-	defer srv.Close()
-	key := strings.TrimPrefix(srv.URL, "http://")
+	url, pool, stop := serve(up)
+	defer stop()
+	key := strings.TrimPrefix(url, "http://")
 
-	// Both clients get the same connection pool, so the comparison is of
-	// hedging and nothing else.
-	plain := &http.Transport{MaxIdleConnsPerHost: 2 * workers}
-	defer plain.CloseIdleConnections()
-	base := &http.Transport{MaxIdleConnsPerHost: 2 * workers}
+	// Both clients get the same kind of connection pool, so the comparison
+	// is of hedging and nothing else.
+	plain := pool()
 	rt, err := transport.New(transport.Config{
-		Base: base,
+		Base: pool(),
 		Policies: policy.Set{
 			Hedge:   &policy.Hedge{Quantile: 0.95},
 			Timeout: &policy.Timeout{PerAttempt: 2 * time.Second},
@@ -80,14 +100,14 @@ func run(w io.Writer, calls int) ([]row, error) {
 		up.ResetStats()
 		l := load
 		l.Calls = n
-		res := l.Run(c, srv.URL)
+		res := l.Run(c, url)
 		return row{phase, client, res, up.Stats().Requests}
 	}
 
 	var rows []row
 	rows = append(rows, measure("bimodal 97% 4ms / 3% 150ms", "net/http", &http.Client{Transport: plain}, calls))
 	hedged := &http.Client{Transport: rt}
-	httptestutil.Load{Calls: 200, Workers: workers}.Run(hedged, srv.URL) // let the window learn
+	httptestutil.Load{Calls: 200, Workers: workers}.Run(hedged, url) // let the window learn
 	rows = append(rows, measure("bimodal 97% 4ms / 3% 150ms", "resilix hedge p95", hedged, calls))
 	calm := rt.Measured(key).HedgeThreshold
 
