@@ -14,7 +14,8 @@
 //
 // The meter is named "github.com/resilix/resilix/otelmetrics". Every
 // measurement carries the attribute key, the transport's scope key
-// (req.URL.Host unless transport.Config.Key says otherwise).
+// (the request's canonical authority, lower case and without the
+// scheme's default port, unless transport.Config.Key says otherwise).
 //
 //	name                    kind                  unit       attributes
 //	resilix.calls           int64 counter         {call}     key, outcome

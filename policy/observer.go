@@ -15,7 +15,8 @@ import (
 // must be safe for concurrent use and should return quickly. The info
 // structs are passed by value and may be kept.
 type Observer struct {
-	// CallDone is called once per RoundTrip, just before it returns.
+	// CallDone is called once per RoundTrip, just before it returns
+	// (except for a request with no URL, which has no key).
 	CallDone func(CallInfo)
 
 	// AttemptDone is called once per wire attempt: when its response
