@@ -20,10 +20,10 @@ type LatencyConfig struct {
 	// smallest bucket recorded, a value at or above 1 the largest.
 	Quantile float64
 
-	// MinimumSamples is how many samples the window must hold before an
+	// MinSamples is how many samples the window must hold before an
 	// answer counts as evidence. If zero, 20 is used. If negative, one
 	// sample is enough.
-	MinimumSamples int
+	MinSamples int
 }
 
 const (
@@ -105,10 +105,10 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 	}
 	minimum := uint64(defaultMinimumSamples)
 	switch {
-	case cfg.MinimumSamples < 0:
+	case cfg.MinSamples < 0:
 		minimum = 1
-	case cfg.MinimumSamples > 0:
-		minimum = uint64(cfg.MinimumSamples)
+	case cfg.MinSamples > 0:
+		minimum = uint64(cfg.MinSamples)
 	}
 	return &LatencyWindow{
 		clock:     newClock(cfg.Window, now),
@@ -158,7 +158,7 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 }
 
 // Threshold returns the configured quantile of the window at now, and
-// whether the window holds at least MinimumSamples samples. Without enough
+// whether the window holds at least MinSamples samples. Without enough
 // samples the duration is the estimate from the samples there are (zero if
 // none) and should not be acted on.
 //
@@ -204,7 +204,7 @@ func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
 }
 
 // Quantile returns quantile q of the window at now, scanning the window
-// afresh, and whether the window holds at least MinimumSamples samples. The
+// afresh, and whether the window holds at least MinSamples samples. The
 // answer is the same kind as Threshold's: never below the sample quantile,
 // at most 12.5% above it (or 1024 ns in the linear region).
 func (w *LatencyWindow) Quantile(now time.Time, q float64) (time.Duration, bool) {

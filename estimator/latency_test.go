@@ -46,7 +46,7 @@ func TestLatencyWindowAccuracy(t *testing.T) {
 			for seed := range uint64(5) {
 				rng := rand.New(rand.NewPCG(seed, 42))
 				for _, n := range []int{1, 2, 7, 20, 101, 1000, 20000} {
-					w := NewLatencyWindow(LatencyConfig{MinimumSamples: -1}, t0)
+					w := NewLatencyWindow(LatencyConfig{MinSamples: -1}, t0)
 					samples := make([]time.Duration, n)
 					for i := range samples {
 						d := min(max(dist.draw(rng), 0), MaxDuration-1)
@@ -126,7 +126,7 @@ var (
 
 func TestLatencyWindowRotation(t *testing.T) {
 	// A 4s window: slices of 1s.
-	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinimumSamples: 3}
+	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinSamples: 3}
 	runLatencySteps(t, cfg, []latencyStep{
 		{at: 0, d: ms1, times: 3, count: 3, thr: up(ms1), ok: true},
 		{at: 1 * time.Second, d: ms10, times: 1, count: 4, thr: up(ms1), ok: true},
@@ -145,7 +145,7 @@ func TestLatencyWindowRotation(t *testing.T) {
 }
 
 func TestLatencyWindowIdleExpiry(t *testing.T) {
-	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinimumSamples: 1}
+	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinSamples: 1}
 	runLatencySteps(t, cfg, []latencyStep{
 		{at: 0, d: ms1, times: 5, count: 5, thr: up(ms1), ok: true},
 		{at: 1500 * time.Millisecond, d: ms10, times: 5, count: 10, thr: up(ms1), ok: true},
@@ -164,7 +164,7 @@ func TestLatencyWindowIdleExpiry(t *testing.T) {
 }
 
 func TestLatencyWindowMemo(t *testing.T) {
-	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinimumSamples: 3}
+	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinSamples: 3}
 	runLatencySteps(t, cfg, []latencyStep{
 		{at: 0, d: ms1, times: 3, count: 3, thr: up(ms1), ok: true, fresh: up(ms1)},
 		// The answer is memoized for the rest of the memo period, an
@@ -180,9 +180,9 @@ func TestLatencyWindowMemo(t *testing.T) {
 }
 
 func TestLatencyWindowColdRecomputes(t *testing.T) {
-	// Below MinimumSamples nothing is memoized: the window turns warm
+	// Below MinSamples nothing is memoized: the window turns warm
 	// within the slice, as soon as it has enough samples.
-	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinimumSamples: 5}
+	cfg := LatencyConfig{Window: 4 * time.Second, Quantile: 0.5, MinSamples: 5}
 	runLatencySteps(t, cfg, []latencyStep{
 		{at: 0, count: 0, thr: 0, ok: false},
 		{at: 0, d: ms10, times: 1, count: 1, thr: up(ms10), ok: false},
@@ -219,7 +219,7 @@ func TestLatencyWindowDefaults(t *testing.T) {
 }
 
 func TestLatencyWindowClamp(t *testing.T) {
-	w := NewLatencyWindow(LatencyConfig{Quantile: 0.5, MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{Quantile: 0.5, MinSamples: 1}, t0)
 	w.Record(t0, 0)
 	w.Record(t0, -time.Second)
 	w.Record(t0, time.Duration(math.MinInt64))
@@ -245,7 +245,7 @@ func TestLatencyWindowClamp(t *testing.T) {
 }
 
 func TestLatencyWindowQuantileEdges(t *testing.T) {
-	w := NewLatencyWindow(LatencyConfig{MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{MinSamples: 1}, t0)
 	if d, ok := w.Quantile(t0, 0.5); d != 0 || ok {
 		t.Errorf("empty: Quantile = %v, %v; want 0, false", d, ok)
 	}
@@ -266,7 +266,7 @@ func TestLatencyWindowQuantileEdges(t *testing.T) {
 }
 
 func TestLatencyWindowBeforeOrigin(t *testing.T) {
-	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinSamples: 1}, t0)
 	w.Record(t0.Add(-time.Hour), ms1)
 	w.Record(time.Time{}, ms1)
 	if n := w.Count(t0); n != 2 {
@@ -300,7 +300,7 @@ func TestLatencyWindowNil(t *testing.T) {
 
 func TestLatencyWindowConcurrentRecord(t *testing.T) {
 	const goroutines, per = 8, 5000
-	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinSamples: 1}, t0)
 	now := t0.Add(1500 * time.Millisecond)
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -334,7 +334,7 @@ func TestLatencyWindowConcurrentRecord(t *testing.T) {
 // be lost only while the ring is being cleared.
 func TestLatencyWindowConcurrentTurnover(t *testing.T) {
 	const goroutines, per = 8, 2000
-	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{Window: 4 * time.Second, MinSamples: 1}, t0)
 	for range 10000 {
 		w.Record(t0, ms1)
 	}
@@ -366,7 +366,7 @@ func TestLatencyWindowConcurrentTurnover(t *testing.T) {
 }
 
 func TestLatencyWindowAllocs(t *testing.T) {
-	w := NewLatencyWindow(LatencyConfig{MinimumSamples: 1}, t0)
+	w := NewLatencyWindow(LatencyConfig{MinSamples: 1}, t0)
 	now := t0.Add(time.Second)
 	for name, f := range map[string]func(){
 		"Record":    func() { w.Record(now, 3*time.Millisecond) },

@@ -24,11 +24,11 @@ type Breaker struct {
 	// trip and ConsecutiveFailures apply.
 	FailureRatio float64
 
-	// MinimumCalls is the number of outcomes the window must hold before a
+	// MinCalls is the number of outcomes the window must hold before a
 	// rate is judged (and at least two of them must be failures). It is
 	// also the fewest outcomes a period needs to count towards the
 	// baseline. If zero, 20 is used.
-	MinimumCalls int
+	MinCalls int
 
 	// Window is how much history the failure rate is taken over. If zero,
 	// 30s is used.
@@ -49,8 +49,8 @@ func (b *Breaker) validate() error {
 	switch {
 	case b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio:
 		return fieldErr("Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio)
-	case b.MinimumCalls < 0:
-		return fieldErr("Breaker.MinimumCalls", "must be >= 0, got %d", b.MinimumCalls)
+	case b.MinCalls < 0:
+		return fieldErr("Breaker.MinCalls", "must be >= 0, got %d", b.MinCalls)
 	case b.Window < 0:
 		return fieldErr("Breaker.Window", "must be >= 0, got %v", b.Window)
 	case b.OpenFor < 0:
@@ -64,7 +64,7 @@ func (b *Breaker) validate() error {
 // WithDefaults returns b with every zero field set to its default.
 func (b Breaker) WithDefaults() Breaker {
 	b.ConsecutiveFailures = or(b.ConsecutiveFailures, 5)
-	b.MinimumCalls = or(b.MinimumCalls, 20)
+	b.MinCalls = or(b.MinCalls, 20)
 	b.Window = or(b.Window, 30*time.Second)
 	b.OpenFor = or(b.OpenFor, 5*time.Second)
 	b.Probes = or(b.Probes, 3)
@@ -100,7 +100,7 @@ func (s BreakerState) String() string {
 // broken at 50%, while one that never fails is broken well before 50%.
 const (
 	// breakerTripFactor: the relative trip point is this multiple of the
-	// baseline. At the default MinimumCalls (20) and a 10% baseline, the
+	// baseline. At the default MinCalls (20) and a 10% baseline, the
 	// standard deviation of a window's rate is about 0.067, so 3× (0.3) is
 	// three standard deviations away: noise does not trip it, a real
 	// change does.
@@ -168,7 +168,7 @@ const (
 //   - the window's failure rate reaches FailureRatio, when that is set;
 //   - the window's failure rate exceeds the relative trip point.
 //
-// A rate is judged only when the window holds at least MinimumCalls
+// A rate is judged only when the window holds at least MinCalls
 // outcomes, at least two of them failures: one unlucky call is never a
 // trend.
 //
@@ -185,7 +185,7 @@ const (
 //
 // The baseline is the dependency's normal failure rate, learned while the
 // breaker is closed and healthy. Outcomes are also tallied per period of
-// one Window (extended until it holds MinimumCalls outcomes). When a period
+// one Window (extended until it holds MinCalls outcomes). When a period
 // ends with a failure rate at or below the trip point (it would not have
 // tripped the breaker), that rate is a sample: the baseline is the mean of
 // the first ten samples, then an EWMA giving each new sample a weight of
@@ -249,7 +249,7 @@ func NewCircuitBreaker(cfg Breaker, now time.Time, seed uint64) *CircuitBreaker 
 	b := &CircuitBreaker{
 		consecutive: cfg.ConsecutiveFailures,
 		ratio:       cfg.FailureRatio,
-		minCalls:    uint64(max(cfg.MinimumCalls, 1)),
+		minCalls:    uint64(max(cfg.MinCalls, 1)),
 		window:      cfg.Window,
 		openFor:     cfg.OpenFor,
 		probes:      max(cfg.Probes, 1),
@@ -309,15 +309,15 @@ type BreakerRate struct {
 	// false, and Baseline 0, until the first period is measured.
 	Baseline      float64
 	BaselineKnown bool
-	// MinimumCalls is the configured number of outcomes a rate needs
+	// MinCalls is the configured number of outcomes a rate needs
 	// before it is judged.
-	MinimumCalls int
+	MinCalls int
 }
 
 // Judged reports whether the window holds enough evidence for its rate to
-// be judged: MinimumCalls outcomes, two of them failures.
+// be judged: MinCalls outcomes, two of them failures.
 func (r BreakerRate) Judged() bool {
-	return r.Calls >= uint64(r.MinimumCalls) && r.Failures >= 2
+	return r.Calls >= uint64(r.MinCalls) && r.Failures >= 2
 }
 
 // Reached reports whether the rate is judged and has reached fraction of
@@ -434,7 +434,7 @@ func (b *CircuitBreaker) Rate(now time.Time) BreakerRate {
 		TripPoint:     b.tripPoint(),
 		Baseline:      b.baseline,
 		BaselineKnown: b.samples > 0,
-		MinimumCalls:  int(b.minCalls),
+		MinCalls:      int(b.minCalls),
 	}
 	if r.Calls > 0 {
 		r.ErrorRate = float64(r.Failures) / float64(r.Calls)
@@ -477,7 +477,7 @@ func (b *CircuitBreaker) shouldTrip(now time.Time) bool {
 }
 
 // fold ends the baseline period if it is over, taking its failure rate as a
-// sample when it holds MinimumCalls outcomes and was healthy. A period with
+// sample when it holds MinCalls outcomes and was healthy. A period with
 // too few outcomes goes on. b.mu is held and the breaker is closed.
 func (b *CircuitBreaker) fold(now time.Time) {
 	if now.Sub(b.periodStart) < b.window || b.periodCalls < b.minCalls {

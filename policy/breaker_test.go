@@ -254,36 +254,36 @@ func TestBreakerRateRules(t *testing.T) {
 		steps []bkStep
 	}{{
 		// Warm-up trip point 0.5: 5 of 10 is not above it, 6 of 11 is.
-		name:  "MinimumCalls",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 10},
+		name:  "MinCalls",
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 10},
 		steps: append(calls(0, "FFFFSSSSSF"), tripAt(calls(10*bkS, "F"))...),
 	}, {
 		name:  "two failures",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 1},
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 1},
 		steps: append(calls(0, "F"), tripAt(calls(bkS, "F"))...),
 	}, {
 		name:  "FailureRatio",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 8, FailureRatio: 0.25},
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 8, FailureRatio: 0.25},
 		steps: tripAt(calls(0, "SSSFSSSF")),
 	}, {
 		name:  "FailureRatio needs two failures",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, FailureRatio: 0.25},
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.25},
 		steps: tripAt(calls(0, "SSSFSSSF")),
 	}, {
 		name:  "consecutive off",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 100},
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 100},
 		steps: calls(0, "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"),
 	}, {
 		// 4 failures in 7 calls would reach FailureRatio; the first three
 		// have left the window by the time the last four come (2 in 4).
 		name:  "old outcomes leave the window",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
+		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
 		steps: append(calls(0, "FFS"), calls(60*bkS, "SFSF")...),
 	}, {
 		// Closing starts an empty window: the failures that tripped it
 		// do not count again.
 		name: "closing empties the window",
-		cfg:  Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
+		cfg:  Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
 		steps: append(tripAt(calls(0, "SSFF")),
 			bkStep{at: 8 * bkS, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
 			bkStep{at: 8 * bkS, op: bkDone, o: Success, ok: true, change: bkRecover},
@@ -302,7 +302,7 @@ func TestBreakerRateRules(t *testing.T) {
 // then a change, with a call every 100ms.
 func TestBreakerRelativeTrip(t *testing.T) {
 	const every = 100 * time.Millisecond
-	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkS} // ConsecutiveFailures 5: never reached
+	cfg := Breaker{MinCalls: 20, Window: 40 * bkS} // ConsecutiveFailures 5: never reached
 	phase := func(from time.Duration, fail func(int) bool, loose bool) []bkStep {
 		return bkTraffic(from, every, 2000, fail, loose) // 200s: five Windows
 	}
@@ -350,7 +350,7 @@ func TestBreakerRelativeTrip(t *testing.T) {
 // A fresh scope has no baseline: its trip point is 0.5, so a dependency
 // that fails 35% of the time from the start is learned, not tripped.
 func TestBreakerWarmup(t *testing.T) {
-	cfg := Breaker{MinimumCalls: 20, Window: 40 * bkS}
+	cfg := Breaker{MinCalls: 20, Window: 40 * bkS}
 	b, _ := bkRun(t, cfg, bkTraffic(0, 100*time.Millisecond, 2000, bkPct35, false))
 	r := b.Rate(bkStart.Add(200 * bkS))
 	if want := 0.35; !r.BaselineKnown || math.Abs(r.Baseline-want) > 1e-9 {
@@ -361,10 +361,10 @@ func TestBreakerWarmup(t *testing.T) {
 	}
 }
 
-// With a baseline of zero the floor decides: at MinimumCalls 20, one
+// With a baseline of zero the floor decides: at MinCalls 20, one
 // failure never trips, and it takes a rate above 0.2.
 func TestBreakerNearZeroBaseline(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: -1, MinimumCalls: 20, Window: 40 * bkS}
+	cfg := Breaker{ConsecutiveFailures: -1, MinCalls: 20, Window: 40 * bkS}
 	steps := bkTraffic(0, bkS, 200, bkNever, false) // 0% for 200s
 	// Idle until 300s: the window empties. Then 19 successes and a failure.
 	steps = append(steps, bkTraffic(300*bkS, bkS, 19, bkNever, false)...)
@@ -383,14 +383,14 @@ func TestBreakerNearZeroBaseline(t *testing.T) {
 }
 
 func TestBreakerRateReport(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinimumCalls: 4, FailureRatio: 0.4}, bkStart, 1)
+	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.4}, bkStart, 1)
 	now := bkStart
 	for _, o := range []Outcome{Success, Failure, Success, Success, Discarded, Canceled} {
 		p, _ := b.Allow(now)
 		b.Done(now, p, o)
 	}
 	got := b.Rate(now)
-	want := BreakerRate{Calls: 4, Failures: 1, ErrorRate: 0.25, TripPoint: 0.4, MinimumCalls: 4}
+	want := BreakerRate{Calls: 4, Failures: 1, ErrorRate: 0.25, TripPoint: 0.4, MinCalls: 4}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("Rate (-want +got):\n%s", diff)
 	}
@@ -457,7 +457,7 @@ func TestBreakerJitter(t *testing.T) {
 
 func TestBreakerDefaults(t *testing.T) {
 	got := Breaker{}.WithDefaults()
-	want := Breaker{ConsecutiveFailures: 5, MinimumCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
+	want := Breaker{ConsecutiveFailures: 5, MinCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("WithDefaults (-want +got):\n%s", diff)
 	}
@@ -475,7 +475,7 @@ func TestBreakerDefaults(t *testing.T) {
 }
 
 func TestBreakerAllocs(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinimumCalls: 1 << 30}, bkStart, 1)
+	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinCalls: 1 << 30}, bkStart, 1)
 	now := bkStart
 	i := 0
 	allocs := testing.AllocsPerRun(1000, func() {
@@ -524,7 +524,7 @@ func TestBreakerAllocs(t *testing.T) {
 }
 
 func TestBreakerConcurrent(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: 3, MinimumCalls: 10, Window: bkS, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
+	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: 3, MinCalls: 10, Window: bkS, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex

@@ -23,13 +23,13 @@ type Hedge struct {
 	// considered, in (0, 1). If zero, 0.95 is used.
 	Quantile float64
 
-	// MaximumConcurrent is the most legs of one call in flight at once,
+	// MaxConcurrent is the most legs of one call in flight at once,
 	// the first included. If zero, 2 is used; otherwise at least 2.
-	MaximumConcurrent int
+	MaxConcurrent int
 
-	// MinimumSamples is the number of latencies the window must hold
+	// MinSamples is the number of latencies the window must hold
 	// before any hedge is sent. If zero, 20 is used.
-	MinimumSamples int
+	MinSamples int
 
 	// Window is how much latency history the quantile is taken over. If
 	// zero, 30s is used.
@@ -50,22 +50,22 @@ type WinRate struct {
 	// Floor is the win rate below which the allowance is halved, in
 	// (0, 1). If zero, 0.1 is used.
 	Floor float64
-	// MinimumAllowance is the smallest allowance, in (0, 1]. If zero,
+	// MinAllowance is the smallest allowance, in (0, 1]. If zero,
 	// 0.05 is used.
-	MinimumAllowance float64
-	// MinimumSamples is the number of hedges a window needs before its win
+	MinAllowance float64
+	// MinSamples is the number of hedges a window needs before its win
 	// rate is judged. If zero, 10 is used.
-	MinimumSamples int
+	MinSamples int
 }
 
 func (h *Hedge) validate() error {
 	switch {
 	case h.Quantile != 0 && !(h.Quantile > 0 && h.Quantile < 1):
 		return fieldErr("Hedge.Quantile", "must be in (0, 1), got %v", h.Quantile)
-	case h.MaximumConcurrent != 0 && h.MaximumConcurrent < 2:
-		return fieldErr("Hedge.MaximumConcurrent", "must be >= 2 (it counts the first leg), got %d", h.MaximumConcurrent)
-	case h.MinimumSamples < 0:
-		return fieldErr("Hedge.MinimumSamples", "must be >= 0, got %d", h.MinimumSamples)
+	case h.MaxConcurrent != 0 && h.MaxConcurrent < 2:
+		return fieldErr("Hedge.MaxConcurrent", "must be >= 2 (it counts the first leg), got %d", h.MaxConcurrent)
+	case h.MinSamples < 0:
+		return fieldErr("Hedge.MinSamples", "must be >= 0, got %d", h.MinSamples)
 	case h.Window < 0:
 		return fieldErr("Hedge.Window", "must be >= 0, got %v", h.Window)
 	case h.SuppressAt != 0 && !(h.SuppressAt > 0 && h.SuppressAt <= 1):
@@ -75,10 +75,10 @@ func (h *Hedge) validate() error {
 		switch {
 		case w.Floor != 0 && !(w.Floor > 0 && w.Floor < 1):
 			return fieldErr("Hedge.WinRate.Floor", "must be in (0, 1), got %v", w.Floor)
-		case w.MinimumAllowance != 0 && !(w.MinimumAllowance > 0 && w.MinimumAllowance <= 1):
-			return fieldErr("Hedge.WinRate.MinimumAllowance", "must be in (0, 1], got %v", w.MinimumAllowance)
-		case w.MinimumSamples < 0:
-			return fieldErr("Hedge.WinRate.MinimumSamples", "must be >= 0, got %d", w.MinimumSamples)
+		case w.MinAllowance != 0 && !(w.MinAllowance > 0 && w.MinAllowance <= 1):
+			return fieldErr("Hedge.WinRate.MinAllowance", "must be in (0, 1], got %v", w.MinAllowance)
+		case w.MinSamples < 0:
+			return fieldErr("Hedge.WinRate.MinSamples", "must be >= 0, got %d", w.MinSamples)
 		}
 	}
 	return nil
@@ -87,15 +87,15 @@ func (h *Hedge) validate() error {
 // WithDefaults returns h with every zero field set to its default.
 func (h Hedge) WithDefaults() Hedge {
 	h.Quantile = or(h.Quantile, 0.95)
-	h.MaximumConcurrent = or(h.MaximumConcurrent, 2)
-	h.MinimumSamples = or(h.MinimumSamples, 20)
+	h.MaxConcurrent = or(h.MaxConcurrent, 2)
+	h.MinSamples = or(h.MinSamples, 20)
 	h.Window = or(h.Window, 30*time.Second)
 	h.SuppressAt = or(h.SuppressAt, 0.5)
 	if h.WinRate != nil {
 		w := *h.WinRate
 		w.Floor = or(w.Floor, 0.1)
-		w.MinimumAllowance = or(w.MinimumAllowance, 0.05)
-		w.MinimumSamples = or(w.MinimumSamples, 10)
+		w.MinAllowance = or(w.MinAllowance, 0.05)
+		w.MinSamples = or(w.MinSamples, 10)
 		h.WinRate = &w
 	}
 	return h
@@ -106,14 +106,14 @@ type SuppressReason uint8
 
 // The hedging gates, in the order they are asked when a hedge timer fires.
 const (
-	// HedgeWarming: the latency window holds fewer than MinimumSamples,
+	// HedgeWarming: the latency window holds fewer than MinSamples,
 	// so there is no threshold yet. Counted once per round (each first
 	// attempt and retry) while the window is warming.
 	HedgeWarming SuppressReason = iota + 1
 	// HedgeDeadline: the hedge could not finish before the caller's
 	// deadline.
 	HedgeDeadline
-	// HedgeConcurrency: MaximumConcurrent legs are in flight, or the
+	// HedgeConcurrency: MaxConcurrent legs are in flight, or the
 	// call's Attempts are spent.
 	HedgeConcurrency
 	// HedgePriority: Bulk requests are never hedged.
@@ -162,7 +162,7 @@ type HedgeState struct {
 	win *estimator.Counters
 
 	mu        sync.Mutex
-	allowance float64   // hedges allowed per opportunity, in [MinimumAllowance, 1]
+	allowance float64   // hedges allowed per opportunity, in [MinAllowance, 1]
 	credit    float64   // deficit accounting: a hedge starts when it reaches 1
 	judged    time.Time // when the allowance was last judged
 	started   uint64    // hedges started since judged
@@ -175,7 +175,7 @@ func NewHedgeState(h Hedge, now time.Time) *HedgeState {
 	return &HedgeState{
 		cfg: h,
 		lat: estimator.NewLatencyWindow(estimator.LatencyConfig{
-			Window: h.Window, Quantile: h.Quantile, MinimumSamples: h.MinimumSamples,
+			Window: h.Window, Quantile: h.Quantile, MinSamples: h.MinSamples,
 		}, now),
 		win:       estimator.NewCounters(h.Window, hedgeCounters, now),
 		allowance: 1,
@@ -190,7 +190,7 @@ func (h *HedgeState) Config() Hedge { return h.cfg }
 func (h *HedgeState) Record(now time.Time, d time.Duration) { h.lat.Record(now, d) }
 
 // Threshold returns the latency after which a call is hedged, and false
-// while the window holds fewer than MinimumSamples (the warming gate).
+// while the window holds fewer than MinSamples (the warming gate).
 func (h *HedgeState) Threshold(now time.Time) (time.Duration, bool) { return h.lat.Threshold(now) }
 
 // Median returns the window's median latency, which the deadline gate
@@ -214,15 +214,15 @@ func (h *HedgeState) Outcome(now time.Time, o Outcome) {
 
 // Rate is the health gate's view of the scope when no Breaker is
 // configured: the window's outcomes against the breaker's default trip
-// point before it has a baseline, with the breaker's default MinimumCalls.
+// point before it has a baseline, with the breaker's default MinCalls.
 func (h *HedgeState) Rate(now time.Time) BreakerRate {
 	var s [hedgeCounters]uint64
 	h.win.Sums(now, s[:])
 	r := BreakerRate{
-		Calls:        s[hedgeCalls],
-		Failures:     s[hedgeFailures],
-		TripPoint:    breakerWarmupTrip,
-		MinimumCalls: Breaker{}.WithDefaults().MinimumCalls,
+		Calls:     s[hedgeCalls],
+		Failures:  s[hedgeFailures],
+		TripPoint: breakerWarmupTrip,
+		MinCalls:  Breaker{}.WithDefaults().MinCalls,
 	}
 	if r.Calls > 0 {
 		r.ErrorRate = float64(r.Failures) / float64(r.Calls)
@@ -262,10 +262,10 @@ func (h *HedgeState) judge(now time.Time) {
 	}
 	w := h.cfg.WinRate
 	switch {
-	case h.started < uint64(w.MinimumSamples):
+	case h.started < uint64(w.MinSamples):
 		h.allowance = min(1, h.allowance+0.25)
 	case float64(h.won) < w.Floor*float64(h.started):
-		h.allowance = max(w.MinimumAllowance, h.allowance/2)
+		h.allowance = max(w.MinAllowance, h.allowance/2)
 	default:
 		h.allowance = min(1, h.allowance+0.25)
 	}

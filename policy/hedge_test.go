@@ -16,7 +16,7 @@ type hedgeStep struct {
 
 func TestWinRateAIMDSteps(t *testing.T) {
 	h := NewHedgeState(Hedge{Window: 10 * time.Second,
-		WinRate: &WinRate{Floor: 0.5, MinimumAllowance: 0.1, MinimumSamples: 4}}, t0)
+		WinRate: &WinRate{Floor: 0.5, MinAllowance: 0.1, MinSamples: 4}}, t0)
 	for i, s := range []hedgeStep{
 		{at: 0, wantAllowance: 1},
 		// A window with 8 hedges and 1 win: below the floor, halved.
@@ -53,7 +53,7 @@ func TestWinRateAIMDSteps(t *testing.T) {
 
 func TestValueIsDeficitAccounted(t *testing.T) {
 	h := NewHedgeState(Hedge{Window: 10 * time.Second,
-		WinRate: &WinRate{Floor: 0.5, MinimumAllowance: 0.25, MinimumSamples: 1}}, t0)
+		WinRate: &WinRate{Floor: 0.5, MinAllowance: 0.25, MinSamples: 1}}, t0)
 	for w := range 3 { // three windows of one losing hedge: 1 → 0.5 → 0.25 → 0.25
 		h.Started(t0.Add(time.Duration(w) * 10 * time.Second))
 		h.Allowance(t0.Add(time.Duration(w+1) * 10 * time.Second))
@@ -92,7 +92,7 @@ func TestHealthWithoutABreaker(t *testing.T) {
 	}
 	record(15, 4)
 	if r := h.Rate(t0); r.Calls != 19 || !h.Healthy(r) {
-		t.Fatalf("19 calls (%+v): below MinimumCalls, a rate is not judged", r)
+		t.Fatalf("19 calls (%+v): below MinCalls, a rate is not judged", r)
 	}
 	record(1, 0)
 	if r := h.Rate(t0); r.Calls != 20 || r.ErrorRate != 0.2 || !h.Healthy(r) {
@@ -109,9 +109,9 @@ func TestHealthWithoutABreaker(t *testing.T) {
 
 func TestHedgeDefaults(t *testing.T) {
 	got := Hedge{WinRate: &WinRate{}}.WithDefaults()
-	if got.Quantile != 0.95 || got.MaximumConcurrent != 2 || got.MinimumSamples != 20 ||
+	if got.Quantile != 0.95 || got.MaxConcurrent != 2 || got.MinSamples != 20 ||
 		got.Window != 30*time.Second || got.SuppressAt != 0.5 ||
-		got.WinRate.Floor != 0.1 || got.WinRate.MinimumAllowance != 0.05 || got.WinRate.MinimumSamples != 10 {
+		got.WinRate.Floor != 0.1 || got.WinRate.MinAllowance != 0.05 || got.WinRate.MinSamples != 10 {
 		t.Fatalf("defaults %+v %+v", got, *got.WinRate)
 	}
 	if (Hedge{}).WithDefaults().WinRate != nil {

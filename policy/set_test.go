@@ -19,7 +19,7 @@ func TestSetValidateNamesTheField(t *testing.T) {
 		{Set{Retry: &Retry{BaseDelay: 10, MaxDelay: 5}}, "policy: Retry.MaxDelay"},
 		{Set{Hedge: &Hedge{Quantile: 1}}, "policy: Hedge.Quantile must be in (0, 1)"},
 		{Set{Hedge: &Hedge{Quantile: -0.5}}, "policy: Hedge.Quantile must be in (0, 1)"},
-		{Set{Hedge: &Hedge{MaximumConcurrent: 1}}, "policy: Hedge.MaximumConcurrent must be >= 2"},
+		{Set{Hedge: &Hedge{MaxConcurrent: 1}}, "policy: Hedge.MaxConcurrent must be >= 2"},
 		{Set{Hedge: &Hedge{WinRate: &WinRate{Floor: 2}}}, "policy: Hedge.WinRate.Floor"},
 		{Set{Timeout: &Timeout{PerAttempt: -1}}, "policy: Timeout.PerAttempt must be >= 0"},
 		{Set{RateLimit: &RateLimit{}}, "policy: RateLimit.PerSecond must be > 0"},

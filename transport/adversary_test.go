@@ -47,13 +47,13 @@ func adversarySet(rng *rand.Rand) policy.Set {
 		Attempts: 2 + rng.IntN(7),
 		Retry:    &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond},
 		Hedge: &policy.Hedge{
-			Quantile:          0.5 + rng.Float64()*0.4,
-			MaximumConcurrent: 2 + rng.IntN(3),
-			MinimumSamples:    5,
+			Quantile:      0.5 + rng.Float64()*0.4,
+			MaxConcurrent: 2 + rng.IntN(3),
+			MinSamples:    5,
 		},
 	}
-	if set.Hedge.MaximumConcurrent > set.Attempts {
-		set.Hedge.MaximumConcurrent = set.Attempts
+	if set.Hedge.MaxConcurrent > set.Attempts {
+		set.Hedge.MaxConcurrent = set.Attempts
 	}
 	if maybe() {
 		set.Budget = policy.Budget{Ratio: -1}
@@ -83,7 +83,7 @@ func describe(s policy.Set) string {
 		b.WriteString(", no budget")
 	}
 	if s.Hedge != nil {
-		fmt.Fprintf(&b, ", Hedge{q %.2f, MaxConcurrent %d}", s.Hedge.Quantile, s.Hedge.MaximumConcurrent)
+		fmt.Fprintf(&b, ", Hedge{q %.2f, MaxConcurrent %d}", s.Hedge.Quantile, s.Hedge.MaxConcurrent)
 	}
 	if s.Timeout != nil {
 		fmt.Fprintf(&b, ", Timeout %v", s.Timeout.PerAttempt)

@@ -51,7 +51,7 @@ func contractScenario(t *testing.T, seed uint64) {
 		set.Retry = &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond}
 	}
 	if maybe() {
-		set.Hedge = &policy.Hedge{Quantile: 0.5 + rng.Float64()*0.45, MaximumConcurrent: 2 + rng.IntN(2), MinimumSamples: 5}
+		set.Hedge = &policy.Hedge{Quantile: 0.5 + rng.Float64()*0.45, MaxConcurrent: 2 + rng.IntN(2), MinSamples: 5}
 	}
 	if set.Retry == nil && set.Hedge == nil {
 		set.Attempts = 1

@@ -32,12 +32,12 @@ import (
 type round struct {
 	c         call // a copy, so the caller's call stays on its stack
 	h         *policy.HedgeState
-	max       int // Hedge.MaximumConcurrent
+	max       int // Hedge.MaxConcurrent
 	threshold time.Duration
 	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller
 
 	first  leg     // the inline leg, legs[0]
-	legBuf [3]*leg // legs' storage for the default MaximumConcurrent
+	legBuf [3]*leg // legs' storage for the default MaxConcurrent
 
 	mu      sync.Mutex
 	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
@@ -76,7 +76,7 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
-	r := &round{c: *c, h: h, max: h.Config().MaximumConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
+	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
 	r.cond.L = &r.mu
 	l := &r.first
 	l.round = r

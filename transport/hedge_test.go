@@ -429,7 +429,7 @@ func TestWinRateRetreatsAndRecovers(t *testing.T) {
 			return time.Second, 200
 		}}
 		set := policy.Set{Hedge: &policy.Hedge{Window: 10 * time.Second,
-			WinRate: &policy.WinRate{Floor: 0.3, MinimumAllowance: 0.05, MinimumSamples: 5}}}
+			WinRate: &policy.WinRate{Floor: 0.3, MinAllowance: 0.05, MinSamples: 5}}}
 		tr := mustNew(t, Config{Base: base, Policies: set})
 		// drive runs 16 callers for d and samples the allowance once a
 		// second over the second half.
@@ -489,7 +489,7 @@ func TestAttemptsCountsWireCalls(t *testing.T) {
 		set := policy.Set{
 			Attempts: 3,
 			Retry:    &policy.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
-			Hedge:    &policy.Hedge{MaximumConcurrent: 3},
+			Hedge:    &policy.Hedge{MaxConcurrent: 3},
 		}
 		var attempts []policy.CallInfo
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
@@ -521,12 +521,12 @@ func TestColdPolicyHedgesNothing(t *testing.T) {
 		}}
 		var ev hedgeEvents
 		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
-		warm(t, tr, 11) // the 11th call is a minute long; 10 samples < MinimumSamples
+		warm(t, tr, 11) // the 11th call is a minute long; 10 samples < MinSamples
 		if s, _ := ev.counts(); s != 0 || ev.reason(policy.HedgeWarming) != 11 {
 			t.Fatalf("%d hedges, %d warming suppressions; want 0 and 11", s, ev.reason(policy.HedgeWarming))
 		}
 		if tr.Measured("up.test").HedgeThreshold != 0 {
-			t.Fatal("a threshold was reported below MinimumSamples")
+			t.Fatal("a threshold was reported below MinSamples")
 		}
 	})
 }

@@ -61,7 +61,7 @@ func TestHedgedRoundLeavesNoGoroutineBehind(t *testing.T) {
 		}}
 		set := policy.Set{
 			Attempts: 8,
-			Hedge:    &policy.Hedge{MaximumConcurrent: 3, MinimumSamples: 5, Quantile: 0.5},
+			Hedge:    &policy.Hedge{MaxConcurrent: 3, MinSamples: 5, Quantile: 0.5},
 			Budget:   policy.Budget{Ratio: -1},
 		}
 		tr := mustNew(t, Config{Base: base, Policies: set})

@@ -93,7 +93,7 @@ func newSoak(t *testing.T, hosts int) *soak {
 	s.set = policy.Set{
 		Attempts: 4,
 		Retry:    &policy.Retry{BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
-		Hedge:    &policy.Hedge{Quantile: 0.9, MaximumConcurrent: 3, MinimumSamples: 10},
+		Hedge:    &policy.Hedge{Quantile: 0.9, MaxConcurrent: 3, MinSamples: 10},
 		Timeout:  &policy.Timeout{PerAttempt: 200 * time.Millisecond},
 		Breaker:  &policy.Breaker{OpenFor: 200 * time.Millisecond},
 		Limiter:  &policy.Limiter{},
