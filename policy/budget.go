@@ -2,8 +2,6 @@ package policy
 
 import (
 	"math"
-	"sync"
-	"time"
 )
 
 // Budget bounds amplification: retries and hedges draw from one token
@@ -44,76 +42,10 @@ func (b *Budget) validate() error {
 	return nil
 }
 
-// BudgetBucket is the runtime state of a Budget: one per scope, shared by
-// the scope's retries and hedges. It is safe for concurrent use; a nil
-// *BudgetBucket is an unlimited budget.
-type BudgetBucket struct {
-	ratio, perSecond, max float64
-
-	mu     sync.Mutex
-	tokens float64
-	last   time.Time // when the floor was last accrued
-}
-
-// NewBudgetBucket returns the runtime state of b, full, or nil when b is
-// off (negative Ratio).
-func NewBudgetBucket(b Budget, now time.Time) *BudgetBucket {
-	if b.Ratio < 0 {
-		return nil
-	}
-	bb := &BudgetBucket{
-		ratio:     or(b.Ratio, 0.1),
-		perSecond: max(or(b.MinPerSecond, 1), 0),
-		max:       or(b.Max, 10),
-		last:      now,
-	}
-	bb.tokens = bb.max
-	return bb
-}
-
-// accrue adds the floor's tokens for the time since the last accrual. The
-// caller holds b.mu.
-func (b *BudgetBucket) accrue(now time.Time) {
-	if dt := now.Sub(b.last); dt > 0 {
-		b.tokens = min(b.max, b.tokens+b.perSecond*dt.Seconds())
-		b.last = now
-	}
-}
-
-// Deposit records one logical call.
-func (b *BudgetBucket) Deposit(now time.Time) {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	b.accrue(now)
-	b.tokens = min(b.max, b.tokens+b.ratio)
-	b.mu.Unlock()
-}
-
-// Withdraw takes one token for a retry or a hedge, and reports whether
-// there was one to take.
-func (b *BudgetBucket) Withdraw(now time.Time) bool {
-	if b == nil {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.accrue(now)
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// Balance returns the tokens in the bucket at now; +Inf for a nil bucket.
-func (b *BudgetBucket) Balance(now time.Time) float64 {
-	if b == nil {
-		return math.Inf(1)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.accrue(now)
-	return b.tokens
+// WithDefaults returns b with every zero field set to its default.
+func (b Budget) WithDefaults() Budget {
+	b.Ratio = or(b.Ratio, 0.1)
+	b.MinPerSecond = or(b.MinPerSecond, 1)
+	b.Max = or(b.Max, 10)
+	return b
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
@@ -283,7 +284,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 		p, d := s.limiter.Acquire(ctx, now, c.prio, c.tenant)
 		if !d.OK {
 			c.unadmit(l, now)
-			if d.Reason == policy.LimiterCanceled && wait {
+			if d.Reason == gate.LimiterCanceled && wait {
 				return c.ctx.Err()
 			}
 			return c.refuse(kind, policy.GateLimiter, policy.ErrShed, 0, d.HeavyTenant)
@@ -354,7 +355,7 @@ func (c *call) unadmit(l *leg, now time.Time) {
 	}
 }
 
-func (c *call) limitMoved(ch policy.LimitChange) {
+func (c *call) limitMoved(ch gate.LimitChange) {
 	if !ch.Changed() {
 		return
 	}
@@ -371,7 +372,7 @@ func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, re
 	return err
 }
 
-func (c *call) transition(ch policy.BreakerChange) {
+func (c *call) transition(ch gate.BreakerChange) {
 	if !ch.Changed() {
 		return
 	}

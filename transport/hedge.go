@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
@@ -31,7 +32,7 @@ import (
 // still inside a slow base never touches the request the caller may reuse.
 type round struct {
 	c         call // a copy, so the caller's call stays on its stack
-	h         *policy.HedgeState
+	h         *hedge.State
 	max       int // Hedge.MaxConcurrent
 	threshold time.Duration
 	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller

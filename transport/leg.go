@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -25,9 +26,9 @@ type leg struct {
 	timer  *time.Timer // Timeout.PerAttempt
 
 	throttled bool // the throttler admitted it and awaits its outcome
-	bp        policy.BreakerPermit
+	bp        gate.BreakerPermit
 	breaker   bool // bp is held
-	lp        policy.LimiterPermit
+	lp        gate.LimiterPermit
 	limiter   bool // lp is held
 	bulkhead  bool // a bulkhead slot is held
 	// inherited is the superseded response whose bulkhead slot this leg
@@ -153,10 +154,10 @@ func (c *call) send(l *leg) {
 		if resp != nil || timedOut {
 			s.hedge.Record(now, l.latency)
 		}
-		s.hedge.Outcome(now, l.outcome)
+		s.hedge.Observe(now, l.outcome)
 	}
 
-	var bulkhead *policy.BulkheadGate
+	var bulkhead *gate.Bulkhead
 	if l.bulkhead {
 		bulkhead = s.bulkhead
 	}
@@ -203,7 +204,7 @@ func sane(resp *http.Response, err error) (*http.Response, error) {
 type releaser struct {
 	rc       io.ReadCloser
 	cancel   context.CancelCauseFunc
-	bulkhead *policy.BulkheadGate // nil once a retry took the slot over
+	bulkhead *gate.Bulkhead // nil once a retry took the slot over
 	done     atomic.Bool
 }
 
@@ -215,7 +216,7 @@ func (r *releaser) release() {
 
 // free releases what an attempt held: its context, if it has its own, and
 // its bulkhead slot, if it took one.
-func free(cancel context.CancelCauseFunc, bulkhead *policy.BulkheadGate) {
+func free(cancel context.CancelCauseFunc, bulkhead *gate.Bulkhead) {
 	if cancel != nil {
 		cancel(context.Canceled)
 	}

@@ -422,26 +422,26 @@ func TestPerKeyWithACustomKey(t *testing.T) {
 	}
 }
 
-// gate is a base whose first call to each of the hosts in hold blocks
+// holdingBase is a base whose first call to each of the hosts in hold blocks
 // until release is closed; entered receives each held call as it arrives.
 // Later calls answer at once, so that a test of a refusal does not hang
 // when the call is let through.
-type gate struct {
+type holdingBase struct {
 	mu      sync.Mutex
 	hold    map[string]bool
 	entered chan string
 	release chan struct{}
 }
 
-func newGate(hosts ...string) *gate {
-	g := &gate{hold: map[string]bool{}, entered: make(chan string, len(hosts)), release: make(chan struct{})}
+func newHoldingBase(hosts ...string) *holdingBase {
+	g := &holdingBase{hold: map[string]bool{}, entered: make(chan string, len(hosts)), release: make(chan struct{})}
 	for _, h := range hosts {
 		g.hold[h] = true
 	}
 	return g
 }
 
-func (g *gate) RoundTrip(r *http.Request) (*http.Response, error) {
+func (g *holdingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 	g.mu.Lock()
 	hold := g.hold[r.URL.Host]
 	delete(g.hold, r.URL.Host)
@@ -467,7 +467,7 @@ func getClose(t *testing.T, tr *Transport, url string) error {
 // a bulkhead of 1, calls to b and c while a call to a was in flight evicted
 // a's scope, and the next call to a found a fresh bulkhead: two in flight.
 func TestEvictionSparesACallInFlight(t *testing.T) {
-	base := newGate("a.test")
+	base := newHoldingBase("a.test")
 	tr := mustNew(t, Config{Base: base, MaxKeys: 2, Policies: policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 1}}})
 	done := make(chan error)
 	go func() { done <- getClose(t, tr, "http://a.test/") }()
@@ -514,7 +514,7 @@ func TestEvictionSparesAnOpenBody(t *testing.T) {
 // RoundTrip until it returns, whatever gates hold; its scope (here, only
 // its bookkeeping) stays.
 func TestEvictionSparesACallWithNoGate(t *testing.T) {
-	base := newGate("a.test")
+	base := newHoldingBase("a.test")
 	tr := mustNew(t, Config{Base: base, MaxKeys: 2})
 	done := make(chan error)
 	go func() { done <- getClose(t, tr, "http://a.test/") }()
@@ -591,7 +591,7 @@ func TestOpenBreakersDoNotGrowTheRegistry(t *testing.T) {
 // shrinks back to MaxKeys at the first new key after they are done.
 func TestRegistryGrowsOnlyForCallsInFlight(t *testing.T) {
 	hosts := []string{"a.test", "b.test", "c.test", "d.test", "e.test"}
-	base := newGate(hosts...)
+	base := newHoldingBase(hosts...)
 	tr := mustNew(t, Config{Base: base, MaxKeys: 2})
 	done := make(chan error)
 	for _, h := range hosts {

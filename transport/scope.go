@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -36,43 +38,24 @@ func compile(s policy.Set) (*chain, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	// Every policy is copied: scopes are built lazily from the chain, so
-	// a pointer into s would let an edit after New reach them unvalidated.
+	// Every policy is copied with its defaults applied, here and only
+	// here: scopes are built lazily from the chain, so a pointer into s
+	// would let an edit after New reach them unvalidated, and the runtime
+	// constructors take their configs as they are.
 	c := &chain{
-		attempts: s.MaxAttempts(),
-		classify: s.Classify,
-		budget:   s.Budget,
+		attempts:  s.MaxAttempts(),
+		classify:  s.Classify,
+		budget:    s.Budget.WithDefaults(),
+		retry:     defaulted(s.Retry, policy.Retry.WithDefaults),
+		hedge:     defaulted(s.Hedge, policy.Hedge.WithDefaults),
+		throttler: defaulted(s.Throttler, policy.Throttler.WithDefaults),
+		breaker:   defaulted(s.Breaker, policy.Breaker.WithDefaults),
+		limiter:   defaulted(s.Limiter, policy.Limiter.WithDefaults),
+		bulkhead:  defaulted(s.Bulkhead, func(b policy.Bulkhead) policy.Bulkhead { return b }),
+		rateLimit: defaulted(s.RateLimit, policy.RateLimit.WithDefaults),
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
-	}
-	if s.Retry != nil {
-		r := s.Retry.WithDefaults()
-		c.retry = &r
-	}
-	if s.Hedge != nil {
-		h := s.Hedge.WithDefaults()
-		c.hedge = &h
-	}
-	if s.Breaker != nil {
-		b := s.Breaker.WithDefaults()
-		c.breaker = &b
-	}
-	if s.Throttler != nil {
-		th := s.Throttler.WithDefaults()
-		c.throttler = &th
-	}
-	if s.Limiter != nil {
-		l := s.Limiter.WithDefaults()
-		c.limiter = &l
-	}
-	if s.Bulkhead != nil {
-		b := *s.Bulkhead
-		c.bulkhead = &b
-	}
-	if s.RateLimit != nil {
-		r := s.RateLimit.WithDefaults()
-		c.rateLimit = &r
 	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
@@ -81,18 +64,28 @@ func compile(s policy.Set) (*chain, error) {
 	return c, nil
 }
 
+// defaulted returns a copy of *p with its defaults applied, or nil when p
+// is nil: the policy is off.
+func defaulted[T any](p *T, withDefaults func(T) T) *T {
+	if p == nil {
+		return nil
+	}
+	v := withDefaults(*p)
+	return &v
+}
+
 // scope is the state of one key: everything its calls share. A nil field
 // is a policy that is off.
 type scope struct {
 	key      string
 	chain    *chain
-	budget   *policy.BudgetBucket
-	throttle *policy.AdaptiveThrottler
-	breaker  *policy.CircuitBreaker
-	limiter  *policy.AdaptiveLimiter
-	bulkhead *policy.BulkheadGate
-	rate     *policy.RateLimiter
-	hedge    *policy.HedgeState
+	budget   *gate.Budget
+	throttle *gate.Throttler
+	breaker  *gate.Breaker
+	limiter  *gate.Limiter
+	bulkhead *gate.Bulkhead
+	rate     *gate.RateLimiter
+	hedge    *hedge.State
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave
@@ -132,25 +125,25 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 	}
 	s := &scope{key: key, chain: c}
 	if c.retry != nil || c.hedge != nil {
-		s.budget = policy.NewBudgetBucket(c.budget, now)
+		s.budget = gate.NewBudget(c.budget, now)
 	}
 	if c.hedge != nil {
-		s.hedge = policy.NewHedgeState(*c.hedge, now)
+		s.hedge = hedge.New(*c.hedge, now)
 	}
 	if c.breaker != nil {
-		s.breaker = policy.NewCircuitBreaker(*c.breaker, now, rand.Uint64())
+		s.breaker = gate.NewBreaker(*c.breaker, now, rand.Uint64())
 	}
 	if c.throttler != nil {
-		s.throttle = policy.NewAdaptiveThrottler(*c.throttler, now, rand.Uint64())
+		s.throttle = gate.NewThrottler(*c.throttler, now, rand.Uint64())
 	}
 	if c.limiter != nil {
-		s.limiter = policy.NewAdaptiveLimiter(*c.limiter, now)
+		s.limiter = gate.NewLimiter(*c.limiter, now)
 	}
 	if c.bulkhead != nil {
-		s.bulkhead = policy.NewBulkheadGate(*c.bulkhead)
+		s.bulkhead = gate.NewBulkhead(*c.bulkhead)
 	}
 	if c.rateLimit != nil {
-		s.rate = policy.NewRateLimiter(*c.rateLimit)
+		s.rate = gate.NewRateLimiter(*c.rateLimit)
 	}
 	s.lastUsed.Store(now.UnixNano())
 	return s
@@ -169,7 +162,7 @@ func (s *scope) measured(now time.Time) Measured {
 		if d, ok := s.hedge.Threshold(now); ok {
 			m.HedgeThreshold = d
 		}
-		m.HedgesStarted, m.HedgesWon = s.hedge.WinRate(now)
+		m.HedgesStarted, m.HedgesWon = s.hedge.Wins(now)
 		m.HedgeAllowance = s.hedge.Allowance(now)
 	}
 	if s.breaker != nil {

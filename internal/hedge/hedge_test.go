@@ -1,9 +1,11 @@
-package policy
+package hedge
 
 import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/resilix/resilix/policy"
 )
 
 // hedgeStep is an instant on a 10s window: the hedges recorded then, and
@@ -15,8 +17,8 @@ type hedgeStep struct {
 }
 
 func TestWinRateAIMDSteps(t *testing.T) {
-	h := NewHedgeState(Hedge{Window: 10 * time.Second,
-		WinRate: &WinRate{Floor: 0.5, MinAllowance: 0.1, MinSamples: 4}}, t0)
+	h := newState(policy.Hedge{Window: 10 * time.Second,
+		WinRate: &policy.WinRate{Floor: 0.5, MinAllowance: 0.1, MinSamples: 4}}, t0)
 	for i, s := range []hedgeStep{
 		{at: 0, wantAllowance: 1},
 		// A window with 8 hedges and 1 win: below the floor, halved.
@@ -52,8 +54,8 @@ func TestWinRateAIMDSteps(t *testing.T) {
 }
 
 func TestValueIsDeficitAccounted(t *testing.T) {
-	h := NewHedgeState(Hedge{Window: 10 * time.Second,
-		WinRate: &WinRate{Floor: 0.5, MinAllowance: 0.25, MinSamples: 1}}, t0)
+	h := newState(policy.Hedge{Window: 10 * time.Second,
+		WinRate: &policy.WinRate{Floor: 0.5, MinAllowance: 0.25, MinSamples: 1}}, t0)
 	for w := range 3 { // three windows of one losing hedge: 1 → 0.5 → 0.25 → 0.25
 		h.Started(t0.Add(time.Duration(w) * 10 * time.Second))
 		h.Allowance(t0.Add(time.Duration(w+1) * 10 * time.Second))
@@ -73,22 +75,22 @@ func TestValueIsDeficitAccounted(t *testing.T) {
 	if len(passed) != 3 || passed[0] != 3 || passed[1] != 7 || passed[2] != 11 {
 		t.Fatalf("passed at %v, want every fourth opportunity", passed)
 	}
-	if !NewHedgeState(Hedge{}, t0).Value(t0) {
-		t.Fatal("without WinRate the value gate always passes")
+	if !newState(policy.Hedge{}, t0).Value(t0) {
+		t.Fatal("without policy.WinRate the value gate always passes")
 	}
 }
 
 func TestHealthWithoutABreaker(t *testing.T) {
-	h := NewHedgeState(Hedge{}, t0) // SuppressAt 0.5 of the breaker's 0.5 warm-up trip point: 0.25
+	h := newState(policy.Hedge{}, t0) // SuppressAt 0.5 of the breaker's 0.5 warm-up trip point: 0.25
 	record := func(ok, fail int) {
 		for range ok {
-			h.Outcome(t0, Success)
+			h.Observe(t0, policy.Success)
 		}
 		for range fail {
-			h.Outcome(t0, Failure)
+			h.Observe(t0, policy.Failure)
 		}
-		h.Outcome(t0, Canceled)  // not evidence
-		h.Outcome(t0, Discarded) // not evidence
+		h.Observe(t0, policy.Canceled)  // not evidence
+		h.Observe(t0, policy.Discarded) // not evidence
 	}
 	record(15, 4)
 	if r := h.Rate(t0); r.Calls != 19 || !h.Healthy(r) {
@@ -104,17 +106,5 @@ func TestHealthWithoutABreaker(t *testing.T) {
 	}
 	if r := h.Rate(t0.Add(time.Hour)); r.Calls != 0 || !h.Healthy(r) {
 		t.Fatalf("an hour later the window is empty: %+v", r)
-	}
-}
-
-func TestHedgeDefaults(t *testing.T) {
-	got := Hedge{WinRate: &WinRate{}}.WithDefaults()
-	if got.Quantile != 0.95 || got.MaxConcurrent != 2 || got.MinSamples != 20 ||
-		got.Window != 30*time.Second || got.SuppressAt != 0.5 ||
-		got.WinRate.Floor != 0.1 || got.WinRate.MinAllowance != 0.05 || got.WinRate.MinSamples != 10 {
-		t.Fatalf("defaults %+v %+v", got, *got.WinRate)
-	}
-	if (Hedge{}).WithDefaults().WinRate != nil {
-		t.Fatal("WinRate must stay off unless set")
 	}
 }

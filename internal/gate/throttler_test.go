@@ -1,13 +1,11 @@
-package policy
+package gate
 
 import (
-	"errors"
-	"io"
 	"math"
-	"net/http"
 	"testing"
 	"time"
 
+	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
 
@@ -21,26 +19,26 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 	const unpinned = -1.0
 	steps := []struct {
 		at     time.Duration
-		admits int     // attempts at this instant
-		o      Outcome // the admitted ones' outcome
-		accept bool    // and whether the backend accepted them
-		want   float64 // Pressure after the step, or unpinned
+		admits int            // attempts at this instant
+		o      policy.Outcome // the admitted ones' outcome
+		accept bool           // and whether the backend accepted them
+		want   float64        // Pressure after the step, or unpinned
 	}{
-		{at: 0, admits: 100, o: Success, accept: true, want: 0},
+		{at: 0, admits: 100, o: policy.Success, accept: true, want: 0},
 		// Refusals start: p stays 0 until requests exceed K·accepts.
-		{at: 10 * time.Second, admits: 100, o: Failure, want: 0},
-		{at: 20 * time.Second, admits: 100, o: Failure, want: 100.0 / 301},
+		{at: 10 * time.Second, admits: 100, o: policy.Failure, want: 0},
+		{at: 20 * time.Second, admits: 100, o: policy.Failure, want: 100.0 / 301},
 		// Throttled attempts still count as requests.
-		{at: 25 * time.Second, admits: 300, o: Failure, want: 400.0 / 601},
+		{at: 25 * time.Second, admits: 300, o: policy.Failure, want: 400.0 / 601},
 		// Canceled and Discarded attempts are withdrawn, accepted or not.
-		{at: 26 * time.Second, admits: 50, o: Canceled, want: unpinned},
-		{at: 27 * time.Second, admits: 50, o: Discarded, accept: true, want: unpinned},
+		{at: 26 * time.Second, admits: 50, o: policy.Canceled, want: unpinned},
+		{at: 27 * time.Second, admits: 50, o: policy.Discarded, accept: true, want: unpinned},
 		// A 500 the backend served is accepted: p comes back down.
-		{at: 40 * time.Second, admits: 400, o: Failure, accept: true, want: unpinned},
+		{at: 40 * time.Second, admits: 400, o: policy.Failure, accept: true, want: unpinned},
 		// Two minutes and a slice later, everything has slid out.
 		{at: 2*time.Minute + 30*time.Second, want: 0},
 	}
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	th := newThrottler(policy.Throttler{}, thStart, 1)
 	var req, acc, wd float64
 	for _, s := range steps {
 		now := thStart.Add(s.at)
@@ -73,11 +71,11 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 // 1/(1+1) = 0.5 here, so half the next attempts would never leave the
 // process.
 func TestThrottlerFreshHost(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	th := newThrottler(policy.Throttler{}, thStart, 1)
 	if d := th.Admit(thStart, shedding.Critical, ""); !d.OK {
 		t.Fatal("the first attempt was refused")
 	}
-	th.Done(thStart, Failure, false) // a 503
+	th.Done(thStart, policy.Failure, false) // a 503
 	if got := th.Pressure(thStart); got != 0 {
 		t.Errorf("after one 503 on a fresh host: Pressure = %v, want 0", got)
 	}
@@ -104,36 +102,36 @@ type thStep struct {
 func TestThrottlerFloor(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		cfg   Throttler
+		cfg   policy.Throttler
 		steps []thStep
 	}{
-		{"fresh host, one refusal", Throttler{}, []thStep{
+		{"fresh host, one refusal", policy.Throttler{}, []thStep{
 			{failures: 1, want: 0},
 		}},
-		{"default floor: 19 requests, then 20", Throttler{}, []thStep{
+		{"default floor: 19 requests, then 20", policy.Throttler{}, []thStep{
 			{accepts: 3, failures: 16, want: 0}, // the formula alone: 13/20
 			{at: time.Second, failures: 1, want: 14.0 / 21},
 		}},
-		{"MinRequests 5: 4 refusals, then 5", Throttler{MinRequests: 5}, []thStep{
+		{"MinRequests 5: 4 refusals, then 5", policy.Throttler{MinRequests: 5}, []thStep{
 			{failures: 4, want: 0},
 			{at: time.Second, failures: 1, want: 5.0 / 6},
 		}},
-		{"withdrawn attempts do not count toward the floor", Throttler{}, []thStep{
+		{"withdrawn attempts do not count toward the floor", policy.Throttler{}, []thStep{
 			{withdrawn: 10, accepts: 3, failures: 16, want: 0},
 			{at: time.Second, failures: 1, want: 14.0 / 21},
 		}},
-		{"enough accepts: no pressure past the floor", Throttler{}, []thStep{
+		{"enough accepts: no pressure past the floor", policy.Throttler{}, []thStep{
 			{accepts: 50, failures: 50, want: 0},
 		}},
-		{"the floor applies again once the window has emptied", Throttler{MinRequests: 5}, []thStep{
+		{"the floor applies again once the window has emptied", policy.Throttler{MinRequests: 5}, []thStep{
 			{failures: 5, want: 5.0 / 6},
 			{at: 2*time.Minute + 30*time.Second, failures: 1, want: 0},
 		}},
-		{"negative MinRequests: no floor, the book's formula", Throttler{MinRequests: -1}, []thStep{
+		{"negative MinRequests: no floor, the book's formula", policy.Throttler{MinRequests: -1}, []thStep{
 			{failures: 1, want: 1.0 / 2},
 			{at: time.Second, failures: 1, want: 2.0 / 3},
 		}},
-		{"MinRequests 1: the book's formula too", Throttler{MinRequests: 1}, []thStep{
+		{"MinRequests 1: the book's formula too", policy.Throttler{MinRequests: 1}, []thStep{
 			{failures: 1, want: 1.0 / 2},
 		}},
 	} {
@@ -148,27 +146,27 @@ func TestThrottlerFloor(t *testing.T) {
 func TestThrottlerCeiling(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		cfg   Throttler
+		cfg   policy.Throttler
 		steps []thStep
 	}{
-		{"all refusals, at the floor: capped at 0.95", Throttler{}, []thStep{
+		{"all refusals, at the floor: capped at 0.95", policy.Throttler{}, []thStep{
 			{failures: 19, want: 0},
 			{at: time.Second, failures: 1, want: 0.95}, // the formula alone: 20/21
 		}},
-		{"all refusals, many", Throttler{}, []thStep{
+		{"all refusals, many", policy.Throttler{}, []thStep{
 			{failures: 1000, want: 0.95},
 			{at: time.Minute, failures: 1000, want: 0.95},
 		}},
-		{"below the ceiling, the formula", Throttler{}, []thStep{
+		{"below the ceiling, the formula", policy.Throttler{}, []thStep{
 			{accepts: 3, failures: 17, want: 14.0 / 21},
 		}},
-		{"a lower ceiling", Throttler{MaxRejection: 0.5}, []thStep{
+		{"a lower ceiling", policy.Throttler{MaxRejection: 0.5}, []thStep{
 			{accepts: 3, failures: 17, want: 0.5}, // the formula alone: 14/21
 		}},
-		{"MaxRejection 1: the book's formula", Throttler{MaxRejection: 1}, []thStep{
+		{"MaxRejection 1: the book's formula", policy.Throttler{MaxRejection: 1}, []thStep{
 			{failures: 1000, want: 1000.0 / 1001},
 		}},
-		{"no floor and no ceiling", Throttler{MinRequests: -1, MaxRejection: 1}, []thStep{
+		{"no floor and no ceiling", policy.Throttler{MinRequests: -1, MaxRejection: 1}, []thStep{
 			{failures: 1, want: 1.0 / 2},
 			{at: time.Second, failures: 99, want: 100.0 / 101},
 		}},
@@ -197,7 +195,7 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 			// 40 s of 100 attempts every 100 ms, every one refused by the
 			// backend; p is at the ceiling from the 21st attempt on, and
 			// the last 30 s are tallied.
-			th := NewAdaptiveThrottler(Throttler{}, thStart, 13)
+			th := newThrottler(policy.Throttler{}, thStart, 13)
 			var tally [shedding.NumPriorities]thTally
 			for tick := range 400 {
 				now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
@@ -208,7 +206,7 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 					}
 					d := th.Admit(now, prio, "")
 					if d.OK {
-						th.Done(now, Failure, false)
+						th.Done(now, policy.Failure, false)
 					}
 					if tick >= 100 {
 						tally[prio].sent++
@@ -235,26 +233,26 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 // thRunSteps drives a fresh throttler of cfg through steps, Critical
 // attempts with no tenant, and checks Pressure after each step and, after
 // the last, the Pressure the next Admit decides at.
-func thRunSteps(t *testing.T, cfg Throttler, steps []thStep) {
+func thRunSteps(t *testing.T, cfg policy.Throttler, steps []thStep) {
 	t.Helper()
-	th := NewAdaptiveThrottler(cfg, thStart, 1)
-	admit := func(now time.Time, o Outcome, accepted bool) {
+	th := newThrottler(cfg, thStart, 1)
+	admit := func(now time.Time, o policy.Outcome, accepted bool) {
 		if d := th.Admit(now, shedding.Critical, ""); d.OK {
 			th.Done(now, o, accepted)
-		} else if o != Failure {
+		} else if o != policy.Failure {
 			t.Fatalf("an attempt meant to be %v was refused: the table is wrong", o)
 		}
 	}
 	for _, s := range steps {
 		now := thStart.Add(s.at)
 		for range s.withdrawn {
-			admit(now, Canceled, false)
+			admit(now, policy.Canceled, false)
 		}
 		for range s.accepts {
-			admit(now, Success, true)
+			admit(now, policy.Success, true)
 		}
 		for range s.failures {
-			admit(now, Failure, false)
+			admit(now, policy.Failure, false)
 		}
 		if got := th.Pressure(now); math.Abs(got-s.want) > 1e-12 {
 			t.Errorf("at %v: Pressure = %v, want %v", s.at, got, s.want)
@@ -268,10 +266,10 @@ func thRunSteps(t *testing.T, cfg Throttler, steps []thStep) {
 
 // TestThrottlerK: a larger K tolerates more refusals before throttling.
 func TestThrottlerK(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{K: 4, Window: time.Minute}, thStart, 1)
+	th := newThrottler(policy.Throttler{K: 4, Window: time.Minute}, thStart, 1)
 	for i := range 100 {
 		th.Admit(thStart, shedding.Critical, "")
-		th.Done(thStart, Success, i < 25)
+		th.Done(thStart, policy.Success, i < 25)
 	}
 	if got := th.Pressure(thStart); got != 0 {
 		t.Errorf("K=4, a quarter accepted: Pressure = %v, want 0", got)
@@ -279,41 +277,6 @@ func TestThrottlerK(t *testing.T) {
 	th.Admit(thStart, shedding.Critical, "")
 	if got, want := th.Pressure(thStart), 1.0/102; math.Abs(got-want) > 1e-12 {
 		t.Errorf("one more request: Pressure = %v, want %v", got, want)
-	}
-}
-
-func TestDefaultAccepted(t *testing.T) {
-	tests := []struct {
-		status int
-		err    error
-		want   bool
-	}{
-		{200, nil, true},
-		{204, nil, true},
-		{304, nil, true},
-		{400, nil, true},
-		{404, nil, true},
-		{408, nil, true},
-		{429, nil, false},
-		{500, nil, true},
-		{501, nil, true},
-		{502, nil, false},
-		{503, nil, false},
-		{504, nil, false},
-		{0, errors.New("connection refused"), false},
-		{0, io.ErrUnexpectedEOF, false},
-	}
-	for _, tt := range tests {
-		var resp *http.Response
-		if tt.err == nil {
-			resp = &http.Response{StatusCode: tt.status}
-		}
-		if got := DefaultAccepted(resp, tt.err); got != tt.want {
-			t.Errorf("DefaultAccepted(%d, %v) = %v, want %v", tt.status, tt.err, got, tt.want)
-		}
-	}
-	if got := (Throttler{}).WithDefaults().Accepted; got == nil {
-		t.Error("WithDefaults left Accepted nil")
 	}
 }
 
@@ -336,7 +299,7 @@ func (c thTally) rate() float64 { return float64(c.admitted) / float64(c.sent) }
 // thDrive runs 300 s of traffic, 100 requests every 100 ms, request i Bulk
 // when bulk(i) and Critical otherwise, against a backend that accepts
 // capacity requests a tick, and tallies the second half per priority.
-func thDrive(th *AdaptiveThrottler, capacity int, bulk func(i int) bool) [shedding.NumPriorities]thTally {
+func thDrive(th *Throttler, capacity int, bulk func(i int) bool) [shedding.NumPriorities]thTally {
 	var tally [shedding.NumPriorities]thTally
 	for tick := range 3000 {
 		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
@@ -354,7 +317,7 @@ func thDrive(th *AdaptiveThrottler, capacity int, bulk func(i int) bool) [sheddi
 				}
 			}
 			if d.OK {
-				th.Done(now, Success, be.serve())
+				th.Done(now, policy.Success, be.serve())
 			}
 		}
 	}
@@ -365,7 +328,7 @@ func thDrive(th *AdaptiveThrottler, capacity int, bulk func(i int) bool) [sheddi
 // backend that accepts 35% of it. p settles near 1 − 2·0.35 = 0.3, all of
 // it taken from Bulk: Critical is never refused.
 func TestThrottlerShedsBulkFirst(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 7)
+	th := newThrottler(policy.Throttler{}, thStart, 7)
 	tally := thDrive(th, 35, func(i int) bool { return i%2 == 1 })
 	p := th.Pressure(thStart.Add(300 * time.Second))
 	if p < 0.2 || p > 0.4 {
@@ -384,7 +347,7 @@ func TestThrottlerShedsBulkFirst(t *testing.T) {
 // so little that shedding all of Bulk is not enough, Critical is shed too,
 // and Bulk is then refused outright.
 func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 9)
+	th := newThrottler(policy.Throttler{}, thStart, 9)
 	tally := thDrive(th, 10, func(i int) bool { return i%4 == 3 })
 	if got := tally[shedding.Bulk].admitted; got != 0 {
 		t.Errorf("Bulk: %d admitted while Critical was being shed, want 0", got)
@@ -399,7 +362,7 @@ func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
 // backend that accepts about a third of the traffic. The light tenant keeps
 // at least 95% of its attempts; the heavy one absorbs the shedding.
 func TestHeavyTenantShedBeforeLight(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 11)
+	th := newThrottler(policy.Throttler{}, thStart, 11)
 	var heavy, light thTally
 	for tick := range 3000 {
 		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
@@ -424,7 +387,7 @@ func TestHeavyTenantShedBeforeLight(t *testing.T) {
 				}
 			}
 			if d.OK {
-				th.Done(now, Success, be.serve())
+				th.Done(now, policy.Success, be.serve())
 			}
 		}
 	}
@@ -451,14 +414,14 @@ func TestHeavyTenantShedBeforeLight(t *testing.T) {
 // decisions.
 func TestThrottlerDeterministic(t *testing.T) {
 	run := func() []bool {
-		th := NewAdaptiveThrottler(Throttler{}, thStart, 42)
+		th := newThrottler(policy.Throttler{}, thStart, 42)
 		var got []bool
 		for i := range 2000 {
 			now := thStart.Add(time.Duration(i) * time.Millisecond)
 			d := th.Admit(now, shedding.Priority(i%4), "t"+string(rune('a'+i%3)))
 			got = append(got, d.OK)
 			if d.OK {
-				th.Done(now, Success, i%3 == 0)
+				th.Done(now, policy.Success, i%3 == 0)
 			}
 		}
 		return got
@@ -472,11 +435,11 @@ func TestThrottlerDeterministic(t *testing.T) {
 }
 
 func TestThrottlerDoesNotAllocate(t *testing.T) {
-	th := NewAdaptiveThrottler(Throttler{}, thStart, 1)
+	th := newThrottler(policy.Throttler{}, thStart, 1)
 	// Under pressure, with tenants: the slow path.
 	for i := range 1000 {
 		th.Admit(thStart, shedding.BestEffort, "acme")
-		th.Done(thStart, Success, i%4 == 0)
+		th.Done(thStart, policy.Success, i%4 == 0)
 	}
 	if th.Pressure(thStart) == 0 {
 		t.Fatal("no pressure")
@@ -486,7 +449,7 @@ func TestThrottlerDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		d := th.Admit(thStart, shedding.Priority(i%4), tenants[i%3])
 		if d.OK {
-			th.Done(thStart, Success, i%4 == 0)
+			th.Done(thStart, policy.Success, i%4 == 0)
 		}
 		i++
 	}); n != 0 {
@@ -495,51 +458,12 @@ func TestThrottlerDoesNotAllocate(t *testing.T) {
 }
 
 func TestNilThrottler(t *testing.T) {
-	var th *AdaptiveThrottler
+	var th *Throttler
 	if d := th.Admit(thStart, shedding.Bulk, "x"); !d.OK {
 		t.Error("nil throttler refused")
 	}
-	th.Done(thStart, Failure, false)
+	th.Done(thStart, policy.Failure, false)
 	if th.Pressure(thStart) != 0 {
 		t.Error("nil throttler has pressure")
-	}
-}
-
-func TestThrottlerDefaults(t *testing.T) {
-	d := Throttler{}.WithDefaults()
-	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 || d.MaxRejection != 0.95 {
-		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 2, 2m, 20, 0.95",
-			d.K, d.Window, d.MinRequests, d.MaxRejection)
-	}
-	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {
-		t.Errorf("a negative MinRequests must stay negative (no floor), got %d", got)
-	}
-}
-
-func TestThrottlerValidate(t *testing.T) {
-	for _, tt := range []struct {
-		cfg Throttler
-		ok  bool
-	}{
-		{Throttler{}, true},
-		{Throttler{K: 1.5, Window: time.Minute}, true},
-		{Throttler{K: 0.5}, false},
-		{Throttler{K: math.NaN()}, false},
-		{Throttler{Window: -1}, false},
-		{Throttler{MinRequests: 5}, true},
-		{Throttler{MinRequests: -1}, true}, // no floor
-		{Throttler{MaxRejection: 0.5}, true},
-		{Throttler{MaxRejection: 1}, true}, // no ceiling
-		{Throttler{MaxRejection: 1.5}, false},
-		{Throttler{MaxRejection: -0.5}, false},
-		{Throttler{MaxRejection: math.NaN()}, false},
-	} {
-		if err := tt.cfg.validate(); (err == nil) != tt.ok {
-			t.Errorf("%+v: validate() = %v", tt.cfg, err)
-		}
-	}
-	err := (&Throttler{MaxRejection: 1.5}).validate()
-	if want := "policy: Throttler.MaxRejection must be in (0, 1], got 1.5"; err == nil || err.Error() != want {
-		t.Errorf("validate() = %v, want %q", err, want)
 	}
 }

@@ -1,16 +1,18 @@
-package policy
+package gate
 
 import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/resilix/resilix/policy"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func TestBudgetSteps(t *testing.T) {
 	// Ratio 0.5, floor 1/s, max 2: starts full.
-	b := NewBudgetBucket(Budget{Ratio: 0.5, MinPerSecond: 1, Max: 2}, t0)
+	b := newBudget(policy.Budget{Ratio: 0.5, MinPerSecond: 1, Max: 2}, t0)
 	type step struct {
 		at      time.Duration
 		op      string // "deposit", "withdraw"
@@ -47,7 +49,7 @@ func TestBudgetSteps(t *testing.T) {
 
 func TestBudgetBoundsAmplification(t *testing.T) {
 	// With no floor, 1000 calls at Ratio 0.1 allow at most Max + 100 retries.
-	b := NewBudgetBucket(Budget{Ratio: 0.1, MinPerSecond: -1}, t0)
+	b := newBudget(policy.Budget{Ratio: 0.1, MinPerSecond: -1}, t0)
 	retries := 0
 	for range 1000 {
 		b.Deposit(t0)
@@ -61,11 +63,11 @@ func TestBudgetBoundsAmplification(t *testing.T) {
 }
 
 func TestBudgetDefaultsAndOff(t *testing.T) {
-	b := NewBudgetBucket(Budget{}, t0)
+	b := newBudget(policy.Budget{}, t0)
 	if got := b.Balance(t0); got != 10 {
 		t.Fatalf("default starting balance = %v, want 10", got)
 	}
-	var off *BudgetBucket = NewBudgetBucket(Budget{Ratio: -1}, t0)
+	var off *Budget = newBudget(policy.Budget{Ratio: -1}, t0)
 	if off != nil {
 		t.Fatal("negative Ratio should turn the budget off")
 	}
@@ -76,7 +78,7 @@ func TestBudgetDefaultsAndOff(t *testing.T) {
 }
 
 func TestBudgetAllocs(t *testing.T) {
-	b := NewBudgetBucket(Budget{}, t0)
+	b := newBudget(policy.Budget{}, t0)
 	if n := testing.AllocsPerRun(100, func() { b.Deposit(t0); b.Withdraw(t0) }); n != 0 {
 		t.Fatalf("Deposit+Withdraw allocate %v times", n)
 	}

@@ -1,24 +1,25 @@
-package policy
+package gate
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
 
 // BenchmarkThrottlerAdmitDone is one attempt through a throttler whose
 // backend accepts everything: p is 0, the common case.
 func BenchmarkThrottlerAdmitDone(b *testing.B) {
-	th := NewAdaptiveThrottler(Throttler{}, time.Now(), 1)
+	th := newThrottler(policy.Throttler{}, time.Now(), 1)
 	b.ReportAllocs()
 	for b.Loop() {
 		now := time.Now()
 		if d := th.Admit(now, shedding.Degraded, "acme"); !d.OK {
 			b.Fatal("refused")
 		}
-		th.Done(now, Success, true)
+		th.Done(now, policy.Success, true)
 	}
 }
 
@@ -26,7 +27,7 @@ func BenchmarkThrottlerAdmitDone(b *testing.B) {
 // backend accepts a quarter of the attempts, so every Admit splits p by
 // priority, weighs the tenant and draws.
 func BenchmarkThrottlerAdmitDoneShedding(b *testing.B) {
-	th := NewAdaptiveThrottler(Throttler{}, time.Now(), 1)
+	th := newThrottler(policy.Throttler{}, time.Now(), 1)
 	tenants := [...]string{"acme", "globex", "initech", "acme"}
 	b.ReportAllocs()
 	i := 0
@@ -34,7 +35,7 @@ func BenchmarkThrottlerAdmitDoneShedding(b *testing.B) {
 		now := time.Now()
 		d := th.Admit(now, shedding.Priority(i%shedding.NumPriorities), tenants[i%len(tenants)])
 		if d.OK {
-			th.Done(now, Success, i%4 == 0)
+			th.Done(now, policy.Success, i%4 == 0)
 		}
 		i++
 	}
@@ -43,13 +44,13 @@ func BenchmarkThrottlerAdmitDoneShedding(b *testing.B) {
 // BenchmarkThrottlerAdmitDoneParallel is the common case under contention:
 // every goroutine shares one throttler, as the calls of one scope do.
 func BenchmarkThrottlerAdmitDoneParallel(b *testing.B) {
-	th := NewAdaptiveThrottler(Throttler{}, time.Now(), 1)
+	th := newThrottler(policy.Throttler{}, time.Now(), 1)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			now := time.Now()
 			if d := th.Admit(now, shedding.Degraded, "acme"); d.OK {
-				th.Done(now, Success, true)
+				th.Done(now, policy.Success, true)
 			}
 		}
 	})
@@ -58,7 +59,7 @@ func BenchmarkThrottlerAdmitDoneParallel(b *testing.B) {
 // BenchmarkLimiterAcquireRelease is the fast path: below the limit, one
 // acquire and one release with its latency, which also learns.
 func BenchmarkLimiterAcquireRelease(b *testing.B) {
-	l := NewAdaptiveLimiter(Limiter{}, time.Now())
+	l := newLimiter(policy.Limiter{}, time.Now())
 	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -67,7 +68,7 @@ func BenchmarkLimiterAcquireRelease(b *testing.B) {
 		if !d.OK {
 			b.Fatal("refused")
 		}
-		l.Release(p, now, time.Millisecond, Success)
+		l.Release(p, now, time.Millisecond, policy.Success)
 	}
 }
 
@@ -75,7 +76,7 @@ func BenchmarkLimiterAcquireRelease(b *testing.B) {
 // every goroutine shares one limiter with a limit above the goroutines, so
 // nobody waits.
 func BenchmarkLimiterAcquireReleaseParallel(b *testing.B) {
-	l := NewAdaptiveLimiter(Limiter{InitialLimit: 1000, MinLimit: 1000, MaxLimit: 1000}, time.Now())
+	l := newLimiter(policy.Limiter{InitialLimit: 1000, MinLimit: 1000, MaxLimit: 1000}, time.Now())
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -86,7 +87,7 @@ func BenchmarkLimiterAcquireReleaseParallel(b *testing.B) {
 				b.Error("refused")
 				return
 			}
-			l.Release(p, now, time.Millisecond, Success)
+			l.Release(p, now, time.Millisecond, policy.Success)
 		}
 	})
 }
@@ -95,7 +96,7 @@ func BenchmarkLimiterAcquireReleaseParallel(b *testing.B) {
 // goroutine holds a slot briefly, so arrivals queue, are handed slots,
 // and, at a full queue, are refused. Waiting allocates; the rest does not.
 func BenchmarkLimiterSaturated(b *testing.B) {
-	l := NewAdaptiveLimiter(Limiter{InitialLimit: 4, MinLimit: 4, MaxLimit: 4, QueueFactor: 1}, time.Now())
+	l := newLimiter(policy.Limiter{InitialLimit: 4, MinLimit: 4, MaxLimit: 4, QueueFactor: 1}, time.Now())
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetParallelism(4)
@@ -106,7 +107,7 @@ func BenchmarkLimiterSaturated(b *testing.B) {
 			p, d := l.Acquire(ctx, now, shedding.Priority(i%shedding.NumPriorities), "acme")
 			i++
 			if d.OK {
-				l.Release(p, now, time.Millisecond, Success)
+				l.Release(p, now, time.Millisecond, policy.Success)
 			}
 		}
 	})

@@ -1,4 +1,4 @@
-package policy
+package gate
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
 
@@ -18,7 +20,7 @@ var lmStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // lmWave admits n calls at once at now (all must be admitted at once),
 // then releases them all with the given latency and outcome at
 // now+latency. It returns the instant after the wave and every limit change.
-func lmWave(t *testing.T, l *AdaptiveLimiter, now time.Time, n int, latency time.Duration, o Outcome) (time.Time, []LimitChange) {
+func lmWave(t *testing.T, l *Limiter, now time.Time, n int, latency time.Duration, o policy.Outcome) (time.Time, []LimitChange) {
 	t.Helper()
 	permits := make([]LimiterPermit, 0, n)
 	for range n {
@@ -41,12 +43,12 @@ func lmWave(t *testing.T, l *AdaptiveLimiter, now time.Time, n int, latency time
 // TestLimiterGrowsWhenUsed: at full use and flat latency, the first round
 // learns the baseline and each later round adds sqrt(limit).
 func TestLimiterGrowsWhenUsed(t *testing.T) {
-	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{}, lmStart)
 	now := lmStart
 	var all []LimitChange
 	for range 8 {
 		var c []LimitChange
-		now, c = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+		now, c = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, policy.Success)
 		all = append(all, c...)
 	}
 	// 20 → 24.47 → 29.42 → 34.85 → 40.75 → 47.13 → 53.99 → 61.34
@@ -62,11 +64,11 @@ func TestLimiterGrowsWhenUsed(t *testing.T) {
 // TestLimiterDoesNotGrowWhenIdle: the tether. With in-flight far below the
 // limit, flat latency changes nothing, however long it lasts.
 func TestLimiterDoesNotGrowWhenIdle(t *testing.T) {
-	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{}, lmStart)
 	now := lmStart
 	for range 400 {
 		var c []LimitChange
-		now, c = lmWave(t, l, now, 5, 10*time.Millisecond, Success)
+		now, c = lmWave(t, l, now, 5, 10*time.Millisecond, policy.Success)
 		if len(c) != 0 {
 			t.Fatalf("limit changed %v with 5 of 20 in flight", c)
 		}
@@ -75,8 +77,8 @@ func TestLimiterDoesNotGrowWhenIdle(t *testing.T) {
 		t.Errorf("Limit = %d, want 20", got)
 	}
 	// At half the limit, it is used.
-	now, _ = lmWave(t, l, now, 10, 10*time.Millisecond, Success)
-	if _, c := lmWave(t, l, now, 10, 10*time.Millisecond, Success); len(c) != 1 || c[0].To <= 20 {
+	now, _ = lmWave(t, l, now, 10, 10*time.Millisecond, policy.Success)
+	if _, c := lmWave(t, l, now, 10, 10*time.Millisecond, policy.Success); len(c) != 1 || c[0].To <= 20 {
 		t.Errorf("at half the limit: changes %v, want growth", c)
 	}
 }
@@ -85,16 +87,16 @@ func TestLimiterDoesNotGrowWhenIdle(t *testing.T) {
 // halves the limit (the gradient's floor) each round, plus the headroom,
 // down to where the two balance; back to normal latency, it grows again.
 func TestLimiterShrinksWhenLatencyRises(t *testing.T) {
-	l := NewAdaptiveLimiter(Limiter{InitialLimit: 100}, lmStart)
+	l := newLimiter(policy.Limiter{InitialLimit: 100}, lmStart)
 	now := lmStart
 	for range 5 {
-		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, policy.Success)
 	}
 	grown := l.Limit()
 	var all []LimitChange
 	for range 12 {
 		var c []LimitChange
-		now, c = lmWave(t, l, now, l.Limit(), 30*time.Millisecond, Success)
+		now, c = lmWave(t, l, now, l.Limit(), 30*time.Millisecond, policy.Success)
 		all = append(all, c...)
 	}
 	if len(all) == 0 || all[0].To >= all[0].From {
@@ -115,7 +117,7 @@ func TestLimiterShrinksWhenLatencyRises(t *testing.T) {
 	}
 	low := l.Limit()
 	for range 10 {
-		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, policy.Success)
 	}
 	if got := l.Limit(); got <= low {
 		t.Errorf("Limit = %d after latency recovered, want growth from %d", got, low)
@@ -125,14 +127,14 @@ func TestLimiterShrinksWhenLatencyRises(t *testing.T) {
 // TestLimiterFailuresAndNonEvidence: Canceled and Discarded teach nothing;
 // a fast Failure counts as the baseline, a slow one as itself.
 func TestLimiterFailuresAndNonEvidence(t *testing.T) {
-	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{}, lmStart)
 	now := lmStart
 	// Before a baseline, failures are not samples.
-	now, _ = lmWave(t, l, now, 20, time.Millisecond, Failure)
+	now, _ = lmWave(t, l, now, 20, time.Millisecond, policy.Failure)
 	if _, ok := l.Baseline(); ok {
 		t.Fatal("a round of failures set the baseline")
 	}
-	for _, o := range []Outcome{Canceled, Discarded} {
+	for _, o := range []policy.Outcome{policy.Canceled, policy.Discarded} {
 		for range 50 {
 			now, _ = lmWave(t, l, now, 20, time.Hour, o)
 		}
@@ -140,14 +142,14 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 			t.Fatalf("%v attempts taught the limiter", o)
 		}
 	}
-	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, Success) // baseline
+	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, policy.Success) // baseline
 	// Fast failures: as the baseline, flat: growth.
-	now, c := lmWave(t, l, now, 20, time.Microsecond, Failure)
+	now, c := lmWave(t, l, now, 20, time.Microsecond, policy.Failure)
 	if len(c) != 1 || c[0] != (LimitChange{20, 24}) {
 		t.Errorf("fast failures: %v, want {20 24}", c)
 	}
 	// Slow failures (timeouts): a shrink.
-	_, c = lmWave(t, l, now, 24, 50*time.Millisecond, Failure)
+	_, c = lmWave(t, l, now, 24, 50*time.Millisecond, policy.Failure)
 	if len(c) != 1 || c[0].To >= c[0].From {
 		t.Errorf("slow failures: %v, want a shrink", c)
 	}
@@ -160,7 +162,7 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 // keys off observed concurrency.
 func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
 	run := func(demand int, hedged bool) int {
-		l := NewAdaptiveLimiter(Limiter{MaxLimit: 200, QueueFactor: -1}, lmStart)
+		l := newLimiter(policy.Limiter{MaxLimit: 200, QueueFactor: -1}, lmStart)
 		now := lmStart
 		for range 300 {
 			var winners, losers []LimiterPermit
@@ -183,10 +185,10 @@ func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
 			}
 			now = now.Add(20 * time.Millisecond)
 			for _, p := range winners {
-				l.Release(p, now, 20*time.Millisecond, Success)
+				l.Release(p, now, 20*time.Millisecond, policy.Success)
 			}
 			for _, p := range losers {
-				l.Release(p, now, 20*time.Millisecond, Discarded)
+				l.Release(p, now, 20*time.Millisecond, policy.Discarded)
 			}
 		}
 		return l.Limit()
@@ -215,15 +217,15 @@ func TestLimiterQueueDepth(t *testing.T) {
 		{2, 40},
 		{-1, 0},
 	} {
-		l := NewAdaptiveLimiter(Limiter{QueueFactor: tt.factor}, lmStart)
+		l := newLimiter(policy.Limiter{QueueFactor: tt.factor}, lmStart)
 		if got := l.QueueCapacity(); got != tt.want {
 			t.Errorf("QueueFactor %v: QueueCapacity = %d, want %d", tt.factor, got, tt.want)
 		}
 	}
-	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{}, lmStart)
 	now := lmStart
 	for range 3 {
-		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, Success)
+		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, policy.Success)
 	}
 	if got, want := l.QueueCapacity(), (l.Limit()+1)/2; got != want {
 		t.Errorf("at limit %d: QueueCapacity = %d, want %d", l.Limit(), got, want)
@@ -231,7 +233,7 @@ func TestLimiterQueueDepth(t *testing.T) {
 }
 
 // lmFill admits n Critical calls at now and returns their permits.
-func lmFill(t *testing.T, l *AdaptiveLimiter, now time.Time, n int) []LimiterPermit {
+func lmFill(t *testing.T, l *Limiter, now time.Time, n int) []LimiterPermit {
 	t.Helper()
 	var ps []LimiterPermit
 	for range n {
@@ -248,14 +250,14 @@ func lmFill(t *testing.T, l *AdaptiveLimiter, now time.Time, n int) []LimiterPer
 // now, each admitted and released at once, teaching the limit nothing. The
 // queue tests use a Bulk history so that shedding before queueing (which
 // takes from Bulk first) leaves the higher priorities they queue alone.
-func lmWarm(t *testing.T, l *AdaptiveLimiter, now time.Time, prio shedding.Priority, n int) {
+func lmWarm(t *testing.T, l *Limiter, now time.Time, prio shedding.Priority, n int) {
 	t.Helper()
 	for range n {
 		p, d := l.Acquire(context.Background(), now, prio, "")
 		if !d.OK {
 			t.Fatalf("warm-up: refused %+v", d)
 		}
-		l.Release(p, now, 0, Canceled)
+		l.Release(p, now, 0, policy.Canceled)
 	}
 }
 
@@ -268,7 +270,7 @@ type lmResult struct {
 
 // lmGo starts Acquire in a goroutine, waits until it has queued or
 // returned, and reports its result on out.
-func lmGo(ctx context.Context, l *AdaptiveLimiter, name string, prio shedding.Priority, tenantID string, out chan<- lmResult) {
+func lmGo(ctx context.Context, l *Limiter, name string, prio shedding.Priority, tenantID string, out chan<- lmResult) {
 	go func() {
 		p, d := l.Acquire(ctx, time.Now(), prio, tenantID)
 		out <- lmResult{name, p, d}
@@ -293,7 +295,7 @@ func lmTake(out <-chan lmResult) []lmResult {
 // highest priority first.
 func TestLimiterFreedSlotGoesToHighestPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 3}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 3}, time.Now())
 		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
 		held := lmFill(t, l, time.Now(), 2)
 		out := make(chan lmResult, 8)
@@ -313,7 +315,7 @@ func TestLimiterFreedSlotGoesToHighestPriority(t *testing.T) {
 		}
 		var order []string
 		for len(order) < 4 {
-			l.Release(held[0], time.Now(), 0, Success)
+			l.Release(held[0], time.Now(), 0, policy.Success)
 			held = held[1:]
 			synctest.Wait()
 			for _, r := range lmTake(out) {
@@ -329,7 +331,7 @@ func TestLimiterFreedSlotGoesToHighestPriority(t *testing.T) {
 			t.Errorf("slot order (-want +got):\n%s", diff)
 		}
 		for _, p := range held {
-			l.Release(p, time.Now(), 0, Success)
+			l.Release(p, time.Now(), 0, policy.Success)
 		}
 		if l.InFlight() != 0 || l.Queued() != 0 {
 			t.Errorf("InFlight %d, Queued %d at the end", l.InFlight(), l.Queued())
@@ -345,7 +347,7 @@ func TestLimiterPriorityEviction(t *testing.T) {
 		// Limit 2, two places. With a history of Bulk only, a Bulk arrival
 		// at a half-full queue is shed with probability about 0.5, which
 		// the first one accrues without being shed.
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1}, time.Now())
 		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
 		held := lmFill(t, l, time.Now(), 2)
 		out := make(chan lmResult, 8)
@@ -380,11 +382,11 @@ func TestLimiterPriorityEviction(t *testing.T) {
 			t.Errorf("results (-want +got):\n%s", diff)
 		}
 		for _, p := range held {
-			l.Release(p, time.Now(), 0, Success)
+			l.Release(p, time.Now(), 0, policy.Success)
 		}
 		synctest.Wait()
 		for _, r := range lmTake(out) {
-			l.Release(r.p, time.Now(), 0, Success)
+			l.Release(r.p, time.Now(), 0, policy.Success)
 		}
 	})
 }
@@ -395,7 +397,7 @@ func TestLimiterPriorityEviction(t *testing.T) {
 // heavy one's arrival does not evict a light one.
 func TestLimiterTenantFairEviction(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1.5}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 1.5}, time.Now())
 		// History: heavy has had nine admissions for every one of
 		// light's and medium's.
 		for i := range 110 {
@@ -410,7 +412,7 @@ func TestLimiterTenantFairEviction(t *testing.T) {
 			if !d.OK {
 				t.Fatal("refused while empty")
 			}
-			l.Release(p, time.Now(), 0, Canceled)
+			l.Release(p, time.Now(), 0, policy.Canceled)
 		}
 		lmWarm(t, l, time.Now(), shedding.Bulk, 1000)
 		held := lmFill(t, l, time.Now(), 2)
@@ -439,18 +441,18 @@ func TestLimiterTenantFairEviction(t *testing.T) {
 			t.Errorf("results (-want +got):\n%s", diff)
 		}
 		for _, p := range held {
-			l.Release(p, time.Now(), 0, Success)
+			l.Release(p, time.Now(), 0, policy.Success)
 		}
 		synctest.Wait()
 		for _, r := range lmTake(out) {
 			if !r.d.OK {
 				t.Errorf("%s: %+v at the end", r.name, r.d)
 			}
-			l.Release(r.p, time.Now(), 0, Success)
+			l.Release(r.p, time.Now(), 0, policy.Success)
 		}
 		synctest.Wait()
 		for _, r := range lmTake(out) {
-			l.Release(r.p, time.Now(), 0, Success)
+			l.Release(r.p, time.Now(), 0, policy.Success)
 		}
 	})
 }
@@ -459,7 +461,7 @@ func TestLimiterTenantFairEviction(t *testing.T) {
 // on the virtual clock, and leaves nothing behind.
 func TestLimiterWaitBoundedByDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 1, MaxLimit: 1, QueueFactor: 1}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 1, MaxLimit: 1, QueueFactor: 1}, time.Now())
 		held := lmFill(t, l, time.Now(), 1)
 		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 		defer cancel()
@@ -479,7 +481,7 @@ func TestLimiterWaitBoundedByDeadline(t *testing.T) {
 		if d.Reason != LimiterCanceled || d.Waited {
 			t.Errorf("expired context: %+v", d)
 		}
-		l.Release(held[0], time.Now(), 0, Success)
+		l.Release(held[0], time.Now(), 0, policy.Success)
 		if l.InFlight() != 0 {
 			t.Errorf("InFlight = %d", l.InFlight())
 		}
@@ -491,7 +493,7 @@ func TestLimiterWaitBoundedByDeadline(t *testing.T) {
 // Critical ones queue.
 func TestLimiterShedsLowerBeforeQueueing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 10}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 10}, time.Now())
 		held := lmFill(t, l, time.Now(), 2)
 		out := make(chan lmResult, 64)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -527,7 +529,7 @@ func TestLimiterShedsLowerBeforeQueueing(t *testing.T) {
 			}
 		}
 		for _, p := range held {
-			l.Release(p, time.Now(), 0, Success)
+			l.Release(p, time.Now(), 0, policy.Success)
 		}
 	})
 }
@@ -539,7 +541,7 @@ func TestLimiterShedsLowerBeforeQueueing(t *testing.T) {
 // waiting, and Critical is never shed before it could queue.
 func TestCriticalNeverShedWhileLowerSheddable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 4, MaxLimit: 4, QueueFactor: 2}, time.Now())
+		l := newLimiter(policy.Limiter{InitialLimit: 4, MaxLimit: 4, QueueFactor: 2}, time.Now())
 		r := rand.New(rand.NewPCG(13, 14))
 		out := make(chan lmResult, 64)
 		var held []LimiterPermit
@@ -584,7 +586,7 @@ func TestCriticalNeverShedWhileLowerSheddable(t *testing.T) {
 				k := r.IntN(len(held))
 				p := held[k]
 				held = append(held[:k], held[k+1:]...)
-				l.Release(p, time.Now(), 0, Success)
+				l.Release(p, time.Now(), 0, policy.Success)
 				synctest.Wait()
 				collect()
 				continue
@@ -596,7 +598,7 @@ func TestCriticalNeverShedWhileLowerSheddable(t *testing.T) {
 		}
 		for len(held) > 0 || l.Queued() > 0 {
 			for _, p := range held {
-				l.Release(p, time.Now(), 0, Success)
+				l.Release(p, time.Now(), 0, policy.Success)
 			}
 			held = held[:0]
 			synctest.Wait()
@@ -610,7 +612,7 @@ func TestCriticalNeverShedWhileLowerSheddable(t *testing.T) {
 }
 
 func TestLimiterDoesNotAllocate(t *testing.T) {
-	l := NewAdaptiveLimiter(Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{}, lmStart)
 	ctx := context.Background()
 	tenants := []string{"acme", "globex", ""}
 	i := 0
@@ -620,7 +622,7 @@ func TestLimiterDoesNotAllocate(t *testing.T) {
 		if !d.OK {
 			t.Fatal("refused")
 		}
-		l.Release(p, now, 5*time.Millisecond, Success)
+		l.Release(p, now, 5*time.Millisecond, policy.Success)
 		i++
 	}); n != 0 {
 		t.Errorf("Acquire and Release allocate %v times, want 0", n)
@@ -628,12 +630,12 @@ func TestLimiterDoesNotAllocate(t *testing.T) {
 }
 
 func TestNilLimiter(t *testing.T) {
-	var l *AdaptiveLimiter
+	var l *Limiter
 	p, d := l.Acquire(context.Background(), lmStart, shedding.Bulk, "")
 	if !d.OK {
 		t.Error("nil limiter refused")
 	}
-	if c := l.Release(p, lmStart, time.Second, Success); c.Changed() {
+	if c := l.Release(p, lmStart, time.Second, policy.Success); c.Changed() {
 		t.Error("nil limiter changed")
 	}
 	if l.Limit() != 0 || l.InFlight() != 0 || l.Queued() != 0 || l.Pressure() != 0 {
@@ -642,15 +644,15 @@ func TestNilLimiter(t *testing.T) {
 }
 
 func TestLimiterDefaults(t *testing.T) {
-	got := Limiter{InitialLimit: 5000, MinLimit: 10}.WithDefaults()
-	want := Limiter{InitialLimit: 1000, MinLimit: 10, MaxLimit: 1000, QueueFactor: 0.5}
+	got := policy.Limiter{InitialLimit: 5000, MinLimit: 10}.WithDefaults()
+	want := policy.Limiter{InitialLimit: 1000, MinLimit: 10, MaxLimit: 1000, QueueFactor: 0.5}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("WithDefaults (-want +got):\n%s", diff)
 	}
-	if got := (Limiter{QueueFactor: -1}).WithDefaults().QueueFactor; got != -1 {
+	if got := (policy.Limiter{QueueFactor: -1}).WithDefaults().QueueFactor; got != -1 {
 		t.Errorf("negative QueueFactor became %v", got)
 	}
-	l := NewAdaptiveLimiter(Limiter{QueueFactor: -1, InitialLimit: 1, MaxLimit: 1}, lmStart)
+	l := newLimiter(policy.Limiter{QueueFactor: -1, InitialLimit: 1, MaxLimit: 1}, lmStart)
 	if l.Pressure() != 0 {
 		t.Error("pressure below the limit with no queue")
 	}
@@ -661,7 +663,7 @@ func TestLimiterDefaults(t *testing.T) {
 	if _, d := l.Acquire(context.Background(), lmStart, shedding.Critical, ""); d.Reason != LimiterFull {
 		t.Errorf("no queue: %+v, want full", d)
 	}
-	l.Release(p, lmStart, time.Millisecond, Success)
+	l.Release(p, lmStart, time.Millisecond, policy.Success)
 }
 
 // TestLimiterShedsHeavyTenantsFirstBeforeQueueing: within one priority, the
@@ -670,7 +672,7 @@ func TestLimiterDefaults(t *testing.T) {
 func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		now := time.Now()
-		l := NewAdaptiveLimiter(Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 40}, now)
+		l := newLimiter(policy.Limiter{InitialLimit: 2, MaxLimit: 2, QueueFactor: 40}, now)
 		for i := range 110 { // admissions: heavy 100, light 10
 			id := "heavy"
 			if i%11 == 0 {
@@ -680,7 +682,7 @@ func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 			if !d.OK {
 				t.Fatalf("history: refused %+v", d)
 			}
-			l.Release(p, now, 0, Canceled)
+			l.Release(p, now, 0, policy.Canceled)
 		}
 		held := lmFill(t, l, now, 2)
 		out := make(chan lmResult, 128)
@@ -705,11 +707,11 @@ func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 		synctest.Wait()
 		for _, r := range lmTake(out) {
 			if r.d.OK {
-				l.Release(r.p, time.Now(), 0, Canceled)
+				l.Release(r.p, time.Now(), 0, policy.Canceled)
 			}
 		}
 		for _, p := range held {
-			l.Release(p, time.Now(), 0, Canceled)
+			l.Release(p, time.Now(), 0, policy.Canceled)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package policy
+package gate
 
 import (
 	"context"
@@ -7,13 +7,15 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/resilix/resilix/policy"
 )
 
 var rlStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // TestRateLimiterSteps: fail fast (MaxWait 0) over explicit instants.
 func TestRateLimiterSteps(t *testing.T) {
-	l := NewRateLimiter(RateLimit{PerSecond: 10, Burst: 2})
+	l := newRateLimiter(policy.RateLimit{PerSecond: 10, Burst: 2})
 	ms := time.Millisecond
 	steps := []struct {
 		at        time.Duration
@@ -44,20 +46,6 @@ func TestRateLimiterSteps(t *testing.T) {
 	}
 }
 
-func TestRateLimitDefaults(t *testing.T) {
-	for _, tt := range []struct {
-		perSecond float64
-		burst     int
-	}{{0.5, 1}, {1, 1}, {10, 1}, {11, 2}, {95, 10}, {1000, 100}} {
-		if got := (RateLimit{PerSecond: tt.perSecond}).WithDefaults().Burst; got != tt.burst {
-			t.Errorf("PerSecond %v: Burst = %d, want %d", tt.perSecond, got, tt.burst)
-		}
-	}
-	if got := (RateLimit{PerSecond: 10, Burst: 7}).WithDefaults().Burst; got != 7 {
-		t.Errorf("Burst 7 became %d", got)
-	}
-}
-
 // TestRateLimiterWait runs a second caller against an emptied bucket of
 // 10 per second (a token every 100ms), in a bubble.
 func TestRateLimiterWait(t *testing.T) {
@@ -84,7 +72,7 @@ func TestRateLimiterWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				l := NewRateLimiter(RateLimit{PerSecond: tt.perSecond, Burst: 1, MaxWait: tt.maxWait})
+				l := newRateLimiter(policy.RateLimit{PerSecond: tt.perSecond, Burst: 1, MaxWait: tt.maxWait})
 				if ok, _ := l.Acquire(t.Context(), time.Now()); !ok {
 					t.Fatal("first Acquire refused")
 				}
@@ -124,7 +112,7 @@ func TestRateLimiterWait(t *testing.T) {
 // exceeded.
 func TestRateLimiterCancelBehindQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := NewRateLimiter(RateLimit{PerSecond: 10, Burst: 1, MaxWait: time.Second})
+		l := newRateLimiter(policy.RateLimit{PerSecond: 10, Burst: 1, MaxWait: time.Second})
 		start := time.Now()
 		l.Acquire(t.Context(), start)
 		ctxA, cancelA := context.WithCancel(t.Context())
@@ -157,7 +145,7 @@ func TestRateLimiterCancelBehindQueue(t *testing.T) {
 
 func TestRateLimiterAllocs(t *testing.T) {
 	ctx := t.Context()
-	l := NewRateLimiter(RateLimit{PerSecond: 1e6, Burst: 1})
+	l := newRateLimiter(policy.RateLimit{PerSecond: 1e6, Burst: 1})
 	now := rlStart
 	if allocs := testing.AllocsPerRun(1000, func() {
 		now = now.Add(time.Millisecond)
@@ -167,7 +155,7 @@ func TestRateLimiterAllocs(t *testing.T) {
 	}); allocs != 0 {
 		t.Fatalf("admit: %v allocs, want 0", allocs)
 	}
-	empty := NewRateLimiter(RateLimit{PerSecond: 1, Burst: 1, MaxWait: time.Millisecond})
+	empty := newRateLimiter(policy.RateLimit{PerSecond: 1, Burst: 1, MaxWait: time.Millisecond})
 	empty.Acquire(ctx, rlStart)
 	if allocs := testing.AllocsPerRun(1000, func() {
 		if ok, _ := empty.Acquire(ctx, rlStart); ok {

@@ -1,4 +1,4 @@
-package policy
+package gate
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/resilix/resilix/policy"
 )
 
 // bkStart is the instant every breaker step table starts from.
@@ -28,12 +30,12 @@ type bkStep struct {
 	at   time.Duration
 	op   bkOp
 	slot int
-	o    Outcome
+	o    policy.Outcome
 
-	ok     bool             // bkAllow, bkCall: want admitted
-	retry  [2]time.Duration // refused bkAllow: want RetryAfter in [retry[0], retry[1]]
-	change BreakerChange    // want; for bkCall, Done's change, or Allow's when Done made none
-	state  BreakerState     // want State after the step
+	ok     bool                // bkAllow, bkCall: want admitted
+	retry  [2]time.Duration    // refused bkAllow: want RetryAfter in [retry[0], retry[1]]
+	change BreakerChange       // want; for bkCall, Done's change, or Allow's when Done made none
+	state  policy.BreakerState // want State after the step
 
 	// loose skips every check but the one-permit-per-slot bookkeeping: for
 	// generated traffic whose trip instant the table does not pin.
@@ -49,9 +51,9 @@ type bkChange struct {
 
 // bkRun runs steps against a new breaker and returns it with every change
 // it reported.
-func bkRun(t *testing.T, cfg Breaker, steps []bkStep) (*CircuitBreaker, []bkChange) {
+func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChange) {
 	t.Helper()
-	b := NewCircuitBreaker(cfg, bkStart, 1)
+	b := newBreaker(cfg, bkStart, 1)
 	slots := map[int]BreakerPermit{}
 	var changes []bkChange
 	note := func(at time.Duration, c BreakerChange) {
@@ -115,10 +117,10 @@ func bkRun(t *testing.T, cfg Breaker, steps []bkStep) (*CircuitBreaker, []bkChan
 }
 
 var (
-	bkTrip    = BreakerChange{BreakerClosed, BreakerOpen}
-	bkProbe   = BreakerChange{BreakerOpen, BreakerHalfOpen}
-	bkRecover = BreakerChange{BreakerHalfOpen, BreakerClosed}
-	bkReopen  = BreakerChange{BreakerHalfOpen, BreakerOpen}
+	bkTrip    = BreakerChange{policy.BreakerClosed, policy.BreakerOpen}
+	bkProbe   = BreakerChange{policy.BreakerOpen, policy.BreakerHalfOpen}
+	bkRecover = BreakerChange{policy.BreakerHalfOpen, policy.BreakerClosed}
+	bkReopen  = BreakerChange{policy.BreakerHalfOpen, policy.BreakerOpen}
 )
 
 // bkTraffic returns n calls, one every `every` from `from`, failing where
@@ -127,9 +129,9 @@ var (
 func bkTraffic(from, every time.Duration, n int, fail func(i int) bool, loose bool) []bkStep {
 	steps := make([]bkStep, n)
 	for i := range steps {
-		o := Success
+		o := policy.Success
 		if fail(i) {
-			o = Failure
+			o = policy.Failure
 		}
 		steps[i] = bkStep{at: from + time.Duration(i)*every, op: bkCall, o: o, ok: true, loose: loose}
 	}
@@ -157,78 +159,78 @@ func TestBreakerPct35Pattern(t *testing.T) {
 const bkS = time.Second
 
 func TestBreakerConsecutiveTrip(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkS, Probes: 2}
+	cfg := policy.Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkS, Probes: 2}
 	bkRun(t, cfg, []bkStep{
-		{at: 0, op: bkCall, o: Success, ok: true},
-		{at: 1 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 2 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 3 * bkS, op: bkCall, o: Success, ok: true}, // resets the run
-		{at: 4 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 5 * bkS, op: bkCall, o: Canceled, ok: true}, // not evidence: the run goes on
-		{at: 5 * bkS, op: bkCall, o: Discarded, ok: true},
-		{at: 5 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 6 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		{at: 0, op: bkCall, o: policy.Success, ok: true},
+		{at: 1 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 2 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 3 * bkS, op: bkCall, o: policy.Success, ok: true}, // resets the run
+		{at: 4 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 5 * bkS, op: bkCall, o: policy.Canceled, ok: true}, // not evidence: the run goes on
+		{at: 5 * bkS, op: bkCall, o: policy.Discarded, ok: true},
+		{at: 5 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 6 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
 		// Open until 6s + [4s, 5s).
-		{at: 7 * bkS, op: bkAllow, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: BreakerOpen},
-		{at: 9 * bkS, op: bkAllow, retry: [2]time.Duration{1 * bkS, 2 * bkS}, state: BreakerOpen},
-		{at: 11 * bkS, op: bkCheck, state: BreakerHalfOpen}, // State reports it; the move is Allow's
-		{at: 11 * bkS, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 11 * bkS, op: bkDone, ok: true, o: Success, change: bkRecover},
+		{at: 7 * bkS, op: bkAllow, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: policy.BreakerOpen},
+		{at: 9 * bkS, op: bkAllow, retry: [2]time.Duration{1 * bkS, 2 * bkS}, state: policy.BreakerOpen},
+		{at: 11 * bkS, op: bkCheck, state: policy.BreakerHalfOpen}, // State reports it; the move is Allow's
+		{at: 11 * bkS, op: bkAllow, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		{at: 11 * bkS, op: bkDone, ok: true, o: policy.Success, change: bkRecover},
 		// Closed again with a fresh run: two failures do not trip.
-		{at: 12 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 13 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 14 * bkS, op: bkCall, o: Success, ok: true},
+		{at: 12 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 13 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 14 * bkS, op: bkCall, o: policy.Success, ok: true},
 	})
 }
 
 func TestBreakerHalfOpenProbes(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkS, Probes: 2}
+	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkS, Probes: 2}
 	full := [2]time.Duration{0, 0} // half-open with every slot taken: no hint
 	bkRun(t, cfg, []bkStep{
-		{at: 0, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		{at: 5 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 5 * bkS, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
-		{at: 5 * bkS, op: bkAllow, slot: 2, retry: full, state: BreakerHalfOpen},
+		{at: 0, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 1, ok: true, state: policy.BreakerHalfOpen},
+		{at: 5 * bkS, op: bkAllow, slot: 2, retry: full, state: policy.BreakerHalfOpen},
 		// A discarded probe (a hedge loser) records nothing but frees its slot.
-		{at: 6 * bkS, op: bkDone, slot: 0, o: Discarded, ok: true, state: BreakerHalfOpen},
-		{at: 6 * bkS, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
-		{at: 6 * bkS, op: bkAllow, slot: 3, retry: full, state: BreakerHalfOpen},
+		{at: 6 * bkS, op: bkDone, slot: 0, o: policy.Discarded, ok: true, state: policy.BreakerHalfOpen},
+		{at: 6 * bkS, op: bkAllow, slot: 2, ok: true, state: policy.BreakerHalfOpen},
+		{at: 6 * bkS, op: bkAllow, slot: 3, retry: full, state: policy.BreakerHalfOpen},
 		// So does one the caller gave up on.
-		{at: 7 * bkS, op: bkDone, slot: 1, o: Canceled, ok: true, state: BreakerHalfOpen},
-		{at: 7 * bkS, op: bkAllow, slot: 3, ok: true, state: BreakerHalfOpen},
+		{at: 7 * bkS, op: bkDone, slot: 1, o: policy.Canceled, ok: true, state: policy.BreakerHalfOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 3, ok: true, state: policy.BreakerHalfOpen},
 		// A probe's failure opens again, for a fresh jittered OpenFor.
-		{at: 8 * bkS, op: bkDone, slot: 2, o: Failure, ok: true, change: bkReopen, state: BreakerOpen},
+		{at: 8 * bkS, op: bkDone, slot: 2, o: policy.Failure, ok: true, change: bkReopen, state: policy.BreakerOpen},
 		// The other probe's result is from the last generation: ignored.
-		{at: 8 * bkS, op: bkDone, slot: 3, o: Success, ok: true, state: BreakerOpen},
-		{at: 9 * bkS, op: bkAllow, slot: 4, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: BreakerOpen},
-		{at: 13 * bkS, op: bkAllow, slot: 4, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 13 * bkS, op: bkDone, slot: 4, o: Success, ok: true, change: bkRecover},
-		{at: 14 * bkS, op: bkCall, o: Success, ok: true},
+		{at: 8 * bkS, op: bkDone, slot: 3, o: policy.Success, ok: true, state: policy.BreakerOpen},
+		{at: 9 * bkS, op: bkAllow, slot: 4, retry: [2]time.Duration{3 * bkS, 4 * bkS}, state: policy.BreakerOpen},
+		{at: 13 * bkS, op: bkAllow, slot: 4, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		{at: 13 * bkS, op: bkDone, slot: 4, o: policy.Success, ok: true, change: bkRecover},
+		{at: 14 * bkS, op: bkCall, o: policy.Success, ok: true},
 	})
 }
 
 func TestBreakerLateResultsIgnored(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkS, Probes: 1}
+	cfg := policy.Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkS, Probes: 1}
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkAllow, slot: 0, ok: true}, // closed-state permits that finish late
 		{at: 0, op: bkAllow, slot: 1, ok: true},
 		{at: 0, op: bkAllow, slot: 5, ok: true},
-		{at: 1 * bkS, op: bkCall, o: Failure, ok: true},
-		{at: 2 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		{at: 3 * bkS, op: bkDone, slot: 0, o: Failure, ok: true, state: BreakerOpen},
-		{at: 3 * bkS, op: bkDone, slot: 1, o: Success, ok: true, state: BreakerOpen},
-		{at: 7 * bkS, op: bkAllow, slot: 2, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		{at: 7 * bkS, op: bkAllow, slot: 3, state: BreakerHalfOpen},
-		{at: 7 * bkS, op: bkDone, slot: 2, o: Success, ok: true, change: bkRecover},
+		{at: 1 * bkS, op: bkCall, o: policy.Failure, ok: true},
+		{at: 2 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
+		{at: 3 * bkS, op: bkDone, slot: 0, o: policy.Failure, ok: true, state: policy.BreakerOpen},
+		{at: 3 * bkS, op: bkDone, slot: 1, o: policy.Success, ok: true, state: policy.BreakerOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 2, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		{at: 7 * bkS, op: bkAllow, slot: 3, state: policy.BreakerHalfOpen},
+		{at: 7 * bkS, op: bkDone, slot: 2, o: policy.Success, ok: true, change: bkRecover},
 		{at: 8 * bkS, op: bkAllow, slot: 4, ok: true},
-		{at: 8 * bkS, op: bkCall, o: Failure, ok: true}, // one failure in the run
+		{at: 8 * bkS, op: bkCall, o: policy.Failure, ok: true}, // one failure in the run
 		// A failure from two generations ago does not make it two.
-		{at: 9 * bkS, op: bkDone, slot: 5, o: Failure, ok: true},
+		{at: 9 * bkS, op: bkDone, slot: 5, o: policy.Failure, ok: true},
 		// Nor does the zero permit (slot 99 was never filled).
-		{at: 9 * bkS, op: bkDone, slot: 99, o: Failure, ok: true},
-		{at: 10 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
+		{at: 9 * bkS, op: bkDone, slot: 99, o: policy.Failure, ok: true},
+		{at: 10 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
 		// A current-generation closed permit finishing after the trip is late too.
-		{at: 10 * bkS, op: bkDone, slot: 4, o: Success, ok: true, state: BreakerOpen},
+		{at: 10 * bkS, op: bkDone, slot: 4, o: policy.Success, ok: true, state: policy.BreakerOpen},
 	})
 }
 
@@ -236,61 +238,61 @@ func TestBreakerRateRules(t *testing.T) {
 	calls := func(start time.Duration, outcomes string) []bkStep {
 		var s []bkStep
 		for i, c := range outcomes {
-			o := Success
+			o := policy.Success
 			if c == 'F' {
-				o = Failure
+				o = policy.Failure
 			}
 			s = append(s, bkStep{at: start + time.Duration(i)*bkS, op: bkCall, o: o, ok: true})
 		}
 		return s
 	}
 	tripAt := func(s []bkStep) []bkStep {
-		s[len(s)-1].change, s[len(s)-1].state = bkTrip, BreakerOpen
+		s[len(s)-1].change, s[len(s)-1].state = bkTrip, policy.BreakerOpen
 		return s
 	}
 	tests := []struct {
 		name  string
-		cfg   Breaker
+		cfg   policy.Breaker
 		steps []bkStep
 	}{{
 		// Warm-up trip point 0.5: 5 of 10 is not above it, 6 of 11 is.
 		name:  "MinCalls",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 10},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 10},
 		steps: append(calls(0, "FFFFSSSSSF"), tripAt(calls(10*bkS, "F"))...),
 	}, {
 		name:  "two failures",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 1},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 1},
 		steps: append(calls(0, "F"), tripAt(calls(bkS, "F"))...),
 	}, {
 		name:  "FailureRatio",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 8, FailureRatio: 0.25},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 8, FailureRatio: 0.25},
 		steps: tripAt(calls(0, "SSSFSSSF")),
 	}, {
 		name:  "FailureRatio needs two failures",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.25},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.25},
 		steps: tripAt(calls(0, "SSSFSSSF")),
 	}, {
 		name:  "consecutive off",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 100},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 100},
 		steps: calls(0, "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"),
 	}, {
 		// 4 failures in 7 calls would reach FailureRatio; the first three
 		// have left the window by the time the last four come (2 in 4).
 		name:  "old outcomes leave the window",
-		cfg:   Breaker{ConsecutiveFailures: -1, MinCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
 		steps: append(calls(0, "FFS"), calls(60*bkS, "SFSF")...),
 	}, {
 		// Closing starts an empty window: the failures that tripped it
 		// do not count again.
 		name: "closing empties the window",
-		cfg:  Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
+		cfg:  policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
 		steps: append(tripAt(calls(0, "SSFF")),
-			bkStep{at: 8 * bkS, op: bkAllow, ok: true, change: bkProbe, state: BreakerHalfOpen},
-			bkStep{at: 8 * bkS, op: bkDone, o: Success, ok: true, change: bkRecover},
-			bkStep{at: 9 * bkS, op: bkCall, o: Failure, ok: true},
-			bkStep{at: 10 * bkS, op: bkCall, o: Failure, ok: true},
-			bkStep{at: 11 * bkS, op: bkCall, o: Success, ok: true},
-			bkStep{at: 12 * bkS, op: bkCall, o: Success, ok: true},
+			bkStep{at: 8 * bkS, op: bkAllow, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+			bkStep{at: 8 * bkS, op: bkDone, o: policy.Success, ok: true, change: bkRecover},
+			bkStep{at: 9 * bkS, op: bkCall, o: policy.Failure, ok: true},
+			bkStep{at: 10 * bkS, op: bkCall, o: policy.Failure, ok: true},
+			bkStep{at: 11 * bkS, op: bkCall, o: policy.Success, ok: true},
+			bkStep{at: 12 * bkS, op: bkCall, o: policy.Success, ok: true},
 		),
 	}}
 	for _, tt := range tests {
@@ -302,7 +304,7 @@ func TestBreakerRateRules(t *testing.T) {
 // then a change, with a call every 100ms.
 func TestBreakerRelativeTrip(t *testing.T) {
 	const every = 100 * time.Millisecond
-	cfg := Breaker{MinCalls: 20, Window: 40 * bkS} // ConsecutiveFailures 5: never reached
+	cfg := policy.Breaker{MinCalls: 20, Window: 40 * bkS} // ConsecutiveFailures 5: never reached
 	phase := func(from time.Duration, fail func(int) bool, loose bool) []bkStep {
 		return bkTraffic(from, every, 2000, fail, loose) // 200s: five Windows
 	}
@@ -350,13 +352,13 @@ func TestBreakerRelativeTrip(t *testing.T) {
 // A fresh scope has no baseline: its trip point is 0.5, so a dependency
 // that fails 35% of the time from the start is learned, not tripped.
 func TestBreakerWarmup(t *testing.T) {
-	cfg := Breaker{MinCalls: 20, Window: 40 * bkS}
+	cfg := policy.Breaker{MinCalls: 20, Window: 40 * bkS}
 	b, _ := bkRun(t, cfg, bkTraffic(0, 100*time.Millisecond, 2000, bkPct35, false))
 	r := b.Rate(bkStart.Add(200 * bkS))
 	if want := 0.35; !r.BaselineKnown || math.Abs(r.Baseline-want) > 1e-9 {
 		t.Fatalf("Rate = %+v, want baseline %v", r, want)
 	}
-	if r0 := NewCircuitBreaker(cfg, bkStart, 1).Rate(bkStart); r0.BaselineKnown || r0.TripPoint != 0.5 {
+	if r0 := newBreaker(cfg, bkStart, 1).Rate(bkStart); r0.BaselineKnown || r0.TripPoint != 0.5 {
 		t.Fatalf("fresh Rate = %+v, want no baseline and trip point 0.5", r0)
 	}
 }
@@ -364,16 +366,16 @@ func TestBreakerWarmup(t *testing.T) {
 // With a baseline of zero the floor decides: at MinCalls 20, one
 // failure never trips, and it takes a rate above 0.2.
 func TestBreakerNearZeroBaseline(t *testing.T) {
-	cfg := Breaker{ConsecutiveFailures: -1, MinCalls: 20, Window: 40 * bkS}
+	cfg := policy.Breaker{ConsecutiveFailures: -1, MinCalls: 20, Window: 40 * bkS}
 	steps := bkTraffic(0, bkS, 200, bkNever, false) // 0% for 200s
 	// Idle until 300s: the window empties. Then 19 successes and a failure.
 	steps = append(steps, bkTraffic(300*bkS, bkS, 19, bkNever, false)...)
 	steps = append(steps,
-		bkStep{at: 319 * bkS, op: bkCall, o: Failure, ok: true},                                     // 1 of 20: one failure is no trend
-		bkStep{at: 320 * bkS, op: bkCall, o: Failure, ok: true},                                     // 2 of 21 = 0.095
-		bkStep{at: 321 * bkS, op: bkCall, o: Failure, ok: true},                                     // 3 of 22 = 0.136
-		bkStep{at: 322 * bkS, op: bkCall, o: Failure, ok: true},                                     // 4 of 23 = 0.174
-		bkStep{at: 323 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen}, // 5 of 24 = 0.208
+		bkStep{at: 319 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 1 of 20: one failure is no trend
+		bkStep{at: 320 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 2 of 21 = 0.095
+		bkStep{at: 321 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 3 of 22 = 0.136
+		bkStep{at: 322 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 4 of 23 = 0.174
+		bkStep{at: 323 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen}, // 5 of 24 = 0.208
 	)
 	b, _ := bkRun(t, cfg, steps[:200])
 	if r := b.Rate(bkStart.Add(250 * bkS)); !r.BaselineKnown || r.Baseline != 0 || r.TripPoint != 0.2 {
@@ -383,9 +385,9 @@ func TestBreakerNearZeroBaseline(t *testing.T) {
 }
 
 func TestBreakerRateReport(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.4}, bkStart, 1)
+	b := newBreaker(policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.4}, bkStart, 1)
 	now := bkStart
-	for _, o := range []Outcome{Success, Failure, Success, Success, Discarded, Canceled} {
+	for _, o := range []policy.Outcome{policy.Success, policy.Failure, policy.Success, policy.Success, policy.Discarded, policy.Canceled} {
 		p, _ := b.Allow(now)
 		b.Done(now, p, o)
 	}
@@ -398,9 +400,9 @@ func TestBreakerRateReport(t *testing.T) {
 		t.Fatalf("one failure: Judged = %v, Reached(0.5) = %v, want false", got.Judged(), got.Reached(0.5))
 	}
 	p, _ := b.Allow(now)
-	b.Done(now, p, Failure) // 2 of 5 = 0.4: trips at FailureRatio
+	b.Done(now, p, policy.Failure) // 2 of 5 = 0.4: trips at FailureRatio
 	got = b.Rate(now)
-	if !got.Judged() || !got.Reached(1) || b.State(now) != BreakerOpen {
+	if !got.Judged() || !got.Reached(1) || b.State(now) != policy.BreakerOpen {
 		t.Fatalf("Rate = %+v, state %v: want judged, reached, open", got, b.State(now))
 	}
 }
@@ -410,13 +412,13 @@ func TestBreakerRateReport(t *testing.T) {
 // afresh when a probe fails.
 func TestBreakerJitter(t *testing.T) {
 	const openFor = 4 * bkS
-	cfg := Breaker{ConsecutiveFailures: 1, OpenFor: openFor}
-	trip := func(b *CircuitBreaker, now time.Time) time.Duration {
+	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: openFor}
+	trip := func(b *Breaker, now time.Time) time.Duration {
 		p, d := b.Allow(now)
 		if !d.OK {
 			t.Fatalf("Allow refused before the trip")
 		}
-		if c := b.Done(now, p, Failure); !c.Changed() || c.To != BreakerOpen {
+		if c := b.Done(now, p, policy.Failure); !c.Changed() || c.To != policy.BreakerOpen {
 			t.Fatalf("Done = %+v, want a move to open", c)
 		}
 		_, d = b.Allow(now)
@@ -427,9 +429,9 @@ func TestBreakerJitter(t *testing.T) {
 	lo, hi := time.Duration(math.MaxInt64), time.Duration(0)
 	redrawn := 0
 	for seed := uint64(0); seed < seeds; seed++ {
-		b := NewCircuitBreaker(cfg, bkStart, seed)
+		b := newBreaker(cfg, bkStart, seed)
 		first := trip(b, bkStart)
-		if again := trip(NewCircuitBreaker(cfg, bkStart, seed), bkStart); again != first {
+		if again := trip(newBreaker(cfg, bkStart, seed), bkStart); again != first {
 			t.Fatalf("seed %d: %v then %v: not deterministic", seed, first, again)
 		}
 		// Go half-open and fail the probe: a fresh draw.
@@ -456,26 +458,26 @@ func TestBreakerJitter(t *testing.T) {
 }
 
 func TestBreakerDefaults(t *testing.T) {
-	got := Breaker{}.WithDefaults()
-	want := Breaker{ConsecutiveFailures: 5, MinCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
+	got := policy.Breaker{}.WithDefaults()
+	want := policy.Breaker{ConsecutiveFailures: 5, MinCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("WithDefaults (-want +got):\n%s", diff)
 	}
 	// Defaults in action: five failures in a row trip; three probes.
 	steps := bkTraffic(0, bkS, 4, func(int) bool { return true }, false)
 	steps = append(steps,
-		bkStep{at: 4 * bkS, op: bkCall, o: Failure, ok: true, change: bkTrip, state: BreakerOpen},
-		bkStep{at: 5 * bkS, op: bkAllow, retry: [2]time.Duration{4 * bkS, 5*bkS + 250*time.Millisecond}, state: BreakerOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 1, ok: true, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 2, ok: true, state: BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 3, state: BreakerHalfOpen},
+		bkStep{at: 4 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
+		bkStep{at: 5 * bkS, op: bkAllow, retry: [2]time.Duration{4 * bkS, 5*bkS + 250*time.Millisecond}, state: policy.BreakerOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 1, ok: true, state: policy.BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 2, ok: true, state: policy.BreakerHalfOpen},
+		bkStep{at: 11 * bkS, op: bkAllow, slot: 3, state: policy.BreakerHalfOpen},
 	)
-	bkRun(t, Breaker{}, steps)
+	bkRun(t, policy.Breaker{}, steps)
 }
 
 func TestBreakerAllocs(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: -1, MinCalls: 1 << 30}, bkStart, 1)
+	b := newBreaker(policy.Breaker{ConsecutiveFailures: -1, MinCalls: 1 << 30}, bkStart, 1)
 	now := bkStart
 	i := 0
 	allocs := testing.AllocsPerRun(1000, func() {
@@ -484,9 +486,9 @@ func TestBreakerAllocs(t *testing.T) {
 		if !d.OK {
 			t.Fatal("refused while closed")
 		}
-		o := Success
+		o := policy.Success
 		if i++; i%3 == 0 {
-			o = Failure
+			o = policy.Failure
 		}
 		b.Done(now, p, o)
 		_ = b.Rate(now)
@@ -496,9 +498,9 @@ func TestBreakerAllocs(t *testing.T) {
 		t.Fatalf("closed Allow+Done: %v allocs, want 0", allocs)
 	}
 
-	b = NewCircuitBreaker(Breaker{ConsecutiveFailures: 1, Probes: 1, OpenFor: 4 * bkS}, bkStart, 1)
+	b = newBreaker(policy.Breaker{ConsecutiveFailures: 1, Probes: 1, OpenFor: 4 * bkS}, bkStart, 1)
 	p, _ := b.Allow(bkStart)
-	b.Done(bkStart, p, Failure)
+	b.Done(bkStart, p, policy.Failure)
 	allocs = testing.AllocsPerRun(1000, func() {
 		if _, d := b.Allow(bkStart.Add(bkS)); d.OK || d.RetryAfter == 0 {
 			t.Fatal("admitted while open")
@@ -513,18 +515,18 @@ func TestBreakerAllocs(t *testing.T) {
 		if _, d := b.Allow(later); d.OK {
 			t.Fatal("admitted beyond Probes")
 		}
-		b.Done(later, probe, Discarded) // gives the slot back
+		b.Done(later, probe, policy.Discarded) // gives the slot back
 		if probe, _ = b.Allow(later); !probe.Probe() {
 			t.Fatal("no probe slot after a discarded probe")
 		}
 	})
 	if allocs != 0 {
-		t.Fatalf("half-open Allow+Done(Discarded): %v allocs, want 0", allocs)
+		t.Fatalf("half-open Allow+Done(policy.Discarded): %v allocs, want 0", allocs)
 	}
 }
 
 func TestBreakerConcurrent(t *testing.T) {
-	b := NewCircuitBreaker(Breaker{ConsecutiveFailures: 3, MinCalls: 10, Window: bkS, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
+	b := newBreaker(policy.Breaker{ConsecutiveFailures: 3, MinCalls: 10, Window: bkS, OpenFor: 10 * time.Millisecond, Probes: 2}, bkStart, 7)
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
@@ -541,16 +543,16 @@ func TestBreakerConcurrent(t *testing.T) {
 				if !d.OK {
 					continue
 				}
-				var o Outcome
+				var o policy.Outcome
 				switch {
 				case i%50 < 25:
-					o = Success
+					o = policy.Success
 				case (i+g)%5 == 0:
-					o = Discarded
+					o = policy.Discarded
 				case (i+g)%5 == 1:
-					o = Canceled
+					o = policy.Canceled
 				default:
-					o = Failure
+					o = policy.Failure
 				}
 				local[b.Done(now, p, o)]++
 			}
@@ -573,20 +575,20 @@ func TestBreakerConcurrent(t *testing.T) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.probesOut != 0 && b.state == BreakerHalfOpen {
+	if b.probesOut != 0 && b.state == policy.BreakerHalfOpen {
 		t.Fatalf("%d probes still out after every permit was released", b.probesOut)
 	}
 }
 
 func TestNilGatesAdmit(t *testing.T) {
-	var b *CircuitBreaker
+	var b *Breaker
 	p, d := b.Allow(bkStart)
-	if !d.OK || b.Done(bkStart, p, Failure).Changed() || b.State(bkStart) != BreakerClosed || b.Rate(bkStart) != (BreakerRate{}) {
-		t.Fatal("a nil CircuitBreaker must admit and record nothing")
+	if !d.OK || b.Done(bkStart, p, policy.Failure).Changed() || b.State(bkStart) != policy.BreakerClosed || b.Rate(bkStart) != (BreakerRate{}) {
+		t.Fatal("a nil Breaker must admit and record nothing")
 	}
-	var g *BulkheadGate
+	var g *Bulkhead
 	if !g.Acquire(t.Context()) || g.InFlight() != 0 || g.Waiting() != 0 {
-		t.Fatal("a nil BulkheadGate must admit")
+		t.Fatal("a nil Bulkhead must admit")
 	}
 	g.Release()
 	var l *RateLimiter

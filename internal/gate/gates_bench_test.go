@@ -1,14 +1,16 @@
-package policy
+package gate
 
 import (
 	"testing"
 	"time"
+
+	"github.com/resilix/resilix/policy"
 )
 
 // BenchmarkBreakerAllowDone is one admitted call through a closed breaker:
 // Allow, then Done with its outcome (one failure in ten, never a trip).
 func BenchmarkBreakerAllowDone(b *testing.B) {
-	br := NewCircuitBreaker(Breaker{}, time.Now(), 1)
+	br := newBreaker(policy.Breaker{}, time.Now(), 1)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -17,9 +19,9 @@ func BenchmarkBreakerAllowDone(b *testing.B) {
 		if !d.OK {
 			b.Fatal("refused")
 		}
-		o := Success
+		o := policy.Success
 		if i++; i%10 == 0 {
-			o = Failure
+			o = policy.Failure
 		}
 		br.Done(now, p, o)
 	}
@@ -28,7 +30,7 @@ func BenchmarkBreakerAllowDone(b *testing.B) {
 // BenchmarkBreakerAllowDoneParallel is the same under contention: every
 // goroutine shares one breaker, as the calls of one scope do.
 func BenchmarkBreakerAllowDoneParallel(b *testing.B) {
-	br := NewCircuitBreaker(Breaker{}, time.Now(), 1)
+	br := newBreaker(policy.Breaker{}, time.Now(), 1)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
@@ -39,9 +41,9 @@ func BenchmarkBreakerAllowDoneParallel(b *testing.B) {
 				b.Error("refused")
 				return
 			}
-			o := Success
+			o := policy.Success
 			if i++; i%10 == 0 {
-				o = Failure
+				o = policy.Failure
 			}
 			br.Done(now, p, o)
 		}
@@ -50,7 +52,7 @@ func BenchmarkBreakerAllowDoneParallel(b *testing.B) {
 
 // BenchmarkBulkheadAcquireRelease is the fast path: a free slot.
 func BenchmarkBulkheadAcquireRelease(b *testing.B) {
-	g := NewBulkheadGate(Bulkhead{MaxConcurrent: 64, MaxWait: time.Second})
+	g := newBulkhead(policy.Bulkhead{MaxConcurrent: 64, MaxWait: time.Second})
 	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -63,7 +65,7 @@ func BenchmarkBulkheadAcquireRelease(b *testing.B) {
 
 // BenchmarkRateLimiterAllow is the fast path: a token in the bucket.
 func BenchmarkRateLimiterAllow(b *testing.B) {
-	l := NewRateLimiter(RateLimit{PerSecond: 1e12, Burst: 1 << 20})
+	l := newRateLimiter(policy.RateLimit{PerSecond: 1e12, Burst: 1 << 20})
 	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,4 +1,4 @@
-package policy
+package gate
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/resilix/resilix/policy"
 )
 
 func TestBulkheadFailFast(t *testing.T) {
-	g := NewBulkheadGate(Bulkhead{MaxConcurrent: 2})
+	g := newBulkhead(policy.Bulkhead{MaxConcurrent: 2})
 	ctx := t.Context()
 	for i, want := range []bool{true, true, false, false} {
 		if got := g.Acquire(ctx); got != want {
@@ -57,7 +59,7 @@ func TestBulkheadWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				g := NewBulkheadGate(Bulkhead{MaxConcurrent: 1, MaxWait: tt.maxWait})
+				g := newBulkhead(policy.Bulkhead{MaxConcurrent: 1, MaxWait: tt.maxWait})
 				if !g.Acquire(t.Context()) {
 					t.Fatal("first Acquire refused")
 				}
@@ -102,7 +104,7 @@ func TestBulkheadWait(t *testing.T) {
 // take nothing with them.
 func TestBulkheadWaitersFIFOAndNoLeak(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewBulkheadGate(Bulkhead{MaxConcurrent: 2, MaxWait: time.Second})
+		g := newBulkhead(policy.Bulkhead{MaxConcurrent: 2, MaxWait: time.Second})
 		g.Acquire(t.Context())
 		g.Acquire(t.Context())
 
@@ -157,7 +159,7 @@ func TestBulkheadWaitersFIFOAndNoLeak(t *testing.T) {
 // Many waiters racing releases and their own deadlines: every slot taken
 // is given back, whoever won.
 func TestBulkheadConcurrentNoLeak(t *testing.T) {
-	g := NewBulkheadGate(Bulkhead{MaxConcurrent: 3, MaxWait: time.Millisecond})
+	g := newBulkhead(policy.Bulkhead{MaxConcurrent: 3, MaxWait: time.Millisecond})
 	var wg sync.WaitGroup
 	for i := range 16 {
 		wg.Go(func() {
@@ -185,12 +187,12 @@ func TestBulkheadReleaseWithoutAcquirePanics(t *testing.T) {
 			t.Fatal("Release without Acquire did not panic")
 		}
 	}()
-	NewBulkheadGate(Bulkhead{MaxConcurrent: 1}).Release()
+	newBulkhead(policy.Bulkhead{MaxConcurrent: 1}).Release()
 }
 
 func TestBulkheadAllocs(t *testing.T) {
 	ctx := t.Context()
-	g := NewBulkheadGate(Bulkhead{MaxConcurrent: 1, MaxWait: time.Second})
+	g := newBulkhead(policy.Bulkhead{MaxConcurrent: 1, MaxWait: time.Second})
 	if allocs := testing.AllocsPerRun(1000, func() {
 		if !g.Acquire(ctx) {
 			t.Fatal("refused")
@@ -199,7 +201,7 @@ func TestBulkheadAllocs(t *testing.T) {
 	}); allocs != 0 {
 		t.Fatalf("Acquire+Release: %v allocs, want 0", allocs)
 	}
-	full := NewBulkheadGate(Bulkhead{MaxConcurrent: 1})
+	full := newBulkhead(policy.Bulkhead{MaxConcurrent: 1})
 	full.Acquire(ctx)
 	if allocs := testing.AllocsPerRun(1000, func() {
 		if full.Acquire(ctx) {

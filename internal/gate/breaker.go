@@ -1,0 +1,433 @@
+package gate
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/estimator"
+	"github.com/resilix/resilix/policy"
+)
+
+// The relative trip. A failure rate is judged against the dependency's own
+// baseline: a service that always fails 10% of calls is healthy at 12% and
+// broken at 50%, while one that never fails is broken well before 50%.
+const (
+	// breakerTripFactor: the relative trip point is this multiple of the
+	// baseline. At the default MinCalls (20) and a 10% baseline, the
+	// standard deviation of a window's rate is about 0.067, so 3× (0.3) is
+	// three standard deviations away: noise does not trip it, a real
+	// change does.
+	breakerTripFactor = 3.0
+	// breakerTripFloor: the trip point never goes below this, so a
+	// near-zero baseline does not make a couple of unlucky calls a trip
+	// (with 20 calls it takes 5 failures).
+	breakerTripFloor = 0.2
+	// breakerTripCeiling: the trip point never goes above this, so a
+	// dependency that routinely fails a third of its calls still trips
+	// when nearly everything fails.
+	breakerTripCeiling = 0.9
+	// WarmupTrip is the trip point until the first baseline period
+	// is measured (Hystrix's classic 50%): a fresh scope that fails 25% of
+	// the time from the start is learned, not tripped into a loop.
+	WarmupTrip = 0.5
+	// breakerBaselineSamples: the baseline is the plain mean of its first
+	// samples, then an EWMA with weight 1/breakerBaselineSamples, so its
+	// memory is about ten windows (five minutes at the default Window).
+	breakerBaselineSamples = 10
+	// breakerJitter: an opening lasts OpenFor × [1, 1+breakerJitter).
+	breakerJitter = 0.25
+)
+
+// Counter indexes in Breaker.win.
+const (
+	breakerCalls = iota
+	breakerFailures
+	breakerCounters
+)
+
+// Breaker is the runtime state of a Breaker, one per scope: the
+// classic closed → open → half-open → closed machine
+// (https://martinfowler.com/bliki/Breaker.html), with a trip rule
+// that learns what normal looks like for the dependency.
+//
+// # Admission
+//
+// Allow asks whether a call may go to the dependency now. Closed, it admits
+// everything. Open, it refuses everything, every priority alike (the core
+// never sees priority), with a RetryAfter of the time left until half-open.
+// Half-open, it admits Probes calls at once and refuses the rest with a
+// zero RetryAfter (a slot frees when a probe ends). The transport turns a
+// refusal into a *RejectedError matching ErrCircuitOpen.
+//
+// # Release and evidence
+//
+// An admitted call holds a BreakerPermit, which the transport releases once
+// with Done when the attempt's response headers (or its error) arrive, with
+// the outcome Classify gave them; the body plays no part. Success and
+// Failure are evidence. Canceled (the caller gave up) and Discarded (resilix
+// cancelled a hedge loser) record nothing, but give back a half-open probe
+// slot. Each state change starts a new generation, and a permit from an
+// earlier generation is ignored by Done: a call admitted while closed that
+// fails after the breaker opened counts for nothing, and neither does a
+// probe that finishes after another probe already decided.
+//
+// # Tripping (closed → open)
+//
+// The breaker counts outcomes over a sliding Window (estimator.Counters:
+// four slices of Window/4, a sum covering the last three to four of them).
+// After a Failure it opens when any of these holds:
+//
+//   - ConsecutiveFailures failures in a row (unless that is negative);
+//   - the window's failure rate reaches FailureRatio, when that is set;
+//   - the window's failure rate exceeds the relative trip point.
+//
+// A rate is judged only when the window holds at least MinCalls
+// outcomes, at least two of them failures: one unlucky call is never a
+// trend.
+//
+// The relative trip point is
+//
+//	trip = min(0.9, max(0.2, 3 × baseline))
+//
+// or 0.5 while no baseline has been measured yet. The factor 3 puts the
+// trip about three standard deviations above a 10% baseline at 20 calls;
+// the floor 0.2 keeps a near-zero baseline from tripping on a couple of
+// unlucky calls (at 20 calls it takes 5 failures); the ceiling 0.9 lets a
+// dependency that routinely fails a third of its calls still trip when
+// nearly everything fails.
+//
+// The baseline is the dependency's normal failure rate, learned while the
+// breaker is closed and healthy. Outcomes are also tallied per period of
+// one Window (extended until it holds MinCalls outcomes). When a period
+// ends with a failure rate at or below the trip point (it would not have
+// tripped the breaker), that rate is a sample: the baseline is the mean of
+// the first ten samples, then an EWMA giving each new sample a weight of
+// 0.1 (a memory of about ten windows). A
+// period that was unhealthy, or that ended in a trip, is not a sample, and
+// nothing is learned while open or half-open. All of this is computed
+// lazily from the now passed in; no timer or goroutine runs. A baseline
+// that drifts up slowly is followed (that is what relative means), up to
+// the 0.9 ceiling; FailureRatio is the absolute backstop. Rate reports the
+// window, the baseline and the trip point.
+//
+// # Recovering
+//
+// An opening lasts OpenFor times a uniform draw in [1, 1.25), from a PCG
+// seeded at construction, so breakers that opened together do not probe in
+// lockstep. The move to half-open is lazy: the first Allow at or after that
+// instant makes it and reports it. A probe's Success closes the breaker
+// (with an empty window and consecutive count; the baseline is kept), its
+// Failure opens it again for a fresh jittered OpenFor.
+//
+// # Transitions
+//
+// The breaker calls nothing. Allow and Done return a BreakerChange when they
+// moved the state, and the caller reports it (to Observer.BreakerTransition)
+// after they return, with no lock held. State and Rate never move it.
+//
+// Allow and Done do not allocate, except that Done allocates a fresh window
+// when a probe closes the breaker. A nil *Breaker is a breaker that
+// is off: it admits everything. A Breaker is safe for concurrent use;
+// each method holds one mutex for a few dozen instructions.
+type Breaker struct {
+	consecutive int // trip after this many failures in a row; <= 0 off
+	ratio       float64
+	minCalls    uint64
+	window      time.Duration
+	openFor     time.Duration
+	probes      int
+
+	mu        sync.Mutex
+	state     policy.BreakerState
+	gen       uint64 // changes with every state change; permits carry it
+	failures  int    // consecutive failures while closed
+	win       *estimator.Counters
+	openUntil time.Time // while open: when half-open begins
+	probesOut int       // while half-open: probes admitted and not done
+	rng       rand.PCG
+
+	// The baseline, and the period being tallied for its next sample.
+	baseline                    float64
+	samples                     int // samples folded into baseline, up to breakerBaselineSamples
+	periodStart                 time.Time
+	periodCalls, periodFailures uint64
+}
+
+// NewBreaker returns the runtime state of cfg, closed, with an empty
+// window and no baseline. cfg must be valid (Set.Validate checks it). seed
+// seeds the OpenFor jitter; give each breaker its own (e.g. from a hash of
+// its key), so that breakers that open together probe apart.
+func NewBreaker(cfg policy.Breaker, now time.Time, seed uint64) *Breaker {
+	b := &Breaker{
+		consecutive: cfg.ConsecutiveFailures,
+		ratio:       cfg.FailureRatio,
+		minCalls:    uint64(max(cfg.MinCalls, 1)),
+		window:      cfg.Window,
+		openFor:     cfg.OpenFor,
+		probes:      max(cfg.Probes, 1),
+		gen:         1, // the zero BreakerPermit is never current
+		win:         estimator.NewCounters(cfg.Window, breakerCounters, now),
+		periodStart: now,
+	}
+	b.rng.Seed(seed, seed^0x9e3779b97f4a7c15)
+	return b
+}
+
+// BreakerPermit is what Allow hands an admitted call, to be given back to
+// Done exactly once. It is a small value; the zero BreakerPermit is never
+// current, so Done ignores it.
+type BreakerPermit struct {
+	gen   uint64
+	probe bool
+}
+
+// Probe reports whether the permit is a half-open probe.
+func (p BreakerPermit) Probe() bool { return p.probe }
+
+// BreakerDecision is Allow's answer.
+type BreakerDecision struct {
+	// OK is true when the call is admitted.
+	OK bool
+	// RetryAfter, on a refusal, is the time until the breaker goes
+	// half-open; zero when it is half-open already and every probe slot
+	// is taken.
+	RetryAfter time.Duration
+	// Change is the state change Allow made, if any (open → half-open).
+	Change BreakerChange
+}
+
+// BreakerChange is a state change made by Allow or Done, for the caller to
+// report. The zero value, like any value with From == To, is no change.
+type BreakerChange struct {
+	From, To policy.BreakerState
+}
+
+// Changed reports whether c is a change of state.
+func (c BreakerChange) Changed() bool { return c.From != c.To }
+
+// BreakerRate is the breaker's view of the dependency's failure rate, from
+// Rate. Hedging reads it to stop hedging a dependency that is heading for a
+// trip (Hedge.SuppressAt).
+type BreakerRate struct {
+	// Calls and Failures are the outcomes in the window, counted while
+	// closed. The window is emptied when the breaker closes.
+	Calls, Failures uint64
+	// ErrorRate is Failures/Calls, or 0 with no calls.
+	ErrorRate float64
+	// TripPoint is the failure rate at which the breaker trips: the
+	// relative trip point, or FailureRatio when set and lower.
+	TripPoint float64
+	// Baseline is the measured normal failure rate; BaselineKnown is
+	// false, and Baseline 0, until the first period is measured.
+	Baseline      float64
+	BaselineKnown bool
+	// MinCalls is the configured number of outcomes a rate needs
+	// before it is judged.
+	MinCalls int
+}
+
+// Judged reports whether the window holds enough evidence for its rate to
+// be judged: MinCalls outcomes, two of them failures.
+func (r BreakerRate) Judged() bool {
+	return r.Calls >= uint64(r.MinCalls) && r.Failures >= 2
+}
+
+// Reached reports whether the rate is judged and has reached fraction of
+// the trip point.
+func (r BreakerRate) Reached(fraction float64) bool {
+	return r.Judged() && r.ErrorRate >= fraction*r.TripPoint
+}
+
+// Allow reports whether a call may go to the dependency at now. When it
+// admits (d.OK), the caller must call Done once with the permit and the
+// call's outcome. d.Change reports a move from open to half-open, which
+// Allow makes lazily when the opening has run out.
+func (b *Breaker) Allow(now time.Time) (p BreakerPermit, d BreakerDecision) {
+	if b == nil {
+		return BreakerPermit{}, BreakerDecision{OK: true}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case policy.BreakerClosed:
+		return BreakerPermit{gen: b.gen}, BreakerDecision{OK: true}
+	case policy.BreakerOpen:
+		if now.Before(b.openUntil) {
+			return BreakerPermit{}, BreakerDecision{RetryAfter: b.openUntil.Sub(now)}
+		}
+		b.setState(policy.BreakerHalfOpen)
+		d.Change = BreakerChange{From: policy.BreakerOpen, To: policy.BreakerHalfOpen}
+	}
+	if b.probesOut >= b.probes {
+		return BreakerPermit{}, d
+	}
+	b.probesOut++
+	d.OK = true
+	return BreakerPermit{gen: b.gen, probe: true}, d
+}
+
+// Done releases a permit from Allow with the outcome of its call, and
+// returns the state change it caused, if any. A permit from an earlier
+// generation (issued before the last state change) is ignored.
+func (b *Breaker) Done(now time.Time, p BreakerPermit, o policy.Outcome) BreakerChange {
+	if b == nil {
+		return BreakerChange{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p.gen != b.gen {
+		return BreakerChange{}
+	}
+	switch b.state {
+	case policy.BreakerClosed:
+		if !o.Evidence() {
+			return BreakerChange{}
+		}
+		b.fold(now)
+		b.win.Add(now, breakerCalls, 1)
+		b.periodCalls++
+		if o == policy.Success {
+			b.failures = 0
+			return BreakerChange{}
+		}
+		b.win.Add(now, breakerFailures, 1)
+		b.periodFailures++
+		b.failures++
+		if b.shouldTrip(now) {
+			b.open(now)
+			return BreakerChange{From: policy.BreakerClosed, To: policy.BreakerOpen}
+		}
+	case policy.BreakerHalfOpen:
+		switch o {
+		case policy.Success:
+			b.close(now)
+			return BreakerChange{From: policy.BreakerHalfOpen, To: policy.BreakerClosed}
+		case policy.Failure:
+			b.open(now)
+			return BreakerChange{From: policy.BreakerHalfOpen, To: policy.BreakerOpen}
+		default:
+			b.probesOut = max(b.probesOut-1, 0)
+		}
+	}
+	return BreakerChange{}
+}
+
+// State returns the breaker's state at now. It reports half-open once the
+// opening has run out, though the move itself is made (and reported) by
+// the next Allow.
+func (b *Breaker) State(now time.Time) policy.BreakerState {
+	if b == nil {
+		return policy.BreakerClosed
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == policy.BreakerOpen && !now.Before(b.openUntil) {
+		return policy.BreakerHalfOpen
+	}
+	return b.state
+}
+
+// Rate returns the window's failure rate at now with the baseline and the
+// trip point.
+func (b *Breaker) Rate(now time.Time) BreakerRate {
+	if b == nil {
+		return BreakerRate{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == policy.BreakerClosed {
+		b.fold(now)
+	}
+	var sums [breakerCounters]uint64
+	b.win.Sums(now, sums[:])
+	r := BreakerRate{
+		Calls:         sums[breakerCalls],
+		Failures:      sums[breakerFailures],
+		TripPoint:     b.tripPoint(),
+		Baseline:      b.baseline,
+		BaselineKnown: b.samples > 0,
+		MinCalls:      int(b.minCalls),
+	}
+	if r.Calls > 0 {
+		r.ErrorRate = float64(r.Failures) / float64(r.Calls)
+	}
+	return r
+}
+
+// relativeTrip returns the relative trip point. b.mu is held.
+func (b *Breaker) relativeTrip() float64 {
+	if b.samples == 0 {
+		return WarmupTrip
+	}
+	return min(breakerTripCeiling, max(breakerTripFloor, breakerTripFactor*b.baseline))
+}
+
+// tripPoint returns the lower of the relative trip point and FailureRatio
+// when set. b.mu is held.
+func (b *Breaker) tripPoint() float64 {
+	t := b.relativeTrip()
+	if b.ratio > 0 {
+		t = min(t, b.ratio)
+	}
+	return t
+}
+
+// shouldTrip reports whether the window, just after a failure, trips the
+// breaker. b.mu is held and the breaker is closed.
+func (b *Breaker) shouldTrip(now time.Time) bool {
+	if b.consecutive > 0 && b.failures >= b.consecutive {
+		return true
+	}
+	var sums [breakerCounters]uint64
+	b.win.Sums(now, sums[:])
+	calls, failures := sums[breakerCalls], sums[breakerFailures]
+	if calls < b.minCalls || failures < 2 {
+		return false
+	}
+	rate := float64(failures) / float64(calls)
+	return (b.ratio > 0 && rate >= b.ratio) || rate > b.relativeTrip()
+}
+
+// fold ends the baseline period if it is over, taking its failure rate as a
+// sample when it holds MinCalls outcomes and was healthy. A period with
+// too few outcomes goes on. b.mu is held and the breaker is closed.
+func (b *Breaker) fold(now time.Time) {
+	if now.Sub(b.periodStart) < b.window || b.periodCalls < b.minCalls {
+		return
+	}
+	if rate := float64(b.periodFailures) / float64(b.periodCalls); rate <= b.tripPoint() {
+		b.samples = min(b.samples+1, breakerBaselineSamples)
+		b.baseline += (rate - b.baseline) / float64(b.samples)
+	}
+	b.startPeriod(now)
+}
+
+func (b *Breaker) startPeriod(now time.Time) {
+	b.periodStart, b.periodCalls, b.periodFailures = now, 0, 0
+}
+
+// setState moves to s and starts a new generation. b.mu is held.
+func (b *Breaker) setState(s policy.BreakerState) {
+	b.state = s
+	b.gen++
+	b.failures = 0
+	b.probesOut = 0
+}
+
+// open opens the breaker at now for a jittered OpenFor. The period being
+// tallied ended in a trip and is dropped. b.mu is held.
+func (b *Breaker) open(now time.Time) {
+	b.setState(policy.BreakerOpen)
+	u := float64(b.rng.Uint64()>>11) * 0x1p-53 // uniform in [0, 1)
+	b.openUntil = now.Add(b.openFor + time.Duration(u*breakerJitter*float64(b.openFor)))
+	b.startPeriod(now)
+}
+
+// close closes the breaker at now with an empty window; the baseline is
+// kept. b.mu is held.
+func (b *Breaker) close(now time.Time) {
+	b.setState(policy.BreakerClosed)
+	b.win = estimator.NewCounters(b.window, breakerCounters, now)
+	b.startPeriod(now)
+}

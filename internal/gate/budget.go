@@ -1,0 +1,83 @@
+package gate
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// Budget is the runtime state of a Budget: one per scope, shared by
+// the scope's retries and hedges. It is safe for concurrent use; a nil
+// *Budget is an unlimited budget.
+type Budget struct {
+	ratio, perSecond, max float64
+
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time // when the floor was last accrued
+}
+
+// NewBudget returns the runtime state of b, full, or nil when b is off
+// (negative Ratio). b must have its defaults applied.
+func NewBudget(b policy.Budget, now time.Time) *Budget {
+	if b.Ratio < 0 {
+		return nil
+	}
+	bb := &Budget{
+		ratio:     b.Ratio,
+		perSecond: max(b.MinPerSecond, 0),
+		max:       b.Max,
+		last:      now,
+	}
+	bb.tokens = bb.max
+	return bb
+}
+
+// accrue adds the floor's tokens for the time since the last accrual. The
+// caller holds b.mu.
+func (b *Budget) accrue(now time.Time) {
+	if dt := now.Sub(b.last); dt > 0 {
+		b.tokens = min(b.max, b.tokens+b.perSecond*dt.Seconds())
+		b.last = now
+	}
+}
+
+// Deposit records one logical call.
+func (b *Budget) Deposit(now time.Time) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.accrue(now)
+	b.tokens = min(b.max, b.tokens+b.ratio)
+	b.mu.Unlock()
+}
+
+// Withdraw takes one token for a retry or a hedge, and reports whether
+// there was one to take.
+func (b *Budget) Withdraw(now time.Time) bool {
+	if b == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.accrue(now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Balance returns the tokens in the bucket at now; +Inf for a nil bucket.
+func (b *Budget) Balance(now time.Time) float64 {
+	if b == nil {
+		return math.Inf(1)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.accrue(now)
+	return b.tokens
+}

@@ -1,0 +1,628 @@
+package gate
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/resilix/resilix/estimator"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
+)
+
+// The limit's control law; see Limiter.
+const (
+	// limTolerance: latency may reach this multiple of the baseline before
+	// the limit shrinks.
+	limTolerance = 1.5
+	// limMinGradient: one round shrinks the limit at most by half.
+	limMinGradient = 0.5
+	// limMinRound: a round holds at least this many samples.
+	limMinRound = 20
+	// limBaselineTau is the time constant of the baseline's moving
+	// average.
+	limBaselineTau = 30 * time.Second
+	// limMixWindow is the history of the per-priority mix.
+	limMixWindow = 10 * time.Second
+	// limLightSlack is how many sheds a bucket may owe while it spares
+	// the tenants below their fair share.
+	limLightSlack = 4
+	// limTenantWindow is the history of tenant admissions.
+	limTenantWindow = 30 * time.Second
+)
+
+// Limiter is the runtime state of a Limiter, one per scope: a
+// concurrency limit learned from latency, in the gradient family of
+// Netflix's concurrency-limits (Gradient2,
+// https://github.com/Netflix/concurrency-limits) and Envoy's adaptive
+// concurrency filter (gradient controller,
+// https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter),
+// with a bounded priority queue in front of it.
+//
+// # The limit
+//
+// The limiter learns from the latency of completed attempts, passed to
+// Release: Success latencies as they are; a Failure's latency only as at
+// least the baseline (a timeout is a slow sample, but a fast refusal says
+// nothing about queueing); Canceled and Discarded attempts teach nothing.
+// Samples are gathered in rounds of max(limit, 20): at full use, a round is
+// about one round trip, so the limit moves once per round trip, as a TCP
+// congestion window does, whatever the traffic. At the end of a round, with
+// short its mean latency and baseline the latency the dependency has when
+// it is not queueing:
+//
+//	gradient = clamp(1.5 × baseline / short, 0.5, 1)
+//	limit    = gradient × limit + (used ? sqrt(limit) : 0)
+//
+// kept within [MinLimit, MaxLimit]. The choices, and why:
+//
+//   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
+//     steps the limit by log10 amounts per sample and needs a no-load RTT
+//     found by probing; the gradient scales the limit in proportion to how
+//     far latency rose, which is the right response to a brownout: if
+//     latency doubles, halving the concurrency keeps the dependency's load
+//     where it was (Little's law).
+//   - Tolerance 1.5: latency may rise 50% over the baseline before the
+//     limit shrinks (Gradient2 uses none on an average baseline, Envoy's
+//     buffer adds 25% to a minimum). The mean of a round of 20 exponential
+//     service times has a standard deviation of 22% of the true mean, so
+//     1.5 is over two standard deviations away: noise does not shrink the
+//     limit, a queue does.
+//   - Gradient clamped to [0.5, 1]: a round shrinks the limit at most by
+//     half, so one outlier round cannot collapse it (Gradient2's clamp),
+//     and the gradient never grows it (Envoy's may reach 2): growth comes
+//     from the headroom only, which is tethered.
+//   - Headroom sqrt(limit) per round (Envoy pins its headroom to the square
+//     root of the limit; Netflix's first Gradient limit allowed a queue of
+//     the square root too): fast from small limits, slower from large ones,
+//     and, with the gradient, the limit settles where the queueing it
+//     causes equals the headroom.
+//   - Tethered growth: the headroom is added only when the round was used,
+//     when in-flight reached at least half the limit at some point during
+//     it (Gradient2 applies the same test to each sample). A limit far above what is used is not evidence
+//     that more would be fine, so it does not grow while idle. Because the
+//     tether keys off observed concurrency, hedging cannot shrink the limit:
+//     at constant latency more in flight buys more headroom, not less.
+//   - No smoothing: once a round (one round trip) is the unit, the update is
+//     applied whole, as Envoy does per interval; Gradient2's smoothing of
+//     0.2 is per sample.
+//
+// The baseline is a moving average of round means with a 30 s time
+// constant, started by the first round; the first round changes nothing
+// else. A round whose mean is below half the baseline pulls it halfway down
+// at once (the dependency got faster). A round that was congested (short >
+// 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
+// that latency may be our own queueing. It is learned once the limit is at
+// MinLimit or the round was not used, that is when the dependency is slow
+// whatever we do. So a dependency that becomes permanently slower costs a
+// shrink and a relearning. What remains is the known weakness of a
+// latency-based limiter that does not probe: rounds within the tolerance
+// still raise the baseline, so sustained queueing of up to 50% can creep
+// it up at the pace of the 30 s average. Envoy answers that by measuring
+// its minimum RTT periodically with the concurrency pinned low (3 by
+// default), a periodic refusal of healthy calls a client library should
+// not impose.
+//
+// # The queue
+//
+// When the limit is reached, a call may wait, in a queue of
+// ceil(QueueFactor × limit) places (0.5 × limit by default, the SRE book's
+// "50% or less" of capacity, chapter 22; none when QueueFactor is
+// negative). A freed slot goes to the highest-priority waiter, first come
+// first served within a priority. At a full queue, an arrival evicts the
+// lowest-priority waiter if it outranks it: if it has a higher priority, or
+// the same priority and a tenant that is lighter, where the waiter's is
+// above its fair share. Among the lowest-priority waiters the victim is the
+// one whose tenant is furthest above its fair share, then the newest. An
+// evicted waiter is refused (LimiterEvicted). When the limit shrinks, the
+// queue shrinks with it, evicting in the same order. A wait lasts at most
+// until ctx is done (the caller's deadline or cancellation); no timer of
+// its own runs.
+//
+// # Shedding by priority
+//
+// Pressure is the queue's fill: waiting / places, 1 when the queue is full,
+// or when there is none and the limit is reached. An arrival that finds the
+// limit reached and room in the queue is shed before it queues with
+// probability shedding.Split(pressure, mix)[priority], where mix is the
+// arrivals per priority over the last 10 s: Bulk first, then BestEffort,
+// then Degraded. Critical is never shed before the queue is full (the queue
+// is there to absorb its bursts; a full queue is when the limiter would
+// refuse everything anyway), so an untagged workload gets a classic
+// limiter. The draw is deterministic: each bucket accrues its probability
+// per arrival and sheds one arrival each time the sum reaches 1, which
+// sheds the exact fraction with no randomness.
+//
+// # Tenants
+//
+// Tenant admissions are tracked over 30 s by a tenant.Tracker of default
+// capacity (fixed memory, whatever the number of ids). A waiter's tenant
+// excess is taken when it starts waiting and orders evictions as above.
+//
+// # Using it
+//
+// Acquire admits a call or refuses it; an admitted call must be released
+// once with Release, passing the attempt's latency from dispatch to
+// response headers and its outcome. The transport should release when the
+// response headers (or the error) arrive, not when the body is closed: the
+// limit is on what the dependency is working on, the latency it learns from
+// is measured to headers, and a caller that reads a body slowly would
+// otherwise hold slots, inflate the in-flight count the tether reads, and
+// teach the limiter its own pace. The bulkhead is what bounds bodies.
+//
+// Release returns the limit change it made, if any, for the caller to
+// report after it returns, with no lock held; nothing is called back.
+// Acquire does not allocate when it admits at once; a call that waits
+// allocates its place in the queue. Acquire and Release do not allocate
+// otherwise. A refusal is reported to the caller as ErrShed, except that a
+// wait ended by the caller's own context returns the context's error.
+//
+// A nil *Limiter is a limiter that is off: it admits everything. An
+// Limiter is safe for concurrent use; each method holds one mutex
+// briefly.
+type Limiter struct {
+	minLimit, maxLimit float64
+	queueFactor        float64
+	mix                *estimator.Counters
+	tenants            *tenant.Tracker
+
+	mu       sync.Mutex
+	limit    float64
+	inflight int
+	peak     int // the most in flight during the round
+	roundN   int
+	roundSum float64 // seconds
+	baseline float64 // seconds; 0 until the first round ends
+	learned  time.Time
+	queue    [shedding.NumPriorities]waitList
+	waiting  int
+	debt     [shedding.NumPriorities]float64 // shedding accrued per bucket
+}
+
+// NewLimiter returns the runtime state of cfg at its InitialLimit,
+// with nothing in flight. cfg must be valid (Set.Validate checks it).
+func NewLimiter(cfg policy.Limiter, now time.Time) *Limiter {
+	return &Limiter{
+		minLimit:    float64(cfg.MinLimit),
+		maxLimit:    float64(cfg.MaxLimit),
+		queueFactor: cfg.QueueFactor,
+		mix:         estimator.NewCounters(limMixWindow, shedding.NumPriorities, now),
+		tenants:     tenant.NewTracker(0, limTenantWindow, now),
+		limit:       float64(cfg.InitialLimit),
+	}
+}
+
+// LimiterPermit is what Acquire hands an admitted call, to be given back to
+// Release exactly once. It is a small value; the zero LimiterPermit holds
+// nothing and Release ignores it.
+type LimiterPermit struct {
+	held bool
+}
+
+// LimiterReason says why Acquire refused a call.
+type LimiterReason uint8
+
+const (
+	// LimiterFull: the limit was reached and the queue was full (or there
+	// is none) with no waiter the call outranks.
+	LimiterFull LimiterReason = iota + 1
+	// LimiterShed: shed by priority before queueing, under pressure.
+	LimiterShed
+	// LimiterEvicted: the call waited and was evicted, by an arrival that
+	// outranked it or because the limit, and with it the queue, shrank.
+	LimiterEvicted
+	// LimiterCanceled: ctx was done before a slot was free. This is the
+	// caller's own cancellation or deadline, not a refusal.
+	LimiterCanceled
+)
+
+var limiterReasonNames = [...]string{"", "full", "shed", "evicted", "canceled"}
+
+// String returns "full", "shed", "evicted" or "canceled".
+func (r LimiterReason) String() string {
+	if int(r) < len(limiterReasonNames) && r != 0 {
+		return limiterReasonNames[r]
+	}
+	return "LimiterReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// LimiterDecision is Acquire's answer.
+type LimiterDecision struct {
+	// OK is true when the call is admitted.
+	OK bool
+	// Reason says why it was not.
+	Reason LimiterReason
+	// Waited is true when the call waited in the queue.
+	Waited bool
+	// HeavyTenant is true, on a refusal, when the call's tenant was above
+	// its fair share.
+	HeavyTenant bool
+}
+
+// LimitChange is a change of the limit made by Release, for the caller to
+// report. The zero value, like any value with From == To, is no change.
+type LimitChange struct {
+	From, To int
+}
+
+// Changed reports whether c is a change of the limit.
+func (c LimitChange) Changed() bool { return c.From != c.To }
+
+// waiter is a call waiting in the queue.
+type waiter struct {
+	prio       shedding.Priority
+	excess     float64 // its tenant's, when it started waiting
+	ready      chan bool
+	prev, next *waiter
+	queued     bool
+}
+
+// waitList is the FIFO of one priority's waiters.
+type waitList struct {
+	head, tail *waiter
+}
+
+// Acquire admits a call of priority prio for tenantID (empty for none) at
+// now, or refuses it. An invalid priority counts as Critical.
+//
+// Below the limit, with nobody waiting, it admits at once. Otherwise the
+// call may be shed by priority, or wait in the queue until a slot is handed
+// to it, it is evicted, or ctx is done; see Limiter. When d.OK, the
+// caller must call Release once with p.
+func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Priority, tenantID string) (p LimiterPermit, d LimiterDecision) {
+	if l == nil {
+		return LimiterPermit{}, LimiterDecision{OK: true}
+	}
+	if !prio.Valid() {
+		prio = shedding.Critical
+	}
+	l.mix.Add(now, int(prio), 1)
+	l.mu.Lock()
+	if l.waiting == 0 && l.inflight < l.current() {
+		l.take()
+		l.mu.Unlock()
+		if tenantID != "" {
+			l.tenants.Add(now, tenantID)
+		}
+		return LimiterPermit{held: true}, LimiterDecision{OK: true}
+	}
+	return l.wait(ctx, now, prio, tenantID)
+}
+
+// wait is Acquire's slow path: the limit is reached. l.mu is held, and
+// released.
+func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priority, tenantID string) (LimiterPermit, LimiterDecision) {
+	excess := 0.0 // no tenant: neutral
+	if tenantID != "" {
+		excess = l.tenants.Excess(now, tenantID)
+	}
+	refuse := LimiterDecision{HeavyTenant: excess > 0}
+	if ctx.Err() != nil {
+		l.mu.Unlock()
+		refuse.Reason = LimiterCanceled
+		return LimiterPermit{}, refuse
+	}
+	places := l.places()
+	switch {
+	case l.waiting < places:
+		if prio != shedding.Critical && l.waiting > 0 && l.shed(now, prio, places, excess) {
+			l.mu.Unlock()
+			refuse.Reason = LimiterShed
+			return LimiterPermit{}, refuse
+		}
+	default:
+		v := l.victim()
+		if v == nil || !outranks(prio, excess, v) {
+			l.mu.Unlock()
+			refuse.Reason = LimiterFull
+			return LimiterPermit{}, refuse
+		}
+		l.evict(v)
+	}
+	w := &waiter{prio: prio, excess: excess, ready: make(chan bool, 1)}
+	l.push(w)
+	l.mu.Unlock()
+
+	refuse.Waited = true
+	select {
+	case ok := <-w.ready:
+		if !ok {
+			refuse.Reason = LimiterEvicted
+			return LimiterPermit{}, refuse
+		}
+	case <-ctx.Done():
+		l.mu.Lock()
+		if w.queued {
+			l.unlink(w)
+			l.mu.Unlock()
+			refuse.Reason = LimiterCanceled
+			return LimiterPermit{}, refuse
+		}
+		l.mu.Unlock()
+		// Handed a slot or evicted as ctx ended: the answer is already
+		// in the channel. A slot goes back at once.
+		if <-w.ready {
+			l.mu.Lock()
+			l.inflight--
+			l.dispatch()
+			l.mu.Unlock()
+		}
+		refuse.Reason = LimiterCanceled
+		return LimiterPermit{}, refuse
+	}
+	if tenantID != "" {
+		l.tenants.Add(now, tenantID)
+	}
+	return LimiterPermit{held: true}, LimiterDecision{OK: true, Waited: true}
+}
+
+// shed reports whether an arrival of priority prio (not Critical) is shed
+// before queueing, at the current queue fill. l.mu is held.
+func (l *Limiter) shed(now time.Time, prio shedding.Priority, places int, excess float64) bool {
+	var sums [shedding.NumPriorities]uint64
+	l.mix.Sums(now, sums[:])
+	var mix [shedding.NumPriorities]float64
+	for b := range mix {
+		mix[b] = float64(sums[b])
+	}
+	q := shedding.Split(float64(l.waiting)/float64(places), mix)[prio]
+	l.debt[prio] += q
+	// A shed that falls due on a tenant below its fair share is left for
+	// the heavy ones that follow, until limLightSlack sheds are owed:
+	// within a bucket the heavy tenants are shed first, and the bucket
+	// still sheds its share, at most limLightSlack arrivals late.
+	if l.debt[prio] < 1 || (excess < 0 && l.debt[prio] < 1+limLightSlack) {
+		return false
+	}
+	l.debt[prio]--
+	return true
+}
+
+// outranks reports whether an arrival of priority prio and tenant excess
+// may evict v from a full queue.
+func outranks(prio shedding.Priority, excess float64, v *waiter) bool {
+	return prio < v.prio || (prio == v.prio && v.excess > 0 && v.excess > excess)
+}
+
+// Release gives back a permit from Acquire at now, with the attempt's
+// latency from dispatch to response headers and its outcome, hands the
+// freed slot to the highest-priority waiter, and returns the change of the
+// limit it made, if any. Canceled and Discarded outcomes, and latencies of
+// zero or less, teach the limit nothing.
+func (l *Limiter) Release(p LimiterPermit, now time.Time, latency time.Duration, o policy.Outcome) LimitChange {
+	if l == nil || !p.held {
+		return LimitChange{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight = max(l.inflight-1, 0)
+	var c LimitChange
+	if o.Evidence() && latency > 0 {
+		c = l.sample(now, latency.Seconds(), o)
+	}
+	l.dispatch()
+	return c
+}
+
+// sample adds a latency (seconds) to the round and ends the round when it
+// is complete. l.mu is held.
+func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome) LimitChange {
+	if o == policy.Failure {
+		if l.baseline == 0 {
+			return LimitChange{}
+		}
+		x = max(x, l.baseline)
+	}
+	l.roundN++
+	l.roundSum += x
+	if l.roundN < max(l.current(), limMinRound) {
+		return LimitChange{}
+	}
+	short := l.roundSum / float64(l.roundN)
+	used := 2*l.peak >= l.current()
+	from := l.current()
+	l.update(now, short, used)
+	l.roundN, l.roundSum, l.peak = 0, 0, l.inflight
+	return LimitChange{From: from, To: l.current()}
+}
+
+// update applies the control law at the end of a round whose mean latency
+// was short (seconds). l.mu is held.
+func (l *Limiter) update(now time.Time, short float64, used bool) {
+	if l.baseline == 0 {
+		l.baseline, l.learned = short, now
+		return
+	}
+	gradient := min(max(limTolerance*l.baseline/short, limMinGradient), 1)
+	next := gradient * l.limit
+	if used {
+		next += math.Sqrt(l.limit)
+	}
+	atFloor := l.limit <= l.minLimit
+	l.limit = min(max(next, l.minLimit), l.maxLimit)
+
+	congested := short > limTolerance*l.baseline
+	switch {
+	case short < l.baseline/2:
+		l.baseline = (l.baseline + short) / 2
+	case congested && used && !atFloor:
+		// Maybe our own queueing: not learned.
+	default:
+		if dt := now.Sub(l.learned); dt > 0 {
+			alpha := -math.Expm1(-float64(dt) / float64(limBaselineTau))
+			l.baseline += alpha * (short - l.baseline)
+		}
+	}
+	l.learned = now
+}
+
+// current returns the limit as a number of calls. l.mu is held.
+func (l *Limiter) current() int { return int(l.limit) }
+
+// places returns the queue's size at the current limit. l.mu is held.
+func (l *Limiter) places() int {
+	if l.queueFactor <= 0 {
+		return 0
+	}
+	return int(math.Ceil(l.queueFactor * float64(l.current())))
+}
+
+// take admits one call. l.mu is held.
+func (l *Limiter) take() {
+	l.inflight++
+	l.peak = max(l.peak, l.inflight)
+}
+
+// dispatch hands free slots to waiters, highest priority first, and trims
+// the queue to its size. l.mu is held.
+func (l *Limiter) dispatch() {
+	for l.waiting > 0 && l.inflight < l.current() {
+		w := l.first()
+		l.unlink(w)
+		l.take()
+		w.ready <- true
+	}
+	for places := l.places(); l.waiting > places; {
+		l.evict(l.victim())
+	}
+}
+
+// push queues w at the tail of its priority. l.mu is held.
+func (l *Limiter) push(w *waiter) {
+	q := &l.queue[w.prio]
+	w.prev, w.next = q.tail, nil
+	if q.tail != nil {
+		q.tail.next = w
+	} else {
+		q.head = w
+	}
+	q.tail = w
+	w.queued = true
+	l.waiting++
+}
+
+// unlink takes w out of the queue. l.mu is held.
+func (l *Limiter) unlink(w *waiter) {
+	q := &l.queue[w.prio]
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	w.queued = false
+	l.waiting--
+}
+
+// evict refuses waiter w. l.mu is held.
+func (l *Limiter) evict(w *waiter) {
+	l.unlink(w)
+	w.ready <- false
+}
+
+// first returns the waiter a free slot goes to: the oldest of the highest
+// priority. l.mu is held and someone is waiting.
+func (l *Limiter) first() *waiter {
+	for b := range l.queue {
+		if w := l.queue[b].head; w != nil {
+			return w
+		}
+	}
+	return nil
+}
+
+// victim returns the waiter to evict first: of the lowest priority, the one
+// whose tenant is furthest above its fair share, then the newest. l.mu is
+// held; nil when nobody waits.
+func (l *Limiter) victim() *waiter {
+	for b := len(l.queue) - 1; b >= 0; b-- {
+		var v *waiter
+		for w := l.queue[b].tail; w != nil; w = w.prev {
+			if v == nil || w.excess > v.excess {
+				v = w
+			}
+		}
+		if v != nil {
+			return v
+		}
+	}
+	return nil
+}
+
+// Limit returns the current concurrency limit.
+func (l *Limiter) Limit() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.current()
+}
+
+// InFlight returns the number of admitted calls not yet released.
+func (l *Limiter) InFlight() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inflight
+}
+
+// Queued returns the number of calls waiting for a slot.
+func (l *Limiter) Queued() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
+}
+
+// QueueCapacity returns the number of places in the queue at the current
+// limit: ceil(QueueFactor × limit), 0 when nothing waits.
+func (l *Limiter) QueueCapacity() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.places()
+}
+
+// Pressure returns the queue's fill, in [0, 1]: waiting / places, or, with
+// no queue, 1 when the limit is reached and 0 otherwise.
+func (l *Limiter) Pressure() float64 {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	places := l.places()
+	if places == 0 {
+		if l.inflight >= l.current() {
+			return 1
+		}
+		return 0
+	}
+	return min(float64(l.waiting)/float64(places), 1)
+}
+
+// Baseline returns the latency the limiter takes as the dependency's
+// latency without queueing, and whether it has learned one yet.
+func (l *Limiter) Baseline() (time.Duration, bool) {
+	if l == nil {
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Duration(l.baseline * float64(time.Second)), l.baseline > 0
+}

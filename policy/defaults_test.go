@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+)
+
+func TestThrottlerDefaults(t *testing.T) {
+	d := Throttler{}.WithDefaults()
+	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 || d.MaxRejection != 0.95 {
+		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 2, 2m, 20, 0.95",
+			d.K, d.Window, d.MinRequests, d.MaxRejection)
+	}
+	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {
+		t.Errorf("a negative MinRequests must stay negative (no floor), got %d", got)
+	}
+}
+
+func TestThrottlerValidate(t *testing.T) {
+	for _, tt := range []struct {
+		cfg Throttler
+		ok  bool
+	}{
+		{Throttler{}, true},
+		{Throttler{K: 1.5, Window: time.Minute}, true},
+		{Throttler{K: 0.5}, false},
+		{Throttler{K: math.NaN()}, false},
+		{Throttler{Window: -1}, false},
+		{Throttler{MinRequests: 5}, true},
+		{Throttler{MinRequests: -1}, true}, // no floor
+		{Throttler{MaxRejection: 0.5}, true},
+		{Throttler{MaxRejection: 1}, true}, // no ceiling
+		{Throttler{MaxRejection: 1.5}, false},
+		{Throttler{MaxRejection: -0.5}, false},
+		{Throttler{MaxRejection: math.NaN()}, false},
+	} {
+		if err := tt.cfg.validate(); (err == nil) != tt.ok {
+			t.Errorf("%+v: validate() = %v", tt.cfg, err)
+		}
+	}
+	err := (&Throttler{MaxRejection: 1.5}).validate()
+	if want := "policy: Throttler.MaxRejection must be in (0, 1], got 1.5"; err == nil || err.Error() != want {
+		t.Errorf("validate() = %v, want %q", err, want)
+	}
+}
+
+func TestDefaultAccepted(t *testing.T) {
+	tests := []struct {
+		status int
+		err    error
+		want   bool
+	}{
+		{200, nil, true},
+		{204, nil, true},
+		{304, nil, true},
+		{400, nil, true},
+		{404, nil, true},
+		{408, nil, true},
+		{429, nil, false},
+		{500, nil, true},
+		{501, nil, true},
+		{502, nil, false},
+		{503, nil, false},
+		{504, nil, false},
+		{0, errors.New("connection refused"), false},
+		{0, io.ErrUnexpectedEOF, false},
+	}
+	for _, tt := range tests {
+		var resp *http.Response
+		if tt.err == nil {
+			resp = &http.Response{StatusCode: tt.status}
+		}
+		if got := DefaultAccepted(resp, tt.err); got != tt.want {
+			t.Errorf("DefaultAccepted(%d, %v) = %v, want %v", tt.status, tt.err, got, tt.want)
+		}
+	}
+	if got := (Throttler{}).WithDefaults().Accepted; got == nil {
+		t.Error("WithDefaults left Accepted nil")
+	}
+}
+
+func TestRateLimitDefaults(t *testing.T) {
+	for _, tt := range []struct {
+		perSecond float64
+		burst     int
+	}{{0.5, 1}, {1, 1}, {10, 1}, {11, 2}, {95, 10}, {1000, 100}} {
+		if got := (RateLimit{PerSecond: tt.perSecond}).WithDefaults().Burst; got != tt.burst {
+			t.Errorf("PerSecond %v: Burst = %d, want %d", tt.perSecond, got, tt.burst)
+		}
+	}
+	if got := (RateLimit{PerSecond: 10, Burst: 7}).WithDefaults().Burst; got != 7 {
+		t.Errorf("Burst 7 became %d", got)
+	}
+}
+
+func TestHedgeDefaults(t *testing.T) {
+	got := Hedge{WinRate: &WinRate{}}.WithDefaults()
+	if got.Quantile != 0.95 || got.MaxConcurrent != 2 || got.MinSamples != 20 ||
+		got.Window != 30*time.Second || got.SuppressAt != 0.5 ||
+		got.WinRate.Floor != 0.1 || got.WinRate.MinAllowance != 0.05 || got.WinRate.MinSamples != 10 {
+		t.Fatalf("defaults %+v %+v", got, *got.WinRate)
+	}
+	if (Hedge{}).WithDefaults().WinRate != nil {
+		t.Fatal("WinRate must stay off unless set")
+	}
+}
