@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-cleanhttp"
 
@@ -80,6 +81,8 @@ func TestLoopbackRepeatablePostCarriesItsBodyEveryTime(t *testing.T) {
 					t.Errorf("attempt %d carried %d bytes, want the whole %d", i+1, len(b), len(payload))
 				}
 			}
+			// Superseded bodies are drained and closed in the background.
+			waitFor(5*time.Second, func() bool { return tracker.BodiesClosed() == 3 })
 			if tracker.Responses() != 3 || tracker.BodiesClosed() != 3 {
 				t.Fatalf("responses %d, bodies closed %d: every superseded body must be closed",
 					tracker.Responses(), tracker.BodiesClosed())
@@ -108,6 +111,8 @@ func TestLoopbackBudgetsArePerHost(t *testing.T) {
 	if a, b := upA.Stats().Requests, upB.Stats().Requests; a != 4 || b != 2 {
 		t.Fatalf("requests a=%d b=%d, want 4 and 2", a, b)
 	}
+	// Superseded bodies are drained and closed in the background.
+	waitFor(5*time.Second, func() bool { return tracker.Open() == 0 })
 	if tracker.Open() != 0 {
 		t.Fatalf("%d bodies open", tracker.Open())
 	}
