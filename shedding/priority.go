@@ -77,17 +77,51 @@ func (p Priority) String() string {
 // Valid reports whether p is one of the four buckets.
 func (p Priority) Valid() bool { return p < NumPriorities }
 
-// ParsePriority parses a priority name: "critical", "degraded",
-// "best-effort" or "bulk", in any case, with surrounding spaces ignored.
-// Anything else is an error.
+// ParsePriority parses a priority name. It accepts each name in String's
+// form or the Go constant's, in any ASCII case, with its words joined by
+// nothing or by any run of '-' and '_', and ignores surrounding white space:
+// "best_effort", "BEST_EFFORT", "best-effort", "BestEffort" and "besteffort"
+// all give BestEffort. Anything else is an error, and gives Critical, the
+// priority of an untagged request. It allocates only for an error.
 func ParsePriority(s string) (Priority, error) {
-	s = strings.TrimSpace(s)
+	t := strings.TrimSpace(s)
 	for i, n := range names {
-		if strings.EqualFold(s, n) {
+		if spells(t, n) {
 			return Priority(i), nil
 		}
 	}
-	return Critical, fmt.Errorf("shedding: unknown priority %q (want critical, degraded, best-effort or bulk)", s)
+	return Critical, fmt.Errorf("shedding: unknown priority %q (want critical, degraded, best_effort or bulk)", t)
+}
+
+// spells reports whether s spells name, a lower-case ASCII name whose words
+// are joined by '-' or '_': the same letters in any ASCII case, with each
+// separator of name standing for any run of '-' and '_' in s, even an empty
+// one. It compares byte by byte, so it allocates nothing, and folds ASCII
+// case only: the Kelvin sign is not a k here, as it is to strings.EqualFold.
+func spells(s, name string) bool {
+	i := 0
+	for j := 0; j < len(name); j++ {
+		c := name[j]
+		if c == '-' || c == '_' {
+			for i < len(s) && (s[i] == '-' || s[i] == '_') {
+				i++
+			}
+			continue
+		}
+		if i == len(s) || lower(s[i]) != c {
+			return false
+		}
+		i++
+	}
+	return i == len(s)
+}
+
+// lower returns b in lower case if it is an ASCII upper-case letter.
+func lower(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + ('a' - 'A')
+	}
+	return b
 }
 
 type priorityKey struct{}

@@ -11,14 +11,66 @@ func TestParsePriority(t *testing.T) {
 		want Priority
 		ok   bool
 	}{
+		// Every spelling of each name: any ASCII case, the words joined by
+		// nothing or by any run of '-' and '_', surrounding space trimmed.
 		{"critical", Critical, true},
+		{"CRITICAL", Critical, true},
+		{"Critical", Critical, true},
+		{"cRiTiCaL", Critical, true},
+		{"degraded", Degraded, true},
 		{"Degraded", Degraded, true},
-		{" BEST-EFFORT\t", BestEffort, true},
+		{"DEGRADED", Degraded, true},
+		{"best-effort", BestEffort, true},
+		{"best_effort", BestEffort, true},
+		{"BEST_EFFORT", BestEffort, true},
+		{"BEST-EFFORT", BestEffort, true},
+		{"Best-Effort", BestEffort, true},
+		{"Best_Effort", BestEffort, true},
+		{"BestEffort", BestEffort, true},
+		{"bestEffort", BestEffort, true},
+		{"besteffort", BestEffort, true},
+		{"BESTEFFORT", BestEffort, true},
+		{"best--effort", BestEffort, true},
+		{"best-_effort", BestEffort, true},
+		{"best__-__effort", BestEffort, true},
 		{"bulk", Bulk, true},
-		{"best_effort", Critical, false},
+		{"BULK", Bulk, true},
+		{"Bulk", Bulk, true},
+		{" BEST-EFFORT\t", BestEffort, true},
+		{"\r\n bulk \v\f", Bulk, true},
+		{"\u00a0critical\u2003", Critical, true}, // TrimSpace's Unicode space
+
+		// Anything else: an error, and Critical.
 		{"", Critical, false},
+		{"   ", Critical, false},
+		{"-", Critical, false},
+		{"_", Critical, false},
 		{"urgent", Critical, false},
 		{"bulk!", Critical, false},
+		{"bulky", Critical, false},
+		{"bul", Critical, false},
+		{"best", Critical, false},
+		{"effort", Critical, false},
+		{"best effort", Critical, false}, // a space is not a separator
+		{"best.effort", Critical, false},
+		{"best-effort-", Critical, false}, // separators only between words
+		{"-bulk", Critical, false},
+		{"bulk_", Critical, false},
+		{"_critical", Critical, false},
+		{"crit-ical", Critical, false},
+		{"de_graded", Critical, false},
+		{"b-ulk", Critical, false},
+		{"bes-teffort", Critical, false},
+		{"best-efforts", Critical, false},
+		{"bulk bulk", Critical, false},
+		{"criticalbulk", Critical, false},
+		{"0", Critical, false},
+		{"3", Critical, false},
+		{"priority(2)", Critical, false},
+		{"bul\u212a", Critical, false}, // KELVIN SIGN folds to k in Unicode, not in ASCII
+		{"\u017fulk", Critical, false}, // so does LATIN SMALL LETTER LONG S to s
+		{"bulk\x00", Critical, false},
+		{"\xffbulk", Critical, false},
 	} {
 		got, err := ParsePriority(tc.in)
 		if got != tc.want || (err == nil) != tc.ok {
