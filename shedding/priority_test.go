@@ -101,3 +101,30 @@ func TestPriorityContext(t *testing.T) {
 		t.Errorf("tagged Bulk: %v, %v", p, ok)
 	}
 }
+
+// spellings are the header values TestParsePriorityAllocatesNothing and
+// BenchmarkParsePriority parse: the common spellings.
+var spellings = []string{"critical", "Degraded", "BEST_EFFORT", "best-effort", "BestEffort", " bulk "}
+
+// TestParsePriorityAllocatesNothing: the transport parses the priority
+// header on every request that sets it.
+func TestParsePriorityAllocatesNothing(t *testing.T) {
+	for _, s := range spellings {
+		if n := testing.AllocsPerRun(100, func() {
+			if _, err := ParsePriority(s); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("ParsePriority(%q) allocates %v times, want 0", s, n)
+		}
+	}
+}
+
+func BenchmarkParsePriority(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := ParsePriority(spellings[i%len(spellings)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
