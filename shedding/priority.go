@@ -38,6 +38,7 @@ package shedding
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -64,14 +65,17 @@ const (
 // Priority.
 const NumPriorities = 4
 
-var names = [NumPriorities]string{"critical", "degraded", "best-effort", "bulk"}
+var names = [NumPriorities]string{"critical", "degraded", "best_effort", "bulk"}
 
-// String returns the priority's canonical name, as ParsePriority accepts it.
+// String returns the priority's name in snake_case, the form metrics and
+// logs carry: "critical", "degraded", "best_effort" or "bulk". A value
+// outside the four buckets gives "priority(N)", which ParsePriority
+// rejects.
 func (p Priority) String() string {
 	if p < NumPriorities {
 		return names[p]
 	}
-	return fmt.Sprintf("Priority(%d)", uint8(p))
+	return "priority(" + strconv.Itoa(int(p)) + ")"
 }
 
 // Valid reports whether p is one of the four buckets.

@@ -79,6 +79,22 @@ func TestParsePriority(t *testing.T) {
 	}
 }
 
+func TestPriorityString(t *testing.T) {
+	for p, want := range map[Priority]string{
+		Critical:   "critical",
+		Degraded:   "degraded",
+		BestEffort: "best_effort",
+		Bulk:       "bulk",
+		4:          "priority(4)",
+		9:          "priority(9)",
+		255:        "priority(255)",
+	} {
+		if got := p.String(); got != want {
+			t.Errorf("Priority(%d).String() = %q, want %q", uint8(p), got, want)
+		}
+	}
+}
+
 func TestPriorityRoundTrips(t *testing.T) {
 	for p := range Priority(NumPriorities) {
 		if !p.Valid() {
@@ -88,8 +104,14 @@ func TestPriorityRoundTrips(t *testing.T) {
 			t.Errorf("ParsePriority(%q) = %v, %v", p.String(), got, err)
 		}
 	}
-	if Priority(9).Valid() || Priority(9).String() != "Priority(9)" {
-		t.Errorf("out of range: %v, %q", Priority(9).Valid(), Priority(9).String())
+	// An unknown priority's String does not parse.
+	for p := Priority(NumPriorities); p != 0; p++ {
+		if p.Valid() {
+			t.Errorf("%d valid", p)
+		}
+		if got, err := ParsePriority(p.String()); err == nil {
+			t.Errorf("ParsePriority(%q) = %v, want an error", p.String(), got)
+		}
 	}
 }
 
