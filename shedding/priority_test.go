@@ -2,7 +2,10 @@ package shedding
 
 import (
 	"context"
+	"regexp"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParsePriority(t *testing.T) {
@@ -149,4 +152,58 @@ func BenchmarkParsePriority(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// grammar is ParsePriority's, written independently of it: after
+// strings.TrimSpace, an ASCII string that lower-cases to one of these.
+var grammar = regexp.MustCompile(`^(critical|degraded|best[-_]*effort|bulk)$`)
+
+// FuzzParsePriority checks that ParsePriority never panics, accepts what
+// grammar accepts and nothing else, gives Critical with every error, and
+// that every priority it returns round-trips through String.
+func FuzzParsePriority(f *testing.F) {
+	for _, s := range []string{
+		"critical", "DEGRADED", "best_effort", "Best-Effort", "besteffort", "best-_-effort", " bulk\t",
+		"", "-", "best effort", "bulk_", "bul\u212a", "priority(2)", "\xff",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePriority(s)
+		trimmed := strings.TrimSpace(s)
+		m := grammar.FindStringSubmatch(strings.ToLower(trimmed))
+		if !isASCII(trimmed) {
+			m = nil
+		}
+		if err != nil {
+			if p != Critical {
+				t.Errorf("ParsePriority(%q) = %v with error %v, want Critical", s, p, err)
+			}
+			if m != nil {
+				t.Errorf("ParsePriority(%q) = %v, want %q accepted", s, err, m[1])
+			}
+			return
+		}
+		if m == nil {
+			t.Fatalf("ParsePriority(%q) = %v, want an error", s, p)
+		}
+		if want := strings.NewReplacer("-", "", "_", "").Replace(m[1]); strings.ReplaceAll(p.String(), "_", "") != want {
+			t.Errorf("ParsePriority(%q) = %v, want %s", s, p, m[1])
+		}
+		if !p.Valid() {
+			t.Fatalf("ParsePriority(%q) = %d, not a bucket", s, uint8(p))
+		}
+		if q, err := ParsePriority(p.String()); err != nil || q != p {
+			t.Errorf("ParsePriority(%q) = %v, %v; want %v: %v does not round-trip", p.String(), q, err, p, p)
+		}
+	})
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
