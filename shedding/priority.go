@@ -21,6 +21,20 @@
 // criticality (Site Reliability Engineering, chapter 21, "Criticality"), so
 // a user who tags nothing gets a classic, priority-blind gate.
 //
+// # Names
+//
+// [Priority.String] gives each bucket's name in snake_case, the form the
+// metrics carry: critical, degraded, best_effort, bulk. [ParsePriority],
+// which reads the priority header, accepts more: a name in any ASCII case,
+// its words joined by nothing or by any run of '-' and '_', with
+// surrounding white space trimmed. So BEST_EFFORT (Netflix's spelling),
+// best_effort, best-effort, Best-Effort, BestEffort, besteffort and even
+// best-_effort are all BestEffort, and CRITICAL, Degraded and bulk parse
+// too. Separators count only between words: "bulk_" and "crit-ical" are
+// errors. A space is not a separator: "best effort" is an error. Anything
+// else is an error too; the transport counts such a header as malformed
+// and treats the call as Critical.
+//
 // # Shedding bottom-up
 //
 // A gate that must refuse some fraction of its traffic (the throttler's
