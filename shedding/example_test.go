@@ -23,6 +23,6 @@ func ExampleSplit() {
 	// Output:
 	// critical    0.00
 	// degraded    0.00
-	// best-effort 0.50
+	// best_effort 0.50
 	// bulk        1.00
 }

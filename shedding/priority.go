@@ -21,6 +21,20 @@
 // criticality (Site Reliability Engineering, chapter 21, "Criticality"), so
 // a user who tags nothing gets a classic, priority-blind gate.
 //
+// # Names
+//
+// [Priority.String] gives each bucket's name in snake_case, the form the
+// metrics carry: critical, degraded, best_effort, bulk. [ParsePriority],
+// which reads the priority header, accepts more: a name in any ASCII case,
+// its words joined by nothing or by any run of '-' and '_', with
+// surrounding white space trimmed. So BEST_EFFORT (Netflix's spelling),
+// best_effort, best-effort, Best-Effort, BestEffort, besteffort and even
+// best-_effort are all BestEffort, and CRITICAL, Degraded and bulk parse
+// too. Separators count only between words: "bulk_" and "crit-ical" are
+// errors. A space is not a separator: "best effort" is an error. Anything
+// else is an error too; the transport counts such a header as malformed
+// and treats the call as Critical.
+//
 // # Shedding bottom-up
 //
 // A gate that must refuse some fraction of its traffic (the throttler's
@@ -38,6 +52,7 @@ package shedding
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -64,30 +79,67 @@ const (
 // Priority.
 const NumPriorities = 4
 
-var names = [NumPriorities]string{"critical", "degraded", "best-effort", "bulk"}
+var names = [NumPriorities]string{"critical", "degraded", "best_effort", "bulk"}
 
-// String returns the priority's canonical name, as ParsePriority accepts it.
+// String returns the priority's name in snake_case, the form metrics and
+// logs carry: "critical", "degraded", "best_effort" or "bulk". A value
+// outside the four buckets gives "priority(N)", which ParsePriority
+// rejects.
 func (p Priority) String() string {
 	if p < NumPriorities {
 		return names[p]
 	}
-	return fmt.Sprintf("Priority(%d)", uint8(p))
+	return "priority(" + strconv.Itoa(int(p)) + ")"
 }
 
 // Valid reports whether p is one of the four buckets.
 func (p Priority) Valid() bool { return p < NumPriorities }
 
-// ParsePriority parses a priority name: "critical", "degraded",
-// "best-effort" or "bulk", in any case, with surrounding spaces ignored.
-// Anything else is an error.
+// ParsePriority parses a priority name. It accepts each name in String's
+// form or the Go constant's, in any ASCII case, with its words joined by
+// nothing or by any run of '-' and '_', and ignores surrounding white space:
+// "best_effort", "BEST_EFFORT", "best-effort", "BestEffort" and "besteffort"
+// all give BestEffort. Anything else is an error, and gives Critical, the
+// priority of an untagged request. It allocates only for an error.
 func ParsePriority(s string) (Priority, error) {
-	s = strings.TrimSpace(s)
+	t := strings.TrimSpace(s)
 	for i, n := range names {
-		if strings.EqualFold(s, n) {
+		if spells(t, n) {
 			return Priority(i), nil
 		}
 	}
-	return Critical, fmt.Errorf("shedding: unknown priority %q (want critical, degraded, best-effort or bulk)", s)
+	return Critical, fmt.Errorf("shedding: unknown priority %q (want critical, degraded, best_effort or bulk)", t)
+}
+
+// spells reports whether s spells name, a lower-case ASCII name whose words
+// are joined by '-' or '_': the same letters in any ASCII case, with each
+// separator of name standing for any run of '-' and '_' in s, even an empty
+// one. It compares byte by byte, so it allocates nothing, and folds ASCII
+// case only: the Kelvin sign is not a k here, as it is to strings.EqualFold.
+func spells(s, name string) bool {
+	i := 0
+	for j := 0; j < len(name); j++ {
+		c := name[j]
+		if c == '-' || c == '_' {
+			for i < len(s) && (s[i] == '-' || s[i] == '_') {
+				i++
+			}
+			continue
+		}
+		if i == len(s) || lower(s[i]) != c {
+			return false
+		}
+		i++
+	}
+	return i == len(s)
+}
+
+// lower returns b in lower case if it is an ASCII upper-case letter.
+func lower(b byte) byte {
+	if 'A' <= b && b <= 'Z' {
+		return b + ('a' - 'A')
+	}
+	return b
 }
 
 type priorityKey struct{}
