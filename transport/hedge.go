@@ -11,7 +11,6 @@ import (
 	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
-	"github.com/resilix/resilix/shedding"
 )
 
 // round is one hedged logical attempt. The first leg runs inline on the
@@ -185,31 +184,20 @@ func (r *round) fire() {
 	}
 }
 
-// gate asks the hedging gates after warming, in order: deadline,
-// concurrency, priority, health, value. The budget is asked last, by fire.
-// r.mu is held.
+// gate asks the hedging gates, in their order (see hedge.State.Gate);
+// the budget, the last, is charged by fire as the leg starts. r.mu is
+// held.
 func (r *round) gate(now time.Time) policy.SuppressReason {
 	c := &r.c
-	if dl, ok := c.ctx.Deadline(); ok && dl.Sub(now) < r.h.Median(now) {
-		return policy.HedgeDeadline
-	}
-	if r.live >= r.max || c.wire >= c.s.chain.attempts {
-		return policy.HedgeConcurrency
-	}
-	if c.prio == shedding.Bulk {
-		return policy.HedgePriority
-	}
-	rate := r.h.Rate(now)
-	if c.s.breaker != nil {
-		rate = c.s.breaker.Rate(now)
-	}
-	if !r.h.Healthy(rate) {
-		return policy.HedgeHealth
-	}
-	if !r.h.Value(now) {
-		return policy.HedgeValue
-	}
-	return 0
+	dl, _ := c.ctx.Deadline()
+	return r.h.Gate(now, hedge.Due{
+		Deadline: dl,
+		Live:     r.live,
+		Wire:     c.wire,
+		Attempts: c.s.chain.attempts,
+		Priority: c.prio,
+		Breaker:  c.s.breaker,
+	})
 }
 
 // run sends a hedge leg on its own goroutine. A panic there could not be

@@ -7,6 +7,7 @@ import (
 	"github.com/resilix/resilix/estimator"
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 // Counter indexes in State.win.
@@ -58,11 +59,56 @@ func (h *State) Record(now time.Time, d time.Duration) { h.lat.Record(now, d) }
 // while the window holds fewer than MinSamples (the warming gate).
 func (h *State) Threshold(now time.Time) (time.Duration, bool) { return h.lat.Threshold(now) }
 
-// Median returns the window's median latency, which the deadline gate
+// median returns the window's median latency, which the deadline gate
 // takes as how long a hedge would plausibly need.
-func (h *State) Median(now time.Time) time.Duration {
+func (h *State) median(now time.Time) time.Duration {
 	d, _ := h.lat.Quantile(now, 0.5)
 	return d
+}
+
+// Due is what the hedging gates read of one hedge that its timer made due.
+type Due struct {
+	Deadline time.Time // the call's; zero when it has none
+	Live     int       // the round's legs on the wire
+	Wire     int       // the call's wire attempts so far
+	Attempts int       // and the most it may make (Set.Attempts)
+	Priority shedding.Priority
+	Breaker  *gate.Breaker // the scope's, or nil
+}
+
+// Gate asks the hedging gates, in their order, whether a due hedge may be
+// sent, and returns the reason of the first that says no, or 0:
+//
+//  1. warming: fewer than MinSamples latencies in the window;
+//  2. deadline: the call's deadline is closer than the window's median,
+//     so the hedge could not plausibly answer in time;
+//  3. concurrency: MaxConcurrent legs on the wire, or Attempts spent;
+//  4. priority: Bulk is never hedged (nobody waits for it);
+//  5. health: the scope's error rate has reached SuppressAt of the trip
+//     point (the breaker's, or, without one, this window's outcomes
+//     against the breaker's defaults);
+//  6. value: with WinRate, the allowance's credit (spent when this gate
+//     passes, so it is asked last);
+//  7. budget: one token from the scope's Budget, which the transport
+//     withdraws only as the hedge starts, after the admission gates, so
+//     that a token is spent only on a hedge that is sent.
+func (h *State) Gate(now time.Time, d Due) policy.SuppressReason {
+	if _, warm := h.lat.Threshold(now); !warm {
+		return policy.HedgeWarming
+	}
+	switch {
+	case !d.Deadline.IsZero() && d.Deadline.Sub(now) < h.median(now):
+		return policy.HedgeDeadline
+	case d.Live >= h.cfg.MaxConcurrent || d.Wire >= d.Attempts:
+		return policy.HedgeConcurrency
+	case d.Priority == shedding.Bulk:
+		return policy.HedgePriority
+	case !h.healthy(now, d.Breaker):
+		return policy.HedgeHealth
+	case !h.spend(now):
+		return policy.HedgeValue
+	}
+	return 0
 }
 
 // Observe counts one attempt's evidence for the health gate; Canceled and
@@ -77,10 +123,10 @@ func (h *State) Observe(now time.Time, o policy.Outcome) {
 	}
 }
 
-// Rate is the health gate's view of the scope when no Breaker is
+// rate is the health gate's view of the scope when no Breaker is
 // configured: the window's outcomes against the breaker's default trip
 // point before it has a baseline, with the breaker's default MinCalls.
-func (h *State) Rate(now time.Time) gate.BreakerRate {
+func (h *State) rate(now time.Time) gate.BreakerRate {
 	var s [hedgeCounters]uint64
 	h.win.Sums(now, s[:])
 	r := gate.BreakerRate{
@@ -95,14 +141,20 @@ func (h *State) Rate(now time.Time) gate.BreakerRate {
 	return r
 }
 
-// Healthy is the health gate: false when the rate has reached SuppressAt
-// of its trip point.
-func (h *State) Healthy(r gate.BreakerRate) bool { return !r.Reached(h.cfg.SuppressAt) }
+// healthy is the health gate: false when the scope's error rate, the
+// breaker's if there is one, has reached SuppressAt of its trip point.
+func (h *State) healthy(now time.Time, b *gate.Breaker) bool {
+	r := h.rate(now)
+	if b != nil {
+		r = b.Rate(now)
+	}
+	return !r.Reached(h.cfg.SuppressAt)
+}
 
-// Value is the value gate: with WinRate set, it spends the allowance's
+// spend is the value gate: with WinRate set, it spends the allowance's
 // credit, deficit-accounted (each opportunity adds the allowance; a hedge
 // starts when the credit reaches 1). Without WinRate it always passes.
-func (h *State) Value(now time.Time) bool {
+func (h *State) spend(now time.Time) bool {
 	if h.cfg.WinRate == nil {
 		return true
 	}
@@ -150,21 +202,18 @@ func (h *State) Allowance(now time.Time) float64 {
 }
 
 // Started records a hedge that was sent.
-func (h *State) Started(now time.Time) {
-	h.win.Add(now, hedgeStarted, 1)
-	if h.cfg.WinRate != nil {
-		h.mu.Lock()
-		h.started++
-		h.mu.Unlock()
-	}
-}
+func (h *State) Started(now time.Time) { h.count(now, hedgeStarted, &h.started) }
 
 // Won records a hedge that answered first.
-func (h *State) Won(now time.Time) {
-	h.win.Add(now, hedgeWon, 1)
+func (h *State) Won(now time.Time) { h.count(now, hedgeWon, &h.won) }
+
+// count adds one to the window's counter i and, with WinRate, to the
+// judging period's *n.
+func (h *State) count(now time.Time, i int, n *uint64) {
+	h.win.Add(now, i, 1)
 	if h.cfg.WinRate != nil {
 		h.mu.Lock()
-		h.won++
+		*n++
 		h.mu.Unlock()
 	}
 }

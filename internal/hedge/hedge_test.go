@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 // hedgeStep is an instant on a 10s window: the hedges recorded then, and
@@ -68,14 +69,14 @@ func TestValueIsDeficitAccounted(t *testing.T) {
 	// four passes, and the spending is spread, not bunched.
 	var passed []int
 	for i := range 12 {
-		if h.Value(now) {
+		if h.spend(now) {
 			passed = append(passed, i)
 		}
 	}
 	if len(passed) != 3 || passed[0] != 3 || passed[1] != 7 || passed[2] != 11 {
 		t.Fatalf("passed at %v, want every fourth opportunity", passed)
 	}
-	if !newState(policy.Hedge{}, t0).Value(t0) {
+	if !newState(policy.Hedge{}, t0).spend(t0) {
 		t.Fatal("without policy.WinRate the value gate always passes")
 	}
 }
@@ -93,18 +94,56 @@ func TestHealthWithoutABreaker(t *testing.T) {
 		h.Observe(t0, policy.Discarded) // not evidence
 	}
 	record(15, 4)
-	if r := h.Rate(t0); r.Calls != 19 || !h.Healthy(r) {
+	if r := h.rate(t0); r.Calls != 19 || !h.healthy(t0, nil) {
 		t.Fatalf("19 calls (%+v): below MinCalls, a rate is not judged", r)
 	}
 	record(1, 0)
-	if r := h.Rate(t0); r.Calls != 20 || r.ErrorRate != 0.2 || !h.Healthy(r) {
+	if r := h.rate(t0); r.Calls != 20 || r.ErrorRate != 0.2 || !h.healthy(t0, nil) {
 		t.Fatalf("20%% errors (%+v): below SuppressAt of the trip point, healthy", r)
 	}
 	record(0, 2)
-	if r := h.Rate(t0); h.Healthy(r) {
+	if r := h.rate(t0); h.healthy(t0, nil) {
 		t.Fatalf("6 of 22 failed (%+v): past a quarter, hedging suppressed", r)
 	}
-	if r := h.Rate(t0.Add(time.Hour)); r.Calls != 0 || !h.Healthy(r) {
+	if r := h.rate(t0.Add(time.Hour)); r.Calls != 0 || !h.healthy(t0.Add(time.Hour), nil) {
 		t.Fatalf("an hour later the window is empty: %+v", r)
+	}
+}
+
+// TestGateOrder: when several gates would stop a hedge, the first in the
+// documented order is the one reported.
+func TestGateOrder(t *testing.T) {
+	warm := newState(policy.Hedge{MinSamples: 5}, t0)
+	for range 5 {
+		warm.Record(t0, 10*time.Millisecond)
+	}
+	sick := newState(policy.Hedge{MinSamples: 5}, t0)
+	for range 20 {
+		sick.Record(t0, 10*time.Millisecond)
+		sick.Observe(t0, policy.Failure)
+	}
+	cold := newState(policy.Hedge{}, t0)
+	near := t0.Add(time.Millisecond) // closer than the 10ms median
+	ok := Due{Live: 1, Wire: 1, Attempts: 3, Priority: shedding.Critical}
+	with := func(f func(*Due)) Due { d := ok; f(&d); return d }
+	full := func(d *Due) { d.Live = 2 }
+	bulk := func(d *Due) { d.Priority = shedding.Bulk }
+	for _, tc := range []struct {
+		name string
+		h    *State
+		due  Due
+		want policy.SuppressReason
+	}{
+		{"everything passes", warm, ok, 0},
+		{"cold, and everything else", cold, with(func(d *Due) { d.Deadline = near; full(d); bulk(d) }), policy.HedgeWarming},
+		{"deadline before concurrency", warm, with(func(d *Due) { d.Deadline = near; full(d) }), policy.HedgeDeadline},
+		{"attempts spent before priority", warm, with(func(d *Due) { d.Wire = 3; bulk(d) }), policy.HedgeConcurrency},
+		{"legs in flight before priority", warm, with(func(d *Due) { full(d); bulk(d) }), policy.HedgeConcurrency},
+		{"priority before health", sick, with(bulk), policy.HedgePriority},
+		{"health", sick, ok, policy.HedgeHealth},
+	} {
+		if got := tc.h.Gate(t0, tc.due); got != tc.want {
+			t.Errorf("%s: Gate = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
