@@ -182,9 +182,6 @@ type BreakerPermit struct {
 	probe bool
 }
 
-// Probe reports whether the permit is a half-open probe.
-func (p BreakerPermit) Probe() bool { return p.probe }
-
 // BreakerDecision is Allow's answer.
 type BreakerDecision struct {
 	// OK is true when the call is admitted.

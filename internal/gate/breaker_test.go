@@ -516,7 +516,7 @@ func TestBreakerAllocs(t *testing.T) {
 			t.Fatal("admitted beyond Probes")
 		}
 		b.Done(later, probe, policy.Discarded) // gives the slot back
-		if probe, _ = b.Allow(later); !probe.Probe() {
+		if probe, _ = b.Allow(later); !probe.probe {
 			t.Fatal("no probe slot after a discarded probe")
 		}
 	})
@@ -587,12 +587,12 @@ func TestNilGatesAdmit(t *testing.T) {
 		t.Fatal("a nil Breaker must admit and record nothing")
 	}
 	var g *Bulkhead
-	if !g.Acquire(t.Context()) || g.InFlight() != 0 || g.Waiting() != 0 {
+	if !g.Acquire(t.Context()) || g.InFlight() != 0 || g.waiters() != 0 {
 		t.Fatal("a nil Bulkhead must admit")
 	}
 	g.Release()
 	var l *RateLimiter
-	if ok, _ := l.Acquire(t.Context(), bkStart); !ok || !math.IsInf(l.Tokens(bkStart), 1) {
+	if ok, _ := l.Acquire(t.Context(), bkStart); !ok || !math.IsInf(l.available(bkStart), 1) {
 		t.Fatal("a nil RateLimiter must admit")
 	}
 }

@@ -111,8 +111,8 @@ func (g *Bulkhead) InFlight() int {
 	return len(g.sem)
 }
 
-// Waiting returns the number of calls waiting for a slot.
-func (g *Bulkhead) Waiting() int {
+// waiters returns the number of calls waiting for a slot.
+func (g *Bulkhead) waiters() int {
 	if g == nil {
 		return 0
 	}

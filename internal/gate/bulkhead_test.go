@@ -81,7 +81,7 @@ func TestBulkheadWait(t *testing.T) {
 				if after := time.Since(start); got != tt.want || after != tt.wantAfter {
 					t.Fatalf("Acquire = %v after %v, want %v after %v", got, after, tt.want, tt.wantAfter)
 				}
-				if w := g.Waiting(); w != 0 {
+				if w := g.waiters(); w != 0 {
 					t.Fatalf("Waiting = %d after the wait, want 0", w)
 				}
 				time.Sleep(3 * time.Second) // every AfterFunc has run
@@ -129,12 +129,12 @@ func TestBulkheadWaitersFIFOAndNoLeak(t *testing.T) {
 			})
 			synctest.Wait() // waiter i is blocked before i+1 starts
 		}
-		if w := g.Waiting(); w != 6 {
+		if w := g.waiters(); w != 6 {
 			t.Fatalf("Waiting = %d, want 6", w)
 		}
 		time.Sleep(200 * time.Millisecond)
 		synctest.Wait()
-		if w := g.Waiting(); w != 3 {
+		if w := g.waiters(); w != 3 {
 			t.Fatalf("Waiting = %d after the impatient gave up, want 3", w)
 		}
 		for range 3 { // one slot at a time
@@ -150,7 +150,7 @@ func TestBulkheadWaitersFIFOAndNoLeak(t *testing.T) {
 		}
 		g.Release()
 		g.Release()
-		if n, w := g.InFlight(), g.Waiting(); n != 0 || w != 0 {
+		if n, w := g.InFlight(), g.waiters(); n != 0 || w != 0 {
 			t.Fatalf("InFlight, Waiting = %d, %d at the end, want 0, 0", n, w)
 		}
 	})
@@ -176,7 +176,7 @@ func TestBulkheadConcurrentNoLeak(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n, w := g.InFlight(), g.Waiting(); n != 0 || w != 0 {
+	if n, w := g.InFlight(), g.waiters(); n != 0 || w != 0 {
 		t.Fatalf("InFlight, Waiting = %d, %d at the end, want 0, 0", n, w)
 	}
 }

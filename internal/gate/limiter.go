@@ -235,8 +235,8 @@ type LimiterDecision struct {
 	OK bool
 	// Reason says why it was not.
 	Reason LimiterReason
-	// Waited is true when the call waited in the queue.
-	Waited bool
+	// waited is true when the call waited in the queue.
+	waited bool
 	// HeavyTenant is true, on a refusal, when the call's tenant was above
 	// its fair share.
 	HeavyTenant bool
@@ -326,7 +326,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	l.push(w)
 	l.mu.Unlock()
 
-	refuse.Waited = true
+	refuse.waited = true
 	select {
 	case ok := <-w.ready:
 		if !ok {
@@ -356,7 +356,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.Add(now, tenantID)
 	}
-	return LimiterPermit{held: true}, LimiterDecision{OK: true, Waited: true}
+	return LimiterPermit{held: true}, LimiterDecision{OK: true, waited: true}
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -587,9 +587,9 @@ func (l *Limiter) Queued() int {
 	return l.waiting
 }
 
-// QueueCapacity returns the number of places in the queue at the current
+// queueCapacity returns the number of places in the queue at the current
 // limit: ceil(QueueFactor × limit), 0 when nothing waits.
-func (l *Limiter) QueueCapacity() int {
+func (l *Limiter) queueCapacity() int {
 	if l == nil {
 		return 0
 	}
@@ -616,9 +616,9 @@ func (l *Limiter) Pressure() float64 {
 	return min(float64(l.waiting)/float64(places), 1)
 }
 
-// Baseline returns the latency the limiter takes as the dependency's
+// learnedBaseline returns the latency the limiter takes as the dependency's
 // latency without queueing, and whether it has learned one yet.
-func (l *Limiter) Baseline() (time.Duration, bool) {
+func (l *Limiter) learnedBaseline() (time.Duration, bool) {
 	if l == nil {
 		return 0, false
 	}

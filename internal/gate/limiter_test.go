@@ -25,7 +25,7 @@ func lmWave(t *testing.T, l *Limiter, now time.Time, n int, latency time.Duratio
 	permits := make([]LimiterPermit, 0, n)
 	for range n {
 		p, d := l.Acquire(context.Background(), now, shedding.Critical, "")
-		if !d.OK || d.Waited {
+		if !d.OK || d.waited {
 			t.Fatalf("wave of %d at limit %d: call %d not admitted at once (%+v)", n, l.Limit(), len(permits), d)
 		}
 		permits = append(permits, p)
@@ -56,7 +56,7 @@ func TestLimiterGrowsWhenUsed(t *testing.T) {
 	if diff := cmp.Diff(want, all); diff != "" {
 		t.Errorf("limit changes (-want +got):\n%s", diff)
 	}
-	if b, ok := l.Baseline(); !ok || b != 10*time.Millisecond {
+	if b, ok := l.learnedBaseline(); !ok || b != 10*time.Millisecond {
 		t.Errorf("Baseline = %v, %v; want 10ms, true", b, ok)
 	}
 }
@@ -112,7 +112,7 @@ func TestLimiterShrinksWhenLatencyRises(t *testing.T) {
 	if got := l.Limit(); got > 8 || got < 4 {
 		t.Errorf("Limit = %d after %d at 3× latency, want about 4", got, grown)
 	}
-	if b, _ := l.Baseline(); b != 10*time.Millisecond {
+	if b, _ := l.learnedBaseline(); b != 10*time.Millisecond {
 		t.Errorf("Baseline = %v: congested rounds at full use must not be learned", b)
 	}
 	low := l.Limit()
@@ -131,14 +131,14 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 	now := lmStart
 	// Before a baseline, failures are not samples.
 	now, _ = lmWave(t, l, now, 20, time.Millisecond, policy.Failure)
-	if _, ok := l.Baseline(); ok {
+	if _, ok := l.learnedBaseline(); ok {
 		t.Fatal("a round of failures set the baseline")
 	}
 	for _, o := range []policy.Outcome{policy.Canceled, policy.Discarded} {
 		for range 50 {
 			now, _ = lmWave(t, l, now, 20, time.Hour, o)
 		}
-		if _, ok := l.Baseline(); ok || l.Limit() != 20 {
+		if _, ok := l.learnedBaseline(); ok || l.Limit() != 20 {
 			t.Fatalf("%v attempts taught the limiter", o)
 		}
 	}
@@ -218,8 +218,8 @@ func TestLimiterQueueDepth(t *testing.T) {
 		{-1, 0},
 	} {
 		l := newLimiter(policy.Limiter{QueueFactor: tt.factor}, lmStart)
-		if got := l.QueueCapacity(); got != tt.want {
-			t.Errorf("QueueFactor %v: QueueCapacity = %d, want %d", tt.factor, got, tt.want)
+		if got := l.queueCapacity(); got != tt.want {
+			t.Errorf("QueueFactor %v: queueCapacity = %d, want %d", tt.factor, got, tt.want)
 		}
 	}
 	l := newLimiter(policy.Limiter{}, lmStart)
@@ -227,8 +227,8 @@ func TestLimiterQueueDepth(t *testing.T) {
 	for range 3 {
 		now, _ = lmWave(t, l, now, l.Limit(), 10*time.Millisecond, policy.Success)
 	}
-	if got, want := l.QueueCapacity(), (l.Limit()+1)/2; got != want {
-		t.Errorf("at limit %d: QueueCapacity = %d, want %d", l.Limit(), got, want)
+	if got, want := l.queueCapacity(), (l.Limit()+1)/2; got != want {
+		t.Errorf("at limit %d: queueCapacity = %d, want %d", l.Limit(), got, want)
 	}
 }
 
@@ -319,7 +319,7 @@ func TestLimiterFreedSlotGoesToHighestPriority(t *testing.T) {
 			held = held[1:]
 			synctest.Wait()
 			for _, r := range lmTake(out) {
-				if !r.d.OK || !r.d.Waited {
+				if !r.d.OK || !r.d.waited {
 					t.Fatalf("%s: %+v, want admitted after waiting", r.name, r.d)
 				}
 				order = append(order, r.name)
@@ -364,9 +364,9 @@ func TestLimiterPriorityEviction(t *testing.T) {
 		got := lmTake(out)
 		want := []lmResult{
 			{name: "bulk-late", d: LimiterDecision{Reason: LimiterFull}},
-			{name: "bulk-new", d: LimiterDecision{Reason: LimiterEvicted, Waited: true}},
+			{name: "bulk-new", d: LimiterDecision{Reason: LimiterEvicted, waited: true}},
 		}
-		if diff := cmp.Diff(want, got, cmp.AllowUnexported(lmResult{}, LimiterPermit{})); diff != "" {
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(lmResult{}, LimiterPermit{}, LimiterDecision{})); diff != "" {
 			t.Errorf("results (-want +got):\n%s", diff)
 		}
 		// Critical evicts the remaining Bulk, then Degraded would be
@@ -470,7 +470,7 @@ func TestLimiterWaitBoundedByDeadline(t *testing.T) {
 		if waited := time.Since(start); waited != 50*time.Millisecond {
 			t.Errorf("waited %v, want the 50ms deadline", waited)
 		}
-		if want := (LimiterDecision{Reason: LimiterCanceled, Waited: true}); d != want {
+		if want := (LimiterDecision{Reason: LimiterCanceled, waited: true}); d != want {
 			t.Errorf("decision %+v, want %+v", d, want)
 		}
 		if l.Queued() != 0 {
@@ -478,7 +478,7 @@ func TestLimiterWaitBoundedByDeadline(t *testing.T) {
 		}
 		// An expired context does not wait at all.
 		_, d = l.Acquire(ctx, time.Now(), shedding.Critical, "")
-		if d.Reason != LimiterCanceled || d.Waited {
+		if d.Reason != LimiterCanceled || d.waited {
 			t.Errorf("expired context: %+v", d)
 		}
 		l.Release(held[0], time.Now(), 0, policy.Success)

@@ -141,9 +141,9 @@ func (l *RateLimiter) cancel(due, now time.Time) {
 	l.tail = time.Time{}
 }
 
-// Tokens returns the tokens in the bucket at now; negative while waiters
+// available returns the tokens in the bucket at now; negative while waiters
 // hold tokens that have not accrued yet.
-func (l *RateLimiter) Tokens(now time.Time) float64 {
+func (l *RateLimiter) available(now time.Time) float64 {
 	if l == nil {
 		return math.Inf(1)
 	}

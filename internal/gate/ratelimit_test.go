@@ -40,7 +40,7 @@ func TestRateLimiterSteps(t *testing.T) {
 		if ok != st.ok || retry != st.retry {
 			t.Fatalf("step %d at %v: Acquire = %v, %v; want %v, %v", i, st.at, ok, retry, st.ok, st.retry)
 		}
-		if got := l.Tokens(now); math.Abs(got-st.tokensNow) > 1e-9 {
+		if got := l.available(now); math.Abs(got-st.tokensNow) > 1e-9 {
 			t.Fatalf("step %d at %v: Tokens = %v, want %v", i, st.at, got, st.tokensNow)
 		}
 	}
@@ -93,7 +93,7 @@ func TestRateLimiterWait(t *testing.T) {
 				}
 				// A refusal takes nothing and a cancelled wait gives its
 				// token back: the bucket is where time alone puts it.
-				tokens := l.Tokens(time.Now())
+				tokens := l.available(time.Now())
 				want := tt.perSecond * after.Seconds()
 				if ok {
 					want = 0
@@ -137,7 +137,7 @@ func TestRateLimiterCancelBehindQueue(t *testing.T) {
 		if bAt != 200*time.Millisecond {
 			t.Fatalf("B admitted at %v, want 200ms (its place in the queue)", bAt)
 		}
-		if got := l.Tokens(time.Now()); math.Abs(got) > 1e-9 {
+		if got := l.available(time.Now()); math.Abs(got) > 1e-9 {
 			t.Fatalf("Tokens = %v at 200ms, want 0", got)
 		}
 	})
