@@ -1,7 +1,6 @@
 package httptestutil
 
 import (
-	"context"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -10,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/resilix/resilix/internal/timing"
 )
 
 // Fault is a failure an [Upstream] injects into a response.
@@ -320,7 +321,7 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 	u.mu.Unlock()
 
-	if !sleep(ctx, delay) || !sleep(ctx, fault.SlowHeaders) {
+	if !timing.Sleep(ctx, delay) || !timing.Sleep(ctx, fault.SlowHeaders) {
 		return false
 	}
 	if fault.Reset {
@@ -351,7 +352,7 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) bool {
 	rc.Flush() // headers first
 	n := min(u.chunks, len(u.body))
 	for i := range n {
-		if i > 0 && !sleep(ctx, fault.SlowBody) {
+		if i > 0 && !timing.Sleep(ctx, fault.SlowBody) {
 			return false
 		}
 		chunk := u.body[i*len(u.body)/n : (i+1)*len(u.body)/n]
@@ -418,22 +419,6 @@ func (u *Upstream) admit() bool {
 				}
 			}
 		}
-	}
-}
-
-// sleep waits for d or until ctx is done, and reports whether ctx is still
-// live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
@@ -171,7 +172,7 @@ func (a *adversary) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if a.deaf {
 		time.Sleep(m.latency)
-	} else if !sleepCtx(r.Context(), m.latency) {
+	} else if !timing.Sleep(r.Context(), m.latency) {
 		a.leave(host)
 		return nil, r.Context().Err()
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -141,7 +142,7 @@ func (c *call) run() (*http.Response, error) {
 			c.skipped(why, 0)
 			return resp, err
 		}
-		if !sleep(c.ctx, delay) {
+		if !timing.Sleep(c.ctx, delay) {
 			closeBody(body)
 			httpx.Discard(resp)
 			c.outcome = policy.Canceled
@@ -401,20 +402,5 @@ func (c *call) attemptDone(l *leg) {
 func closeBody(b io.ReadCloser) {
 	if b != nil {
 		_ = b.Close()
-	}
-}
-
-// sleep waits d, and reports false if ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

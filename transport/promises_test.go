@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -128,7 +129,7 @@ func TestStalledFailedLegDoesNotHoldTheWinner(t *testing.T) {
 			case i == 31: // the hedge answers after the first leg failed
 				d = 140 * time.Millisecond
 			}
-			if !sleepCtx(r.Context(), d) {
+			if !timing.Sleep(r.Context(), d) {
 				return nil, r.Context().Err()
 			}
 			resp := respond(r, code)
@@ -157,17 +158,6 @@ func TestStalledFailedLegDoesNotHoldTheWinner(t *testing.T) {
 			t.Fatal("the failed leg's body was never closed")
 		}
 	})
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // TestRefusedRetryReturnsTheUpstreamAnswer: when a gate refuses the
