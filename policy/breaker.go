@@ -84,9 +84,4 @@ const (
 var breakerStateNames = [...]string{"closed", "open", "half_open"}
 
 // String returns "closed", "open" or "half_open".
-func (s BreakerState) String() string {
-	if int(s) < len(breakerStateNames) {
-		return breakerStateNames[s]
-	}
-	return "BreakerState(?)"
-}
+func (s BreakerState) String() string { return enumName(breakerStateNames[:], int(s), "breaker_state") }

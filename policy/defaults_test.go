@@ -108,3 +108,27 @@ func TestHedgeDefaults(t *testing.T) {
 		t.Fatal("WinRate must stay off unless set")
 	}
 }
+
+// TestEnumNames: every enum's names are snake_case, and a value with no
+// name reads as type(value), in one format.
+func TestEnumNames(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{BreakerHalfOpen.String(), "half_open"},
+		{BreakerState(9).String(), "breaker_state(9)"},
+		{GateRateLimit.String(), "rate_limit"},
+		{Gate(0).String(), "gate(0)"},
+		{HedgeBodyError.String(), "body_error"},
+		{SuppressReason(99).String(), "suppress_reason(99)"},
+		{AttemptHedge.String(), "hedge"},
+		{AttemptKind(0).String(), "attempt_kind(0)"},
+		{SkipNotReplayable.String(), "not_replayable"},
+		{SkipGate.String(), "gate"},
+		{SkipReason(42).String(), "skip_reason(42)"},
+		{Discarded.String(), "discarded"},
+		{Outcome(7).String(), "outcome(7)"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}

@@ -63,12 +63,7 @@ var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "
 
 // String returns the gate's name as it appears in metrics: "breaker",
 // "rate_limit", ...
-func (g Gate) String() string {
-	if int(g) < len(gateNames) && g != 0 {
-		return gateNames[g]
-	}
-	return "Gate(" + strconv.Itoa(int(g)) + ")"
-}
+func (g Gate) String() string { return enumName(gateNames[:], int(g), "gate") }
 
 // RejectedError is the one error type of every refusal. It matches
 // ErrRejected and its own sentinel (Err) with errors.Is, through

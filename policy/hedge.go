@@ -134,8 +134,5 @@ var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", 
 
 // String returns the reason's name as it appears in metrics.
 func (r SuppressReason) String() string {
-	if int(r) < len(suppressReasonNames) && r != 0 {
-		return suppressReasonNames[r]
-	}
-	return "SuppressReason(?)"
+	return enumName(suppressReasonNames[:], int(r), "suppress_reason")
 }

@@ -108,12 +108,7 @@ const (
 var attemptKindNames = [...]string{"", "first", "retry", "hedge"}
 
 // String returns "first", "retry" or "hedge".
-func (k AttemptKind) String() string {
-	if int(k) < len(attemptKindNames) && k != 0 {
-		return attemptKindNames[k]
-	}
-	return "AttemptKind(?)"
-}
+func (k AttemptKind) String() string { return enumName(attemptKindNames[:], int(k), "attempt_kind") }
 
 // CallInfo describes one finished logical call.
 type CallInfo struct {
@@ -194,12 +189,7 @@ const (
 var skipReasonNames = [...]string{"", "not_replayable", "deadline", "budget", "retry_after", "body_error", "permanent", "gate"}
 
 // String returns the reason's name as it appears in metrics.
-func (r SkipReason) String() string {
-	if int(r) < len(skipReasonNames) && r != 0 {
-		return skipReasonNames[r]
-	}
-	return "SkipReason(?)"
-}
+func (r SkipReason) String() string { return enumName(skipReasonNames[:], int(r), "skip_reason") }
 
 // RetrySkip describes a retry that was not sent.
 type RetrySkip struct {

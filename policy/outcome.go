@@ -33,12 +33,7 @@ const (
 var outcomeNames = [...]string{"", "success", "failure", "canceled", "discarded", "rejected"}
 
 // String returns the outcome's name as it appears in metrics.
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) && o != 0 {
-		return outcomeNames[o]
-	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
+func (o Outcome) String() string { return enumName(outcomeNames[:], int(o), "outcome") }
 
 // Evidence reports whether the outcome says anything about the dependency:
 // true for Success and Failure only.
@@ -74,4 +69,14 @@ func DefaultClassify(resp *http.Response, err error) Outcome {
 		return Failure
 	}
 	return Success
+}
+
+// enumName returns names[v], the name of an enum value as metrics and logs
+// show it (snake_case), or typ(v), as "gate(9)", for a value with none:
+// every enum of the package has this one fallback format.
+func enumName(names []string, v int, typ string) string {
+	if v >= 0 && v < len(names) && names[v] != "" {
+		return names[v]
+	}
+	return typ + "(" + strconv.Itoa(v) + ")"
 }
