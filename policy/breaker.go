@@ -4,10 +4,30 @@ import (
 	"time"
 )
 
-// Breaker is a circuit breaker per scope: closed, open, half-open. It
-// trips on consecutive failures, on a failure rate well above the
-// dependency's own baseline, or on FailureRatio when set; see
-// CircuitBreaker for the algorithm and what the caller observes.
+// Breaker is a circuit breaker per scope: closed, open, half-open
+// (https://martinfowler.com/bliki/CircuitBreaker.html), with a trip point
+// that learns what normal looks like for the dependency.
+//
+// Closed, it admits every attempt and counts outcomes over Window. After a
+// Failure it opens when ConsecutiveFailures attempts failed in a row, when
+// the window's failure rate reaches FailureRatio (if set), or when the rate
+// exceeds a trip point relative to the dependency's own baseline failure
+// rate, min(0.9, max(0.2, 3 × baseline)), or 0.5 until a baseline has been
+// learned: a service that always fails 10% of calls is healthy at 12% and
+// broken at 50%. A rate is judged only with MinCalls outcomes, two of them
+// failures: one unlucky call is never a trend.
+//
+// Open, it refuses every attempt, every priority alike, with a
+// *RejectedError matching ErrCircuitOpen whose RetryAfter is the time left.
+// After OpenFor (jittered by up to 25%, so that breakers that opened
+// together do not probe in lockstep) it is half-open: Probes attempts go
+// through, and the first probe's Success closes it, a Failure opens it
+// again.
+//
+// It learns at response headers, from the outcome Classify gives, and holds
+// nothing past them. Canceled attempts (the caller gave up) and Discarded
+// ones (a hedge loser) teach it nothing. Observer.BreakerTransition hears
+// every change of state.
 type Breaker struct {
 	// ConsecutiveFailures trips the breaker after that many failures in a
 	// row. If zero, 5 is used. If negative, consecutive failures alone

@@ -1,6 +1,8 @@
-// Package policy holds resilix's policies: their configs, which a user
-// writes as plain struct literals in a Set, and their runtime state, which
-// the transport keeps per upstream key and drives.
+// Package policy is what a resilix user writes and reads: the policies'
+// configs, written as plain struct literals in a Set; the errors a refused
+// call returns; and the Observer, whose events say what the policies did.
+// The runtime state the transport keeps per upstream key lives elsewhere,
+// out of sight.
 //
 // The chain's order is fixed:
 //
@@ -23,12 +25,6 @@
 // default DefaultClassify) says Success or Failure; Canceled (the caller
 // gave up) and Discarded (resilix cancelled a hedge loser) are not evidence
 // and teach no policy anything.
-//
-// The runtime types (CircuitBreaker, AdaptiveLimiter, AdaptiveThrottler,
-// BulkheadGate, RateLimiter, BudgetBucket, HedgeState) are exported for the
-// transport and for tests; their cores take the current time as a
-// parameter, run no goroutine or timer of their own, call nothing back, and
-// are safe for concurrent use. Most users never touch them.
 //
 // The Observer receives what the policies did, call by call.
 package policy

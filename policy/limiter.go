@@ -1,8 +1,25 @@
 package policy
 
-// Limiter is an adaptive concurrency limit learned from latency, with a
-// bounded priority queue in front of it. See AdaptiveLimiter for the
-// algorithm and what the caller observes.
+// Limiter is an adaptive concurrency limit per scope, learned from latency
+// (the gradient family of Netflix's concurrency-limits and Envoy's adaptive
+// concurrency filter), with a bounded priority queue in front of it.
+//
+// An attempt holds a place from admission to its response headers, and its
+// latency is measured from dispatch to headers, so neither queueing in the
+// limiter nor a slow reader of the body is learned. About once per round
+// trip the limit is scaled by how far latency rose above the dependency's
+// baseline, min(1, max(0.5, 1.5 × baseline / recent)), and grows by
+// √limit only when the limit was actually in use, so that an idle client
+// does not inflate it and hedging does not shrink it.
+//
+// When the limit is reached an attempt may wait in a queue of
+// ceil(QueueFactor × limit) places, highest priority first; no wait
+// outlives the caller's context. Under pressure it sheds bottom-up before
+// queueing: Bulk first, then BestEffort, then Degraded, and within a
+// priority the tenant furthest above its fair share; Critical only when the
+// queue is full. A refusal is a *RejectedError matching ErrShed; a wait the
+// caller's context ends returns the context's error. A hedge leg never
+// waits: a hedge that would have to queue is not sent.
 type Limiter struct {
 	// InitialLimit is the concurrency limit before anything is learned.
 	// If zero, 20 is used. It is kept within [MinLimit, MaxLimit].

@@ -13,8 +13,16 @@ import (
 // window holds fewer than MinRequests requests, so a host the client has
 // only just met is not throttled on the strength of a few refusals, and it
 // never exceeds MaxRejection, so some attempts always reach the backend to
-// show it has recovered. See AdaptiveThrottler for the exact rule, what
-// counts as accepted and who is refused first.
+// show it has recovered.
+//
+// Requests are every attempt the throttler is asked about, the ones it
+// refuses itself included; accepts are those the backend took on, as
+// Accepted says (DefaultAccepted: not transport errors, 429, 502, 503 or
+// 504). Canceled and Discarded attempts count neither way. The probability
+// is shed bottom-up: Bulk first, then BestEffort, then Degraded, and
+// Critical only when every lower priority is fully shed; within a priority,
+// tenants above their fair share are refused more. A refusal is a
+// *RejectedError matching ErrThrottled; it never reaches the wire.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
 	// starts throttling; at least 1. If zero, 2 is used (the book's

@@ -48,7 +48,7 @@ const (
 
 // Breaker is the runtime state of a Breaker, one per scope: the
 // classic closed → open → half-open → closed machine
-// (https://martinfowler.com/bliki/Breaker.html), with a trip rule
+// (https://martinfowler.com/bliki/CircuitBreaker.html), with a trip rule
 // that learns what normal looks like for the dependency.
 //
 // # Admission

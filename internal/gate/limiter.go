@@ -226,7 +226,7 @@ func (r LimiterReason) String() string {
 	if int(r) < len(limiterReasonNames) && r != 0 {
 		return limiterReasonNames[r]
 	}
-	return "LimiterReason(" + strconv.Itoa(int(r)) + ")"
+	return "limiter_reason(" + strconv.Itoa(int(r)) + ")"
 }
 
 // LimiterDecision is Acquire's answer.
