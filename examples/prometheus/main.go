@@ -191,8 +191,9 @@ feed:
 	return made.Load(), first
 }
 
-// call makes one GET. A 503 or a refusal by the breaker is part of the
-// demo; only a transport failure is an error.
+// call makes one GET. A 503, a refusal by the breaker or an attempt that
+// timed out is part of the demo; only another transport failure is an
+// error.
 func (d *demo) call(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -201,7 +202,7 @@ func (d *demo) call(ctx context.Context) error {
 		return err
 	}
 	resp, err := d.client.Do(req)
-	if errors.Is(err, policy.ErrRejected) {
+	if errors.Is(err, policy.ErrRejected) || errors.Is(err, policy.ErrAttemptTimeout) {
 		return nil
 	}
 	if err != nil {
