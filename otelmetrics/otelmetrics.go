@@ -167,8 +167,8 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	sources := r.sources // only ever appended to: the prefix is stable
 	r.mu.Unlock()
 	for _, src := range sources {
-		src.States(func(key string, s policy.State) {
-			if !s.HasBreaker && !s.HasLimiter && !s.Budgeted {
+		src.States(func(key string, s policy.Snapshot) {
+			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget {
 				return
 			}
 			obs := r.attrs.get(key).base.obs
@@ -178,7 +178,7 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			if s.HasLimiter {
 				o.ObserveInt64(r.limiterLimit, int64(s.LimiterLimit), obs...)
 			}
-			if s.Budgeted {
+			if s.HasBudget {
 				o.ObserveFloat64(r.budgetBalance, s.BudgetBalance, obs...)
 			}
 		})

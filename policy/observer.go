@@ -66,24 +66,7 @@ type Observer struct {
 type StateSource interface {
 	// States calls f once per key with a snapshot of its state. It holds
 	// no lock while f runs.
-	States(f func(key string, s State))
-}
-
-// State is a snapshot of one key's gauges. A Has field is false when the
-// key does not run that policy; its values are then zero.
-type State struct {
-	HasBreaker   bool
-	BreakerState BreakerState
-
-	HasLimiter   bool
-	LimiterLimit int
-
-	Budgeted      bool
-	BudgetBalance float64
-
-	// HedgeThreshold is zero until the key's latency window has enough
-	// samples, or when it does not hedge.
-	HedgeThreshold time.Duration
+	States(f func(key string, s Snapshot))
 }
 
 // LimitTransition describes an adaptive limit's move.
