@@ -159,10 +159,11 @@ func (h hosts) RoundTrip(r *http.Request) (*http.Response, error) {
 // transport does not report yet (the limiter).
 type fixedStates map[string]policy.Snapshot
 
-func (f fixedStates) States(fn func(string, policy.Snapshot)) {
+func (f fixedStates) States(fn func(string, policy.Snapshot)) bool {
 	for _, k := range slices.Sorted(maps.Keys(f)) {
 		fn(k, f[k])
 	}
+	return true
 }
 
 // caller is what the test saw of one key's calls.

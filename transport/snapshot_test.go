@@ -2,9 +2,12 @@ package transport
 
 import (
 	"net/http"
+	"runtime"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -132,4 +135,51 @@ func mustRequest(t *testing.T, url string) *http.Request {
 		t.Fatal(err)
 	}
 	return req
+}
+
+// TestAnObserverDoesNotKeepItsTransportsAlive: an Observer that keeps
+// every source it is given (as otelmetrics does) keeps no transport alive,
+// and a source reports when its transport is gone.
+func TestAnObserverDoesNotKeepItsTransportsAlive(t *testing.T) {
+	var kept []policy.StateSource
+	obs := &policy.Observer{Attach: func(s policy.StateSource) { kept = append(kept, s) }}
+	build := func() weak.Pointer[Transport] {
+		tr := mustNew(t, Config{Base: okBase{}, Observer: obs, Policies: policy.Set{
+			Retry: &policy.Retry{}, Hedge: &policy.Hedge{}, Breaker: &policy.Breaker{}, Limiter: &policy.Limiter{},
+		}})
+		for _, u := range []string{"http://a.test/", "http://b.test/"} {
+			resp, err := tr.RoundTrip(mustRequest(t, u))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		return weak.Make(tr)
+	}
+	live := mustNew(t, Config{Base: okBase{}, Observer: obs, Policies: policy.Set{Breaker: &policy.Breaker{}}})
+	resp, err := live.RoundTrip(mustRequest(t, "http://live.test/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	gone := build()
+	for range 3 {
+		runtime.GC()
+	}
+	if gone.Value() != nil {
+		t.Fatal("a dropped transport is still alive: its observer keeps it")
+	}
+	if len(kept) != 2 {
+		t.Fatalf("Attach called %d times, want 2", len(kept))
+	}
+	var keys []string
+	alive := kept[0].States(func(key string, s policy.Snapshot) { keys = append(keys, key) })
+	if !alive || !slices.Equal(keys, []string{"live.test"}) {
+		t.Errorf("the live transport's source: alive %v, keys %q; want true, [live.test]", alive, keys)
+	}
+	called := false
+	if kept[1].States(func(string, policy.Snapshot) { called = true }) || called {
+		t.Errorf("the dropped transport's source reports it alive, or calls f")
+	}
+	runtime.KeepAlive(live)
 }

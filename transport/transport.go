@@ -66,6 +66,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"weak"
 
 	"github.com/hashicorp/go-cleanhttp"
 
@@ -234,7 +235,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t.scopes.init(max, t.newScope)
 	if o := t.obs; o != nil && o.Attach != nil {
-		o.Attach(stateSource{t})
+		o.Attach(stateSource{weak.Make(t)})
 	}
 	return t, nil
 }
@@ -243,11 +244,19 @@ func New(cfg Config) (*Transport, error) {
 func timesAttemptsOf(o *policy.Observer) bool { return o != nil && o.AttemptDone != nil }
 
 // stateSource is the policy.StateSource a Transport gives its Observer.
-type stateSource struct{ t *Transport }
+// It holds the Transport weakly, so that an Observer shared by transports
+// that come and go, which keeps every source it is given, keeps none of
+// them alive; States reports when its Transport is gone.
+type stateSource struct{ t weak.Pointer[Transport] }
 
-func (src stateSource) States(f func(key string, s policy.Snapshot)) {
+func (src stateSource) States(f func(key string, s policy.Snapshot)) (alive bool) {
+	t := src.t.Value()
+	if t == nil {
+		return false
+	}
 	now := time.Now()
-	src.t.scopes.each(func(s *scope) { f(s.key, s.snapshot(now)) })
+	t.scopes.each(func(s *scope) { f(s.key, s.snapshot(now)) })
+	return true
 }
 
 // hostKey is the default Key: the request's canonical authority.
