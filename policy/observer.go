@@ -65,10 +65,11 @@ type Observer struct {
 	// Observer may keep it without keeping the transport (and its keys'
 	// state) alive, and once the transport is gone the source's States
 	// returns false. An Observer that keeps sources should drop each one
-	// whose States has returned false, on its own, without waiting for
-	// a collection: then one Observer shared by transports that are built
-	// and dropped (one per configuration reload, say) holds the sources of
-	// the live ones only.
+	// whose States has returned false, and look for them when it attaches
+	// new ones, not only when it is read: then one Observer shared by
+	// transports that are built and dropped (one per configuration reload,
+	// say) holds the sources of the live ones only, whether or not anything
+	// reads it.
 	Attach func(StateSource)
 }
 
