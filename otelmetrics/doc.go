@@ -8,7 +8,10 @@
 //	rt, err := transport.New(transport.Config{Policies: set, Observer: obs})
 //
 // One Observer may serve several transports: each attaches its state when
-// it is built, and the gauges report the keys of all of them.
+// it is built, and the gauges report the keys of all of them. The Observer
+// does not keep a transport alive: one that is dropped (say, replaced on a
+// configuration reload) is garbage collected, and its keys leave the
+// gauges.
 //
 // # Instruments
 //

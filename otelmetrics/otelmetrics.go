@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
 
@@ -35,21 +38,46 @@ type recorder struct {
 	attrs cache
 
 	mu      sync.Mutex
-	sources []policy.StateSource // appended by Attach, never removed
+	sources []*source // attached, and not yet found dead
+	pruneAt int       // the len(sources) at which attach looks for dead ones
 }
+
+// source is an attached StateSource, marked dead once its States has
+// returned false: its transport has been garbage collected.
+type source struct {
+	policy.StateSource
+	dead atomic.Bool
+}
+
+// minPruneAt is the fewest sources attach looks through for dead ones.
+const minPruneAt = 16
 
 // New returns an Observer that records resilix's events into instruments
 // of mp, for transport.Config.Observer. The package doc lists the
 // instruments. It reports the first errors mp returned when creating them;
 // mp must not be nil.
 //
-// The Observer, and every StateSource attached to it, stay referenced by
-// mp's gauge callback for as long as mp lives. The Observer is safe for
-// concurrent use and may be given to several transports.
+// The Observer is safe for concurrent use and may be given to several
+// transports. It stays referenced by mp's gauge callback for as long as mp
+// lives, but it keeps no transport alive: it forgets each one once it has
+// been garbage collected (see policy.Observer.Attach), when the gauges are
+// next collected or as new transports attach. So it holds the state
+// sources of the live transports only: when nothing collects, at most 16,
+// or twice as many as were alive when it last looked.
 func New(mp metric.MeterProvider) (*policy.Observer, error) {
 	if mp == nil {
 		return nil, errors.New("otelmetrics: nil MeterProvider")
 	}
+	r, err := newRecorder(mp)
+	if err != nil {
+		return nil, err
+	}
+	return r.observer(), nil
+}
+
+// newRecorder creates the instruments on mp and registers the gauges'
+// callback.
+func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 	m := mp.Meter(MeterName)
 	r := &recorder{}
 	var errs []error
@@ -105,7 +133,11 @@ func New(mp metric.MeterProvider) (*policy.Observer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("otelmetrics: %w", err)
 	}
+	return r, nil
+}
 
+// observer returns the Observer that records into r.
+func (r *recorder) observer() *policy.Observer {
 	return &policy.Observer{
 		CallDone:        r.callDone,
 		AttemptDone:     r.attemptDone,
@@ -114,7 +146,7 @@ func New(mp metric.MeterProvider) (*policy.Observer, error) {
 		HedgeWon:        r.hedgeWon,
 		HedgeSuppressed: r.hedgeSuppressed,
 		Attach:          r.attach,
-	}, nil
+	}
 }
 
 func (r *recorder) callDone(c policy.CallInfo) {
@@ -151,24 +183,52 @@ func (r *recorder) hedgeSuppressed(h policy.HedgeSuppression) {
 	r.hedges.Add(context.Background(), 1, a.add...)
 }
 
+// attach adds src to the sources the gauges read. So that sources of
+// dropped transports do not pile up when nothing collects, it looks
+// through them all when their number has doubled since it last did, which
+// costs each attach a constant amortized number of States calls.
 func (r *recorder) attach(src policy.StateSource) {
 	if src == nil {
 		return
 	}
 	r.mu.Lock()
-	r.sources = append(r.sources, src)
+	r.sources = append(r.sources, &source{StateSource: src})
+	var all []*source
+	if len(r.sources) >= max(r.pruneAt, minPruneAt) {
+		all = slices.Clone(r.sources)
+		r.pruneAt = math.MaxInt // until this look is done
+	}
+	r.mu.Unlock()
+	if all == nil {
+		return
+	}
+	for _, s := range all {
+		if !s.States(func(string, policy.Snapshot) {}) {
+			s.dead.Store(true)
+		}
+	}
+	r.forgetDead()
+}
+
+// forgetDead drops the sources marked dead, and sets when attach next
+// looks for them.
+func (r *recorder) forgetDead() {
+	r.mu.Lock()
+	r.sources = slices.DeleteFunc(r.sources, func(s *source) bool { return s.dead.Load() })
+	r.pruneAt = 2 * len(r.sources)
 	r.mu.Unlock()
 }
 
 // observe is the gauges' callback: it reads the state of every key of
-// every attached transport.
+// every attached transport, and forgets the transports that are gone.
 func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	r.mu.Lock()
-	sources := r.sources // only ever appended to: the prefix is stable
+	sources := slices.Clone(r.sources)
 	r.mu.Unlock()
+	dead := false
 	for _, src := range sources {
-		src.States(func(key string, s policy.State) {
-			if !s.HasBreaker && !s.HasLimiter && !s.Budgeted {
+		alive := src.States(func(key string, s policy.Snapshot) {
+			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget {
 				return
 			}
 			obs := r.attrs.get(key).base.obs
@@ -178,10 +238,17 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			if s.HasLimiter {
 				o.ObserveInt64(r.limiterLimit, int64(s.LimiterLimit), obs...)
 			}
-			if s.Budgeted {
+			if s.HasBudget {
 				o.ObserveFloat64(r.budgetBalance, s.BudgetBalance, obs...)
 			}
 		})
+		if !alive {
+			src.dead.Store(true)
+			dead = true
+		}
+	}
+	if dead {
+		r.forgetDead()
 	}
 	return nil
 }

@@ -157,12 +157,13 @@ func (h hosts) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // fixedStates is a StateSource with fixed states, for the gauges the
 // transport does not report yet (the limiter).
-type fixedStates map[string]policy.State
+type fixedStates map[string]policy.Snapshot
 
-func (f fixedStates) States(fn func(string, policy.State)) {
+func (f fixedStates) States(fn func(string, policy.Snapshot)) bool {
 	for _, k := range slices.Sorted(maps.Keys(f)) {
 		fn(k, f[k])
 	}
+	return true
 }
 
 // caller is what the test saw of one key's calls.

@@ -59,31 +59,30 @@ type Observer struct {
 	// from transport.New, with a source of the transport's current state:
 	// observers that report gauges read it when they are collected,
 	// rather than being pushed every change.
+	//
+	// An attachment ends when its transport is garbage collected; there is
+	// nothing to call. The source holds its transport weakly, so an
+	// Observer may keep it without keeping the transport (and its keys'
+	// state) alive, and once the transport is gone the source's States
+	// returns false. An Observer that keeps sources should drop each one
+	// whose States has returned false, and look for them when it attaches
+	// new ones, not only when it is read: then one Observer shared by
+	// transports that are built and dropped (one per configuration reload,
+	// say) holds the sources of the live ones only, whether or not anything
+	// reads it.
 	Attach func(StateSource)
 }
 
 // StateSource reports the current state of every key a transport holds.
+// The source a transport gives Observer.Attach does not keep the
+// transport alive. It is safe for concurrent use.
 type StateSource interface {
-	// States calls f once per key with a snapshot of its state. It holds
-	// no lock while f runs.
-	States(f func(key string, s State))
-}
-
-// State is a snapshot of one key's gauges. A Has field is false when the
-// key does not run that policy; its values are then zero.
-type State struct {
-	HasBreaker   bool
-	BreakerState BreakerState
-
-	HasLimiter   bool
-	LimiterLimit int
-
-	Budgeted      bool
-	BudgetBalance float64
-
-	// HedgeThreshold is zero until the key's latency window has enough
-	// samples, or when it does not hedge.
-	HedgeThreshold time.Duration
+	// States calls f once per key the transport holds, with a snapshot of
+	// its state, and returns true. Once the transport has been garbage
+	// collected, States calls f never and returns false, and so on every
+	// later call: the caller should then drop the source. States holds
+	// no lock while f runs, and keeps the transport alive while it runs.
+	States(f func(key string, s Snapshot)) (alive bool)
 }
 
 // LimitTransition describes an adaptive limit's move.

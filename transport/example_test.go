@@ -90,3 +90,38 @@ func ExampleNew_refusal() {
 	// 404 Not Found
 	// refused by rate_limit for search.internal | ErrRateLimited: true
 }
+
+// Measured reads what a key has learned. Each policy has a presence flag:
+// a key without a breaker says so, rather than showing a closed one.
+func ExampleTransport_Measured() {
+	rt, _ := transport.New(transport.Config{
+		Base: httptestutil.InMemory(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})),
+		PerKey: map[string]policy.Set{
+			"payments.internal": {Breaker: &policy.Breaker{}},
+		},
+	})
+	client := &http.Client{Transport: rt}
+	for _, key := range []string{"payments.internal", "search.internal"} {
+		resp, err := client.Get("http://" + key + "/")
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+	}
+	for _, key := range []string{"payments.internal", "search.internal", "unknown.internal"} {
+		m := rt.Measured(key)
+		switch {
+		case !m.Known:
+			fmt.Println(key, "has no state")
+		case m.HasBreaker:
+			fmt.Println(key, "breaker", m.BreakerState)
+		default:
+			fmt.Println(key, "has no breaker")
+		}
+	}
+	// Output:
+	// payments.internal breaker closed
+	// search.internal has no breaker
+	// unknown.internal has no state
+}

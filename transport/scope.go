@@ -149,59 +149,48 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 	return s
 }
 
-func (s *scope) measured(now time.Time) Measured {
-	m := Measured{
+// snapshot reads the scope's state at now. It allocates nothing: an
+// observer reads every scope's on each collection.
+func (s *scope) snapshot(now time.Time) policy.Snapshot {
+	m := policy.Snapshot{
 		Known:            true,
 		MalformedHeaders: s.malformed.Load(),
 	}
-	if s.budget != nil {
-		m.Budgeted = true
-		m.BudgetBalance = s.budget.Balance(now)
-	}
 	if s.hedge != nil {
+		m.HasHedge = true
 		if d, ok := s.hedge.Threshold(now); ok {
 			m.HedgeThreshold = d
 		}
 		m.HedgesStarted, m.HedgesWon = s.hedge.Wins(now)
 		m.HedgeAllowance = s.hedge.Allowance(now)
 	}
+	if s.budget != nil {
+		m.HasBudget = true
+		m.BudgetBalance = s.budget.Balance(now)
+	}
+	if s.throttle != nil {
+		m.HasThrottler = true
+		m.Pressure = s.throttle.Pressure(now)
+	}
 	if s.breaker != nil {
+		m.HasBreaker = true
 		m.BreakerState = s.breaker.State(now)
 		r := s.breaker.Rate(now)
 		m.ErrorRate, m.TripPoint = r.ErrorRate, r.TripPoint
 	}
-	if s.bulkhead != nil {
-		m.BulkheadInFlight = s.bulkhead.InFlight()
-	}
 	if s.limiter != nil {
+		m.HasLimiter = true
 		m.LimiterLimit = s.limiter.Limit()
 		m.LimiterInFlight = s.limiter.InFlight()
 		m.LimiterQueued = s.limiter.Queued()
-		m.Pressure = s.limiter.Pressure()
+		m.Pressure = max(m.Pressure, s.limiter.Pressure())
 	}
-	if s.throttle != nil {
-		m.Pressure = max(m.Pressure, s.throttle.Pressure(now))
+	if s.bulkhead != nil {
+		m.HasBulkhead = true
+		m.BulkheadInFlight = s.bulkhead.InFlight()
 	}
+	m.HasRateLimit = s.rate != nil
 	return m
-}
-
-func (s *scope) state(now time.Time) policy.State {
-	var st policy.State
-	if s.breaker != nil {
-		st.HasBreaker, st.BreakerState = true, s.breaker.State(now)
-	}
-	if s.budget != nil {
-		st.Budgeted, st.BudgetBalance = true, s.budget.Balance(now)
-	}
-	if s.limiter != nil {
-		st.HasLimiter, st.LimiterLimit = true, s.limiter.Limit()
-	}
-	if s.hedge != nil {
-		if d, ok := s.hedge.Threshold(now); ok {
-			st.HedgeThreshold = d
-		}
-	}
-	return st
 }
 
 // registry maps keys to scopes. Lookups take a read lock; only a new key

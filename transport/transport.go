@@ -66,6 +66,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"weak"
 
 	"github.com/hashicorp/go-cleanhttp"
 
@@ -234,7 +235,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t.scopes.init(max, t.newScope)
 	if o := t.obs; o != nil && o.Attach != nil {
-		o.Attach(stateSource{t})
+		o.Attach(stateSource{weak.Make(t)})
 	}
 	return t, nil
 }
@@ -243,11 +244,19 @@ func New(cfg Config) (*Transport, error) {
 func timesAttemptsOf(o *policy.Observer) bool { return o != nil && o.AttemptDone != nil }
 
 // stateSource is the policy.StateSource a Transport gives its Observer.
-type stateSource struct{ t *Transport }
+// It holds the Transport weakly, so that an Observer shared by transports
+// that come and go, which keeps every source it is given, keeps none of
+// them alive; States reports when its Transport is gone.
+type stateSource struct{ t weak.Pointer[Transport] }
 
-func (src stateSource) States(f func(key string, s policy.State)) {
+func (src stateSource) States(f func(key string, s policy.Snapshot)) (alive bool) {
+	t := src.t.Value()
+	if t == nil {
+		return false
+	}
 	now := time.Now()
-	src.t.scopes.each(func(s *scope) { f(s.key, s.state(now)) })
+	t.scopes.each(func(s *scope) { f(s.key, s.snapshot(now)) })
+	return true
 }
 
 // hostKey is the default Key: the request's canonical authority.
@@ -480,61 +489,18 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// Measured is a snapshot of what a key's state has learned. Fields are zero
-// until there is evidence.
-type Measured struct {
-	// Known is false when the key has no state (never called, or
-	// forgotten under MaxKeys); every other field is then zero.
-	Known bool
-
-	// HedgeThreshold is the latency after which a call to this key would
-	// be hedged: zero until enough samples are in.
-	HedgeThreshold time.Duration
-	// HedgesStarted and HedgesWon count the hedges of the hedge window;
-	// their ratio is the win rate. HedgeAllowance is the share of due
-	// hedges that Hedge.WinRate lets through (1 without it).
-	HedgesStarted, HedgesWon uint64
-	HedgeAllowance           float64
-
-	// Budgeted is true when retries and hedges draw from a budget;
-	// BudgetBalance is then the tokens left.
-	Budgeted      bool
-	BudgetBalance float64
-
-	// BreakerState is the breaker's state; BreakerClosed when there is no
-	// breaker.
-	BreakerState policy.BreakerState
-	// ErrorRate and TripPoint are the breaker's windowed failure rate and
-	// the rate at which it trips.
-	ErrorRate, TripPoint float64
-
-	// BulkheadInFlight is the number of bulkhead slots held.
-	BulkheadInFlight int
-
-	// LimiterLimit is the adaptive concurrency limit, LimiterInFlight the
-	// attempts holding it and LimiterQueued those waiting for it.
-	LimiterLimit, LimiterInFlight, LimiterQueued int
-
-	// Pressure is how hard the shedding gates are pushing back, in [0, 1]:
-	// the larger of the limiter's queue fill and the throttler's
-	// rejection probability.
-	Pressure float64
-
-	// MalformedHeaders counts priority headers on requests and
-	// Retry-After headers on responses that could not be parsed.
-	MalformedHeaders uint64
-}
-
 // Measured returns a snapshot of key's state, key as the Transport
 // computes it (see Config.Key): with the default Key, "api.example.com"
 // for requests to "https://API.example.com:443/". It does not create
-// state for an unknown key.
-func (t *Transport) Measured(key string) Measured {
+// state for an unknown key, whose snapshot is the zero policy.Snapshot.
+// Each policy's fields are meaningful only under its presence flag
+// (HasBreaker, HasLimiter, ...).
+func (t *Transport) Measured(key string) policy.Snapshot {
 	s := t.scopes.lookup(key)
 	if s == nil {
-		return Measured{}
+		return policy.Snapshot{}
 	}
-	return s.measured(time.Now())
+	return s.snapshot(time.Now())
 }
 
 type repeatableKey struct{}

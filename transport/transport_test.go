@@ -134,7 +134,7 @@ func TestZeroConfigIsAPlainRoundTripper(t *testing.T) {
 	if string(b) != "hello" {
 		t.Fatalf("body %q", b)
 	}
-	if m := tr.Measured(strings.TrimPrefix(srv.URL, "http://")); !m.Known || m.Budgeted {
+	if m := tr.Measured(strings.TrimPrefix(srv.URL, "http://")); !m.Known || m.HasBudget {
 		t.Fatalf("Measured = %+v, want a known key with no budget", m)
 	}
 }
@@ -429,7 +429,7 @@ func TestBudgetRefusalReturnsTheLastResponse(t *testing.T) {
 	if base.n() != 2 || len(skips) != 1 || skips[0].Reason != policy.SkipBudget || skips[0].Attempt != 2 {
 		t.Fatalf("calls %d, skips %+v", base.n(), skips)
 	}
-	if m := tr.Measured("a.test"); !m.Budgeted || m.BudgetBalance >= 1 {
+	if m := tr.Measured("a.test"); !m.HasBudget || m.BudgetBalance >= 1 {
 		t.Fatalf("Measured %+v", m)
 	}
 }

@@ -67,6 +67,9 @@ func run(ctx context.Context, addr string, rate float64) error {
 	n, trafficErr := d.traffic(ctx, -1, rate, 8)
 	m := d.rt.Measured(d.key)
 	log.Printf("%d calls; %d hedges started, %d won in the last hedge window", n, m.HedgesStarted, m.HedgesWon)
+	if m.HasBreaker {
+		log.Printf("breaker %v, error rate %.3f (trips at %.3f)", m.BreakerState, m.ErrorRate, m.TripPoint)
+	}
 	return errors.Join(trafficErr, d.close())
 }
 

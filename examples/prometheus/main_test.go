@@ -85,6 +85,22 @@ func TestScrape(t *testing.T) {
 		}
 	}
 
+	// The gauges follow the transport's snapshot: a series for each
+	// policy the key runs, none for one it does not (no limiter here).
+	m := d.rt.Measured(d.key)
+	for family, runs := range map[string]bool{
+		"resilix_breaker_state":  m.HasBreaker,
+		"resilix_budget_balance": m.HasBudget,
+		"resilix_limiter_limit":  m.HasLimiter,
+	} {
+		if _, ok := families[family]; ok != runs {
+			t.Errorf("%s in the scrape: %v, but the key runs that policy: %v", family, ok, runs)
+		}
+	}
+	if !m.HasBreaker || m.HasLimiter {
+		t.Errorf("Measured(%q) = %+v, want a breaker and no limiter", d.key, m)
+	}
+
 	// The calls add up, and the win rate is a rate.
 	var total float64
 	for _, m := range families["resilix_calls_total"].GetMetric() {
