@@ -31,19 +31,16 @@ type Limiter struct {
 }
 
 func (l *Limiter) validate() error {
-	switch {
-	case l.InitialLimit < 0:
-		return fieldErr("Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit)
-	case l.MinLimit < 0:
-		return fieldErr("Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit)
-	case l.MaxLimit < 0:
-		return fieldErr("Limiter.MaxLimit", "must be >= 0, got %d", l.MaxLimit)
-	case or(l.MinLimit, 1) > or(l.MaxLimit, 1000):
-		return fieldErr("Limiter.MinLimit", "(%d) must be <= Limiter.MaxLimit (%d)", or(l.MinLimit, 1), or(l.MaxLimit, 1000))
-	case l.QueueFactor != l.QueueFactor || l.QueueFactor > 100:
-		return fieldErr("Limiter.QueueFactor", "must be a number <= 100, got %v", l.QueueFactor)
-	}
-	return nil
+	minLimit, maxLimit := or(l.MinLimit, 1), or(l.MaxLimit, 1000)
+	return joinErrs(
+		fieldErrIf(l.InitialLimit < 0, "Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit),
+		fieldErrIf(l.MinLimit < 0, "Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit),
+		fieldErrIf(l.MaxLimit < 0, "Limiter.MaxLimit", "must be >= 0, got %d", l.MaxLimit),
+		fieldErrIf(minLimit > 0 && maxLimit > 0 && minLimit > maxLimit,
+			"Limiter.MinLimit", "(%d) must be <= Limiter.MaxLimit (%d)", minLimit, maxLimit),
+		fieldErrIf(l.QueueFactor != l.QueueFactor || l.QueueFactor > 100,
+			"Limiter.QueueFactor", "must be a number <= 100, got %v", l.QueueFactor),
+	)
 }
 
 // WithDefaults returns l with every zero field set to its default, and

@@ -24,15 +24,12 @@ type RateLimit struct {
 }
 
 func (r *RateLimit) validate() error {
-	switch {
-	case !(r.PerSecond > 0) || math.IsInf(r.PerSecond, 1):
-		return fieldErr("RateLimit.PerSecond", "must be > 0, got %v", r.PerSecond)
-	case r.Burst < 0:
-		return fieldErr("RateLimit.Burst", "must be >= 0, got %d", r.Burst)
-	case r.MaxWait < 0:
-		return fieldErr("RateLimit.MaxWait", "must be >= 0, got %v", r.MaxWait)
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(!(r.PerSecond > 0) || math.IsInf(r.PerSecond, 1),
+			"RateLimit.PerSecond", "must be > 0, got %v", r.PerSecond),
+		fieldErrIf(r.Burst < 0, "RateLimit.Burst", "must be >= 0, got %d", r.Burst),
+		fieldErrIf(r.MaxWait < 0, "RateLimit.MaxWait", "must be >= 0, got %v", r.MaxWait),
+	)
 }
 
 // WithDefaults returns r with every zero field set to its default.

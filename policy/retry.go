@@ -48,15 +48,13 @@ type Retry struct {
 }
 
 func (r *Retry) validate() error {
-	switch {
-	case r.BaseDelay < 0:
-		return fieldErr("Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay)
-	case r.MaxDelay < 0:
-		return fieldErr("Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay)
-	case r.MaxDelay > 0 && r.MaxDelay < or(r.BaseDelay, 50*time.Millisecond):
-		return fieldErr("Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, or(r.BaseDelay, 50*time.Millisecond))
-	}
-	return nil
+	base := or(r.BaseDelay, 50*time.Millisecond)
+	return joinErrs(
+		fieldErrIf(r.BaseDelay < 0, "Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay),
+		fieldErrIf(r.MaxDelay < 0, "Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay),
+		fieldErrIf(r.MaxDelay > 0 && r.MaxDelay < base,
+			"Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, base),
+	)
 }
 
 // WithDefaults returns r with every zero field set to its default.

@@ -58,17 +58,16 @@ func (s *Set) MaxAttempts() int {
 	return 1
 }
 
-// Validate reports the first invalid field of the set, naming it, as in
-// "policy: RateLimit.PerSecond must be > 0". transport.New calls it; a Set
-// that passes it never makes the transport panic.
+// Validate reports every invalid field of the set, naming it, as in
+// "policy: RateLimit.PerSecond must be > 0, got 0": one error per rule
+// broken, joined with errors.Join (one per line of the message), so no
+// field hides another. transport.New calls it; a Set that passes it never
+// makes the transport panic.
 func (s *Set) Validate() error {
-	if s.Attempts < 0 {
-		return fieldErr("Attempts", "must be >= 0, got %d", s.Attempts)
-	}
-	if s.Attempts > 1 && !s.Amplifies() {
-		return fieldErr("Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts)
-	}
-	return errors.Join(
+	return joinErrs(
+		fieldErrIf(s.Attempts < 0, "Attempts", "must be >= 0, got %d", s.Attempts),
+		fieldErrIf(s.Attempts > 1 && !s.Amplifies(),
+			"Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts),
 		s.Budget.validate(),
 		validateIf(s.Retry),
 		validateIf(s.Hedge),
@@ -96,6 +95,29 @@ func validateIf[T any, P interface {
 
 func fieldErr(field, format string, args ...any) error {
 	return fmt.Errorf("policy: %s "+format, append([]any{field}, args...)...)
+}
+
+// fieldErrIf is fieldErr when bad, and nil otherwise.
+func fieldErrIf(bad bool, field, format string, args ...any) error {
+	if !bad {
+		return nil
+	}
+	return fieldErr(field, format, args...)
+}
+
+// joinErrs is errors.Join, flattened: the errors of a joined error are joined
+// one by one, so that each error of the result is one rule broken, one line
+// of the message. Nil errors are dropped; join of none is nil.
+func joinErrs(errs ...error) error {
+	var flat []error
+	for _, err := range errs {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			flat = append(flat, j.Unwrap()...)
+		} else if err != nil {
+			flat = append(flat, err)
+		}
+	}
+	return errors.Join(flat...)
 }
 
 // or returns v, or def when v is zero.

@@ -1,0 +1,137 @@
+package policy
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestValidateReportsEveryField: a set with a bad field in every policy,
+// several in some, gets one error naming each of them, one per line; none
+// hides another.
+func TestValidateReportsEveryField(t *testing.T) {
+	s := Set{
+		Attempts: -1,
+		Budget:   Budget{Ratio: math.NaN(), MinPerSecond: math.Inf(1), Max: 0.5},
+		Retry:    &Retry{BaseDelay: -1, MaxDelay: -1},
+		Hedge: &Hedge{
+			Quantile: 2, MaxConcurrent: 1, MinSamples: -1, Window: -1, SuppressAt: 3,
+			WinRate: &WinRate{Floor: 1, MinAllowance: 2, MinSamples: -1},
+		},
+		Throttler: &Throttler{K: 0.5, Window: -1, MaxRejection: 2},
+		Breaker:   &Breaker{FailureRatio: 2, MinCalls: -1, Window: -1, OpenFor: -1, Probes: -1},
+		Limiter:   &Limiter{InitialLimit: -1, MinLimit: -1, MaxLimit: -1, QueueFactor: math.NaN()},
+		Bulkhead:  &Bulkhead{MaxConcurrent: 0, MaxWait: -1},
+		RateLimit: &RateLimit{PerSecond: -1, Burst: -1, MaxWait: -1},
+		Timeout:   &Timeout{PerAttempt: -1},
+	}
+	want := []string{
+		"policy: Attempts must be >= 0",
+		"policy: Budget.Ratio ",
+		"policy: Budget.MinPerSecond ",
+		"policy: Budget.Max ",
+		"policy: Retry.BaseDelay must be >= 0",
+		"policy: Retry.MaxDelay must be >= 0",
+		"policy: Hedge.Quantile ",
+		"policy: Hedge.MaxConcurrent must be >= 2",
+		"policy: Hedge.MinSamples ",
+		"policy: Hedge.Window ",
+		"policy: Hedge.SuppressAt ",
+		"policy: Hedge.WinRate.Floor ",
+		"policy: Hedge.WinRate.MinAllowance ",
+		"policy: Hedge.WinRate.MinSamples ",
+		"policy: Throttler.K ",
+		"policy: Throttler.Window ",
+		"policy: Throttler.MaxRejection ",
+		"policy: Breaker.FailureRatio ",
+		"policy: Breaker.MinCalls ",
+		"policy: Breaker.Window ",
+		"policy: Breaker.OpenFor ",
+		"policy: Breaker.Probes ",
+		"policy: Limiter.InitialLimit ",
+		"policy: Limiter.MinLimit ",
+		"policy: Limiter.MaxLimit ",
+		"policy: Limiter.QueueFactor ",
+		"policy: Bulkhead.MaxConcurrent ",
+		"policy: Bulkhead.MaxWait ",
+		"policy: RateLimit.PerSecond ",
+		"policy: RateLimit.Burst ",
+		"policy: RateLimit.MaxWait ",
+		"policy: Timeout.PerAttempt ",
+	}
+	err := s.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	for _, w := range want {
+		if n := countPrefixed(lines, w); n != 1 {
+			t.Errorf("%d lines start with %q, want 1", n, w)
+		}
+	}
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want %d (one per bad field):\n%v", len(lines), len(want), err)
+	}
+	// Flat: every line is one error of the join, so a caller can range
+	// over them.
+	if j, ok := err.(interface{ Unwrap() []error }); !ok || len(j.Unwrap()) != len(want) {
+		t.Errorf("Validate() is not a flat join of %d errors: %#v", len(want), err)
+	}
+}
+
+// TestValidateReportsEveryRuleOfAField: a value that breaks several
+// rules is reported once per rule, and nothing is reported twice.
+func TestValidateReportsEveryRuleOfAField(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  Set
+		want []string
+	}{
+		{"retry delays", Set{Retry: &Retry{BaseDelay: -1, MaxDelay: -1}},
+			[]string{"Retry.BaseDelay must be >= 0", "Retry.MaxDelay must be >= 0"}},
+		{"limiter bounds", Set{Limiter: &Limiter{MinLimit: 10, MaxLimit: 5, QueueFactor: 200}},
+			[]string{"Limiter.MinLimit (10) must be <= Limiter.MaxLimit (5)", "Limiter.QueueFactor"}},
+		{"attempts and a policy", Set{Attempts: 2, Timeout: &Timeout{PerAttempt: -time.Second}},
+			[]string{"Attempts is 2 but neither Retry nor Hedge is set", "Timeout.PerAttempt must be >= 0"}},
+	} {
+		err := tc.set.Validate()
+		if err == nil {
+			t.Errorf("%s: Validate() = nil, want %q", tc.name, tc.want)
+			continue
+		}
+		lines := strings.Split(err.Error(), "\n")
+		for _, w := range tc.want {
+			if n := countPrefixed(lines, "policy: "+w); n != 1 {
+				t.Errorf("%s: %d lines start with %q, want 1:\n%v", tc.name, n, "policy: "+w, err)
+			}
+		}
+		if len(lines) != len(tc.want) {
+			t.Errorf("%s: %d lines, want %d:\n%v", tc.name, len(lines), len(tc.want), err)
+		}
+	}
+}
+
+// TestValidateOneBadFieldIsOneError: a set with one bad field reports
+// that one field alone, with no join around it to unwrap.
+func TestValidateOneBadFieldIsOneError(t *testing.T) {
+	err := (&Set{Hedge: &Hedge{Quantile: 1.5}}).Validate()
+	if got, want := err.Error(), "policy: Hedge.Quantile must be in (0, 1), got 1.5"; got != want {
+		t.Errorf("Validate() = %q, want %q", got, want)
+	}
+	var j interface{ Unwrap() []error }
+	if errors.As(err, &j) && len(j.Unwrap()) != 1 {
+		t.Errorf("Validate() joins %d errors, want 1", len(j.Unwrap()))
+	}
+}
+
+func countPrefixed(lines []string, prefix string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
+}
