@@ -34,7 +34,8 @@ type Retry struct {
 	// zero, 50ms is used.
 	BaseDelay time.Duration
 
-	// MaxDelay caps the backoff before jitter. If zero, 5s is used.
+	// MaxDelay caps the backoff before jitter. If zero, 5s is used, or
+	// BaseDelay if larger. It must not be below BaseDelay.
 	MaxDelay time.Duration
 
 	// MaxRetryAfter is the longest Retry-After (delta-seconds or HTTP-date)
@@ -60,7 +61,7 @@ func (r *Retry) validate() error {
 // WithDefaults returns r with every zero field set to its default.
 func (r Retry) WithDefaults() Retry {
 	r.BaseDelay = or(r.BaseDelay, 50*time.Millisecond)
-	r.MaxDelay = or(r.MaxDelay, 5*time.Second)
+	r.MaxDelay = or(r.MaxDelay, max(5*time.Second, r.BaseDelay))
 	r.MaxRetryAfter = or(r.MaxRetryAfter, 10*time.Second)
 	return r
 }

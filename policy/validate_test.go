@@ -135,3 +135,35 @@ func countPrefixed(lines []string, prefix string) int {
 	}
 	return n
 }
+
+// TestRetryMaxDelayFollowsALargerBaseDelay: the default MaxDelay (5s)
+// never caps an explicit BaseDelay above it, which would silently shorten
+// the backoff the caller asked for; it follows BaseDelay instead. An
+// explicit MaxDelay below BaseDelay is an error naming both.
+func TestRetryMaxDelayFollowsALargerBaseDelay(t *testing.T) {
+	for _, tc := range []struct {
+		r        Retry
+		maxDelay time.Duration
+	}{
+		{Retry{}, 5 * time.Second},
+		{Retry{BaseDelay: time.Second}, 5 * time.Second},
+		{Retry{BaseDelay: 5 * time.Second}, 5 * time.Second},
+		{Retry{BaseDelay: 10 * time.Second}, 10 * time.Second},
+		{Retry{BaseDelay: 10 * time.Second, MaxDelay: time.Minute}, time.Minute},
+	} {
+		if err := (&Set{Retry: &tc.r}).Validate(); err != nil {
+			t.Errorf("%+v: Validate() = %v", tc.r, err)
+		}
+		r := tc.r.WithDefaults()
+		if r.MaxDelay != tc.maxDelay {
+			t.Errorf("%+v: MaxDelay = %v with defaults, want %v", tc.r, r.MaxDelay, tc.maxDelay)
+		}
+		if got, want := r.Backoff(0, 0.5), or(tc.r.BaseDelay, 50*time.Millisecond)/2; got != want {
+			t.Errorf("%+v: first backoff at u=0.5 = %v, want half of BaseDelay, %v", tc.r, got, want)
+		}
+	}
+	err := (&Set{Retry: &Retry{BaseDelay: 10 * time.Second, MaxDelay: 5 * time.Second}}).Validate()
+	if want := "policy: Retry.MaxDelay (5s) must be >= Retry.BaseDelay (10s)"; err == nil || err.Error() != want {
+		t.Errorf("Validate() = %v, want %q", err, want)
+	}
+}
