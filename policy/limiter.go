@@ -16,8 +16,9 @@ import (
 // bounded priority queue in front of it. See AdaptiveLimiter for the
 // algorithm and what the caller observes.
 type Limiter struct {
-	// InitialLimit is the concurrency limit before anything is learned.
-	// If zero, 20 is used. It is kept within [MinLimit, MaxLimit].
+	// InitialLimit is the concurrency limit before anything is learned,
+	// within [MinLimit, MaxLimit]. If zero, 20 is used, or MinLimit if
+	// larger, or MaxLimit if smaller.
 	InitialLimit int
 	// MinLimit is the lowest the limit goes. If zero, 1 is used.
 	MinLimit int
@@ -38,6 +39,10 @@ func (l *Limiter) validate() error {
 		fieldErrIf(l.MaxLimit < 0, "Limiter.MaxLimit", "must be >= 0, got %d", l.MaxLimit),
 		fieldErrIf(minLimit > 0 && maxLimit > 0 && minLimit > maxLimit,
 			"Limiter.MinLimit", "(%d) must be <= Limiter.MaxLimit (%d)", minLimit, maxLimit),
+		fieldErrIf(l.InitialLimit > 0 && minLimit > 0 && l.InitialLimit < minLimit,
+			"Limiter.InitialLimit", "(%d) must be >= Limiter.MinLimit (%d)", l.InitialLimit, minLimit),
+		fieldErrIf(l.InitialLimit > 0 && maxLimit > 0 && l.InitialLimit > maxLimit,
+			"Limiter.InitialLimit", "(%d) must be <= Limiter.MaxLimit (%d)", l.InitialLimit, maxLimit),
 		fieldErrIf(l.QueueFactor != l.QueueFactor || l.QueueFactor > 100,
 			"Limiter.QueueFactor", "must be a number <= 100, got %v", l.QueueFactor),
 	)

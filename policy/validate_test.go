@@ -167,3 +167,39 @@ func TestRetryMaxDelayFollowsALargerBaseDelay(t *testing.T) {
 		t.Errorf("Validate() = %v, want %q", err, want)
 	}
 }
+
+// TestLimiterInitialLimitWithinItsBounds: the default InitialLimit (20)
+// follows the bounds, documented; an explicit one outside them is an
+// error naming the fields, not silently moved inside.
+func TestLimiterInitialLimitWithinItsBounds(t *testing.T) {
+	for _, tc := range []struct {
+		l       Limiter
+		initial int
+	}{
+		{Limiter{}, 20},
+		{Limiter{MaxLimit: 5}, 5},
+		{Limiter{MinLimit: 50}, 50},
+		{Limiter{InitialLimit: 10, MinLimit: 10, MaxLimit: 10}, 10},
+		{Limiter{InitialLimit: 1000}, 1000},
+	} {
+		if err := (&Set{Limiter: &tc.l}).Validate(); err != nil {
+			t.Errorf("%+v: Validate() = %v", tc.l, err)
+		}
+		if got := tc.l.WithDefaults().InitialLimit; got != tc.initial {
+			t.Errorf("%+v: InitialLimit = %d with defaults, want %d", tc.l, got, tc.initial)
+		}
+	}
+	for _, tc := range []struct {
+		l    Limiter
+		want string
+	}{
+		{Limiter{InitialLimit: 5000}, "policy: Limiter.InitialLimit (5000) must be <= Limiter.MaxLimit (1000)"},
+		{Limiter{InitialLimit: 50, MaxLimit: 10}, "policy: Limiter.InitialLimit (50) must be <= Limiter.MaxLimit (10)"},
+		{Limiter{InitialLimit: 5, MinLimit: 10}, "policy: Limiter.InitialLimit (5) must be >= Limiter.MinLimit (10)"},
+	} {
+		err := (&Set{Limiter: &tc.l}).Validate()
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%+v: Validate() = %v, want %q", tc.l, err, tc.want)
+		}
+	}
+}
