@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -200,6 +201,41 @@ func TestLimiterInitialLimitWithinItsBounds(t *testing.T) {
 		err := (&Set{Limiter: &tc.l}).Validate()
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("%+v: Validate() = %v, want %q", tc.l, err, tc.want)
+		}
+	}
+}
+
+// TestRateLimitBurstIsCountedExactly: the bucket counts tokens in a
+// float64, exact up to 2^53; a Burst above that, explicit or the default
+// ceil(PerSecond/10), is an error rather than a bucket that miscounts (or,
+// past an int, a default that overflows to 1 on some platforms).
+func TestRateLimitBurstIsCountedExactly(t *testing.T) {
+	for _, r := range []RateLimit{
+		{PerSecond: 1e17}, // default Burst 1e16, just above 2^53
+		{PerSecond: 1e20}, // default Burst overflows an int
+		{PerSecond: math.MaxFloat64},
+	} {
+		err := (&Set{RateLimit: &r}).Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), "policy: RateLimit.Burst ") {
+			t.Errorf("%+v: Validate() = %v, want a RateLimit.Burst error", r, err)
+		}
+	}
+	if strconv.IntSize == 64 {
+		big := int64(1 << 53)
+		if err := (&Set{RateLimit: &RateLimit{PerSecond: 10, Burst: int(big + 1)}}).Validate(); err == nil ||
+			!strings.HasPrefix(err.Error(), "policy: RateLimit.Burst must be <= 2^53") {
+			t.Errorf("Burst 2^53+1: Validate() = %v, want a RateLimit.Burst error", err)
+		}
+		if err := (&Set{RateLimit: &RateLimit{PerSecond: 10, Burst: int(big)}}).Validate(); err != nil {
+			t.Errorf("Burst 2^53: Validate() = %v", err)
+		}
+	}
+	for _, r := range []RateLimit{
+		{PerSecond: 1e16}, // default Burst 1e15
+		{PerSecond: 1e20, Burst: 100},
+	} {
+		if err := (&Set{RateLimit: &r}).Validate(); err != nil {
+			t.Errorf("%+v: Validate() = %v", r, err)
 		}
 	}
 }
