@@ -24,7 +24,7 @@ import (
 // counts as accepted and who is refused first.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
-	// starts throttling; at least 1. If zero, 2 is used (the book's
+	// starts throttling, in [1, 1e9). If zero, 2 is used (the book's
 	// choice).
 	K float64
 
@@ -57,7 +57,7 @@ type Throttler struct {
 
 func (t *Throttler) validate() error {
 	return joinErrs(
-		fieldErrIf(t.K != 0 && !(t.K >= 1 && t.K < 1e9), "Throttler.K", "must be >= 1, got %v", t.K),
+		fieldErrIf(t.K != 0 && !(t.K >= 1 && t.K < 1e9), "Throttler.K", "must be in [1, 1e9), got %v", t.K),
 		fieldErrIf(t.Window < 0, "Throttler.Window", "must be >= 0, got %v", t.Window),
 		fieldErrIf(t.MaxRejection != 0 && !(t.MaxRejection > 0 && t.MaxRejection <= 1),
 			"Throttler.MaxRejection", "must be in (0, 1], got %v", t.MaxRejection),

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -236,6 +237,22 @@ func TestRateLimitBurstIsCountedExactly(t *testing.T) {
 	} {
 		if err := (&Set{RateLimit: &r}).Validate(); err != nil {
 			t.Errorf("%+v: Validate() = %v", r, err)
+		}
+	}
+}
+
+// TestThrottlerKNamesItsRange: K's message states both bounds it enforces,
+// so a K too large is not told it must be >= 1.
+func TestThrottlerKNamesItsRange(t *testing.T) {
+	for _, k := range []float64{0.5, 1e9, math.Inf(1), math.NaN()} {
+		err := (&Set{Throttler: &Throttler{K: k}}).Validate()
+		if want := fmt.Sprintf("policy: Throttler.K must be in [1, 1e9), got %v", k); err == nil || err.Error() != want {
+			t.Errorf("K %v: Validate() = %v, want %q", k, err, want)
+		}
+	}
+	for _, k := range []float64{1, 2, 1e9 - 1} {
+		if err := (&Set{Throttler: &Throttler{K: k}}).Validate(); err != nil {
+			t.Errorf("K %v: Validate() = %v", k, err)
 		}
 	}
 }
