@@ -24,7 +24,8 @@ type Hedge struct {
 	Quantile float64
 
 	// MaxConcurrent is the most legs of one call in flight at once,
-	// the first included. If zero, 2 is used; otherwise at least 2.
+	// the first included. If zero, 2 is used; otherwise at least 2, and
+	// at most the Set's Attempts, which bound the legs of a call in all.
 	MaxConcurrent int
 
 	// MinSamples is the number of latencies the window must hold

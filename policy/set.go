@@ -20,7 +20,9 @@ type Set struct {
 	// the load a call can add.
 	//
 	// If zero, it is 3 when Retry or Hedge is set and 1 otherwise. It must
-	// not be negative, and a value above 1 needs Retry or Hedge.
+	// not be negative; a value above 1 needs Retry or Hedge, and Retry or
+	// Hedge needs a value above 1 (or zero), since with one wire call there
+	// is nothing to retry or hedge.
 	Attempts int
 
 	// Classify decides whether an attempt succeeded or failed as far as the
@@ -68,6 +70,7 @@ func (s *Set) Validate() error {
 		fieldErrIf(s.Attempts < 0, "Attempts", "must be >= 0, got %d", s.Attempts),
 		fieldErrIf(s.Attempts > 1 && !s.Amplifies(),
 			"Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts),
+		s.validateAmplifiers(),
 		s.Budget.validate(),
 		validateIf(s.Retry),
 		validateIf(s.Hedge),
@@ -78,6 +81,31 @@ func (s *Set) Validate() error {
 		validateIf(s.RateLimit),
 		validateIf(s.Timeout),
 	)
+}
+
+// validateAmplifiers reports the Retry and Hedge that Attempts leaves
+// nothing to do: with Attempts 1 neither can send a second call, and legs
+// beyond Attempts are never in flight.
+func (s *Set) validateAmplifiers() error {
+	var errs []error
+	if s.Attempts == 1 && s.Amplifies() {
+		set, verb := "Retry and Hedge are", "retried or hedged"
+		switch {
+		case s.Hedge == nil:
+			set, verb = "Retry is", "retried"
+		case s.Retry == nil:
+			set, verb = "Hedge is", "hedged"
+		}
+		errs = append(errs, fieldErr("Attempts", "is 1 but %s set: Attempts counts the first call, so none would ever be %s", set, verb))
+	}
+	if h := s.Hedge; h != nil && (s.Attempts == 0 || s.Attempts > 1) && h.MaxConcurrent > s.MaxAttempts() {
+		attempts := fmt.Sprint(s.Attempts)
+		if s.Attempts == 0 {
+			attempts = fmt.Sprintf("%d, the default with Retry or Hedge set", s.MaxAttempts())
+		}
+		errs = append(errs, fieldErr("Hedge.MaxConcurrent", "(%d) must be <= Attempts (%s): a call never has more legs than Attempts", h.MaxConcurrent, attempts))
+	}
+	return joinErrs(errs...)
 }
 
 type validator interface{ validate() error }

@@ -256,3 +256,39 @@ func TestThrottlerKNamesItsRange(t *testing.T) {
 		}
 	}
 }
+
+// TestSetCombinationsThatCannotDoWhatTheySay: Attempts counts the first
+// call, so with Attempts 1 a Retry never retries and a Hedge never hedges;
+// and a call never has more legs in flight than its Attempts, so a
+// MaxConcurrent above them is never reached. Each is an error naming the
+// fields; a zero Attempts is 3 when Retry or Hedge is set.
+func TestSetCombinationsThatCannotDoWhatTheySay(t *testing.T) {
+	for _, tc := range []struct {
+		set  Set
+		want string // "" for valid
+	}{
+		{Set{Attempts: 1, Retry: &Retry{}},
+			"policy: Attempts is 1 but Retry is set: Attempts counts the first call, so none would ever be retried"},
+		{Set{Attempts: 1, Hedge: &Hedge{}},
+			"policy: Attempts is 1 but Hedge is set: Attempts counts the first call, so none would ever be hedged"},
+		{Set{Attempts: 1, Retry: &Retry{}, Hedge: &Hedge{}},
+			"policy: Attempts is 1 but Retry and Hedge are set: Attempts counts the first call, so none would ever be retried or hedged"},
+		{Set{Attempts: 1}, ""},
+		{Set{Attempts: 2, Retry: &Retry{}}, ""},
+		{Set{Hedge: &Hedge{MaxConcurrent: 4}},
+			"policy: Hedge.MaxConcurrent (4) must be <= Attempts (3, the default with Retry or Hedge set): a call never has more legs than Attempts"},
+		{Set{Attempts: 2, Hedge: &Hedge{MaxConcurrent: 3}},
+			"policy: Hedge.MaxConcurrent (3) must be <= Attempts (2): a call never has more legs than Attempts"},
+		{Set{Hedge: &Hedge{MaxConcurrent: 3}}, ""},
+		{Set{Attempts: 2, Hedge: &Hedge{}}, ""}, // the default MaxConcurrent, 2
+		{Set{Attempts: 5, Hedge: &Hedge{MaxConcurrent: 5}}, ""},
+	} {
+		err := tc.set.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: Validate() = %v, want nil", tc.set, err)
+		case tc.want != "" && (err == nil || err.Error() != tc.want):
+			t.Errorf("%+v: Validate() = %v, want %q", tc.set, err, tc.want)
+		}
+	}
+}
