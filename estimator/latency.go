@@ -54,7 +54,8 @@ const (
 //
 // Most callers want [LatencyWindow.Record] on every completed call and
 // [LatencyWindow.Threshold] for the configured quantile, which is memoized
-// per slice so that reading it costs one atomic load and a comparison.
+// for an eighth of a slice so that reading it costs one atomic load and a
+// comparison.
 //
 // A nil *LatencyWindow records nothing and reports nothing, so a scope that
 // neither hedges nor limits needs none. NewLatencyWindow is the only way to

@@ -62,19 +62,14 @@ type Breaker struct {
 }
 
 func (b *Breaker) validate() error {
-	switch {
-	case b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio:
-		return fieldErr("Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio)
-	case b.MinCalls < 0:
-		return fieldErr("Breaker.MinCalls", "must be >= 0, got %d", b.MinCalls)
-	case b.Window < 0:
-		return fieldErr("Breaker.Window", "must be >= 0, got %v", b.Window)
-	case b.OpenFor < 0:
-		return fieldErr("Breaker.OpenFor", "must be >= 0, got %v", b.OpenFor)
-	case b.Probes < 0:
-		return fieldErr("Breaker.Probes", "must be >= 0, got %d", b.Probes)
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio,
+			"Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio),
+		fieldErrIf(b.MinCalls < 0, "Breaker.MinCalls", "must be >= 0, got %d", b.MinCalls),
+		fieldErrIf(b.Window < 0, "Breaker.Window", "must be >= 0, got %v", b.Window),
+		fieldErrIf(b.OpenFor < 0, "Breaker.OpenFor", "must be >= 0, got %v", b.OpenFor),
+		fieldErrIf(b.Probes < 0, "Breaker.Probes", "must be >= 0, got %d", b.Probes),
+	)
 }
 
 // WithDefaults returns b with every zero field set to its default.

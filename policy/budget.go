@@ -31,15 +31,14 @@ type Budget struct {
 }
 
 func (b *Budget) validate() error {
-	switch {
-	case math.IsNaN(b.Ratio) || math.IsInf(b.Ratio, 0):
-		return fieldErr("Budget.Ratio", "must be a finite number, got %v", b.Ratio)
-	case math.IsNaN(b.MinPerSecond) || math.IsInf(b.MinPerSecond, 0):
-		return fieldErr("Budget.MinPerSecond", "must be a finite number, got %v", b.MinPerSecond)
-	case b.Max != 0 && !(b.Max >= 1 && b.Max < math.Inf(1)):
-		return fieldErr("Budget.Max", "must be 0 (default) or a finite number >= 1, got %v", b.Max)
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(math.IsNaN(b.Ratio) || math.IsInf(b.Ratio, 0),
+			"Budget.Ratio", "must be a finite number, got %v", b.Ratio),
+		fieldErrIf(math.IsNaN(b.MinPerSecond) || math.IsInf(b.MinPerSecond, 0),
+			"Budget.MinPerSecond", "must be a finite number, got %v", b.MinPerSecond),
+		fieldErrIf(b.Max != 0 && !(b.Max >= 1 && b.Max < math.Inf(1)),
+			"Budget.Max", "must be 0 (default) or a finite number >= 1, got %v", b.Max),
+	)
 }
 
 // WithDefaults returns b with every zero field set to its default.

@@ -17,11 +17,8 @@ type Bulkhead struct {
 }
 
 func (b *Bulkhead) validate() error {
-	switch {
-	case b.MaxConcurrent <= 0:
-		return fieldErr("Bulkhead.MaxConcurrent", "must be > 0, got %d", b.MaxConcurrent)
-	case b.MaxWait < 0:
-		return fieldErr("Bulkhead.MaxWait", "must be >= 0, got %v", b.MaxWait)
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(b.MaxConcurrent <= 0, "Bulkhead.MaxConcurrent", "must be > 0, got %d", b.MaxConcurrent),
+		fieldErrIf(b.MaxWait < 0, "Bulkhead.MaxWait", "must be >= 0, got %v", b.MaxWait),
+	)
 }

@@ -21,7 +21,8 @@ type Hedge struct {
 	Quantile float64
 
 	// MaxConcurrent is the most legs of one call in flight at once,
-	// the first included. If zero, 2 is used; otherwise at least 2.
+	// the first included. If zero, 2 is used; otherwise at least 2, and
+	// at most the Set's Attempts, which bound the legs of a call in all.
 	MaxConcurrent int
 
 	// MinSamples is the number of latencies the window must hold
@@ -56,29 +57,27 @@ type WinRate struct {
 }
 
 func (h *Hedge) validate() error {
-	switch {
-	case h.Quantile != 0 && !(h.Quantile > 0 && h.Quantile < 1):
-		return fieldErr("Hedge.Quantile", "must be in (0, 1), got %v", h.Quantile)
-	case h.MaxConcurrent != 0 && h.MaxConcurrent < 2:
-		return fieldErr("Hedge.MaxConcurrent", "must be >= 2 (it counts the first leg), got %d", h.MaxConcurrent)
-	case h.MinSamples < 0:
-		return fieldErr("Hedge.MinSamples", "must be >= 0, got %d", h.MinSamples)
-	case h.Window < 0:
-		return fieldErr("Hedge.Window", "must be >= 0, got %v", h.Window)
-	case h.SuppressAt != 0 && !(h.SuppressAt > 0 && h.SuppressAt <= 1):
-		return fieldErr("Hedge.SuppressAt", "must be in (0, 1], got %v", h.SuppressAt)
-	}
-	if w := h.WinRate; w != nil {
-		switch {
-		case w.Floor != 0 && !(w.Floor > 0 && w.Floor < 1):
-			return fieldErr("Hedge.WinRate.Floor", "must be in (0, 1), got %v", w.Floor)
-		case w.MinAllowance != 0 && !(w.MinAllowance > 0 && w.MinAllowance <= 1):
-			return fieldErr("Hedge.WinRate.MinAllowance", "must be in (0, 1], got %v", w.MinAllowance)
-		case w.MinSamples < 0:
-			return fieldErr("Hedge.WinRate.MinSamples", "must be >= 0, got %d", w.MinSamples)
-		}
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(h.Quantile != 0 && !(h.Quantile > 0 && h.Quantile < 1),
+			"Hedge.Quantile", "must be in (0, 1), got %v", h.Quantile),
+		fieldErrIf(h.MaxConcurrent != 0 && h.MaxConcurrent < 2,
+			"Hedge.MaxConcurrent", "must be >= 2 (it counts the first leg), got %d", h.MaxConcurrent),
+		fieldErrIf(h.MinSamples < 0, "Hedge.MinSamples", "must be >= 0, got %d", h.MinSamples),
+		fieldErrIf(h.Window < 0, "Hedge.Window", "must be >= 0, got %v", h.Window),
+		fieldErrIf(h.SuppressAt != 0 && !(h.SuppressAt > 0 && h.SuppressAt <= 1),
+			"Hedge.SuppressAt", "must be in (0, 1], got %v", h.SuppressAt),
+		validateIf(h.WinRate),
+	)
+}
+
+func (w *WinRate) validate() error {
+	return joinErrs(
+		fieldErrIf(w.Floor != 0 && !(w.Floor > 0 && w.Floor < 1),
+			"Hedge.WinRate.Floor", "must be in (0, 1), got %v", w.Floor),
+		fieldErrIf(w.MinAllowance != 0 && !(w.MinAllowance > 0 && w.MinAllowance <= 1),
+			"Hedge.WinRate.MinAllowance", "must be in (0, 1], got %v", w.MinAllowance),
+		fieldErrIf(w.MinSamples < 0, "Hedge.WinRate.MinSamples", "must be >= 0, got %d", w.MinSamples),
+	)
 }
 
 // WithDefaults returns h with every zero field set to its default.

@@ -21,8 +21,9 @@ package policy
 // caller's context ends returns the context's error. A hedge leg never
 // waits: a hedge that would have to queue is not sent.
 type Limiter struct {
-	// InitialLimit is the concurrency limit before anything is learned.
-	// If zero, 20 is used. It is kept within [MinLimit, MaxLimit].
+	// InitialLimit is the concurrency limit before anything is learned,
+	// within [MinLimit, MaxLimit]. If zero, 20 is used, or MinLimit if
+	// larger, or MaxLimit if smaller.
 	InitialLimit int
 	// MinLimit is the lowest the limit goes. If zero, 1 is used.
 	MinLimit int
@@ -36,19 +37,20 @@ type Limiter struct {
 }
 
 func (l *Limiter) validate() error {
-	switch {
-	case l.InitialLimit < 0:
-		return fieldErr("Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit)
-	case l.MinLimit < 0:
-		return fieldErr("Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit)
-	case l.MaxLimit < 0:
-		return fieldErr("Limiter.MaxLimit", "must be >= 0, got %d", l.MaxLimit)
-	case or(l.MinLimit, 1) > or(l.MaxLimit, 1000):
-		return fieldErr("Limiter.MinLimit", "(%d) must be <= Limiter.MaxLimit (%d)", or(l.MinLimit, 1), or(l.MaxLimit, 1000))
-	case l.QueueFactor != l.QueueFactor || l.QueueFactor > 100:
-		return fieldErr("Limiter.QueueFactor", "must be a number <= 100, got %v", l.QueueFactor)
-	}
-	return nil
+	minLimit, maxLimit := or(l.MinLimit, 1), or(l.MaxLimit, 1000)
+	return joinErrs(
+		fieldErrIf(l.InitialLimit < 0, "Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit),
+		fieldErrIf(l.MinLimit < 0, "Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit),
+		fieldErrIf(l.MaxLimit < 0, "Limiter.MaxLimit", "must be >= 0, got %d", l.MaxLimit),
+		fieldErrIf(minLimit > 0 && maxLimit > 0 && minLimit > maxLimit,
+			"Limiter.MinLimit", "(%d) must be <= Limiter.MaxLimit (%d)", minLimit, maxLimit),
+		fieldErrIf(l.InitialLimit > 0 && minLimit > 0 && l.InitialLimit < minLimit,
+			"Limiter.InitialLimit", "(%d) must be >= Limiter.MinLimit (%d)", l.InitialLimit, minLimit),
+		fieldErrIf(l.InitialLimit > 0 && maxLimit > 0 && l.InitialLimit > maxLimit,
+			"Limiter.InitialLimit", "(%d) must be <= Limiter.MaxLimit (%d)", l.InitialLimit, maxLimit),
+		fieldErrIf(l.QueueFactor != l.QueueFactor || l.QueueFactor > 100,
+			"Limiter.QueueFactor", "must be a number <= 100, got %v", l.QueueFactor),
+	)
 }
 
 // WithDefaults returns l with every zero field set to its default, and

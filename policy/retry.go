@@ -34,7 +34,8 @@ type Retry struct {
 	// zero, 50ms is used.
 	BaseDelay time.Duration
 
-	// MaxDelay caps the backoff before jitter. If zero, 5s is used.
+	// MaxDelay caps the backoff before jitter. If zero, 5s is used, or
+	// BaseDelay if larger. It must not be below BaseDelay.
 	MaxDelay time.Duration
 
 	// MaxRetryAfter is the longest Retry-After (delta-seconds or HTTP-date)
@@ -48,21 +49,19 @@ type Retry struct {
 }
 
 func (r *Retry) validate() error {
-	switch {
-	case r.BaseDelay < 0:
-		return fieldErr("Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay)
-	case r.MaxDelay < 0:
-		return fieldErr("Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay)
-	case r.MaxDelay > 0 && r.MaxDelay < or(r.BaseDelay, 50*time.Millisecond):
-		return fieldErr("Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, or(r.BaseDelay, 50*time.Millisecond))
-	}
-	return nil
+	base := or(r.BaseDelay, 50*time.Millisecond)
+	return joinErrs(
+		fieldErrIf(r.BaseDelay < 0, "Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay),
+		fieldErrIf(r.MaxDelay < 0, "Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay),
+		fieldErrIf(r.MaxDelay > 0 && r.MaxDelay < base,
+			"Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, base),
+	)
 }
 
 // WithDefaults returns r with every zero field set to its default.
 func (r Retry) WithDefaults() Retry {
 	r.BaseDelay = or(r.BaseDelay, 50*time.Millisecond)
-	r.MaxDelay = or(r.MaxDelay, 5*time.Second)
+	r.MaxDelay = or(r.MaxDelay, max(5*time.Second, r.BaseDelay))
 	r.MaxRetryAfter = or(r.MaxRetryAfter, 10*time.Second)
 	return r
 }

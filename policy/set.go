@@ -20,7 +20,9 @@ type Set struct {
 	// the load a call can add.
 	//
 	// If zero, it is 3 when Retry or Hedge is set and 1 otherwise. It must
-	// not be negative, and a value above 1 needs Retry or Hedge.
+	// not be negative; a value above 1 needs Retry or Hedge, and Retry or
+	// Hedge needs a value above 1 (or zero), since with one wire call there
+	// is nothing to retry or hedge.
 	Attempts int
 
 	// Classify decides whether an attempt succeeded or failed as far as the
@@ -58,17 +60,17 @@ func (s *Set) MaxAttempts() int {
 	return 1
 }
 
-// Validate reports the first invalid field of the set, naming it, as in
-// "policy: RateLimit.PerSecond must be > 0". transport.New calls it; a Set
-// that passes it never makes the transport panic.
+// Validate reports every invalid field of the set, naming it, as in
+// "policy: RateLimit.PerSecond must be > 0, got 0": one error per rule
+// broken, joined with errors.Join (one per line of the message), so no
+// field hides another. transport.New calls it; a Set that passes it never
+// makes the transport panic.
 func (s *Set) Validate() error {
-	if s.Attempts < 0 {
-		return fieldErr("Attempts", "must be >= 0, got %d", s.Attempts)
-	}
-	if s.Attempts > 1 && !s.Amplifies() {
-		return fieldErr("Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts)
-	}
-	return errors.Join(
+	return joinErrs(
+		fieldErrIf(s.Attempts < 0, "Attempts", "must be >= 0, got %d", s.Attempts),
+		fieldErrIf(s.Attempts > 1 && !s.Amplifies(),
+			"Attempts", "is %d but neither Retry nor Hedge is set, so only one wire call would ever be made", s.Attempts),
+		s.validateAmplifiers(),
 		s.Budget.validate(),
 		validateIf(s.Retry),
 		validateIf(s.Hedge),
@@ -79,6 +81,31 @@ func (s *Set) Validate() error {
 		validateIf(s.RateLimit),
 		validateIf(s.Timeout),
 	)
+}
+
+// validateAmplifiers reports the Retry and Hedge that Attempts leaves
+// nothing to do: with Attempts 1 neither can send a second call, and legs
+// beyond Attempts are never in flight.
+func (s *Set) validateAmplifiers() error {
+	var errs []error
+	if s.Attempts == 1 && s.Amplifies() {
+		set, verb := "Retry and Hedge are", "retried or hedged"
+		switch {
+		case s.Hedge == nil:
+			set, verb = "Retry is", "retried"
+		case s.Retry == nil:
+			set, verb = "Hedge is", "hedged"
+		}
+		errs = append(errs, fieldErr("Attempts", "is 1 but %s set: Attempts counts the first call, so none would ever be %s", set, verb))
+	}
+	if h := s.Hedge; h != nil && (s.Attempts == 0 || s.Attempts > 1) && h.MaxConcurrent > s.MaxAttempts() {
+		attempts := fmt.Sprint(s.Attempts)
+		if s.Attempts == 0 {
+			attempts = fmt.Sprintf("%d, the default with Retry or Hedge set", s.MaxAttempts())
+		}
+		errs = append(errs, fieldErr("Hedge.MaxConcurrent", "(%d) must be <= Attempts (%s): a call never has more legs than Attempts", h.MaxConcurrent, attempts))
+	}
+	return joinErrs(errs...)
 }
 
 type validator interface{ validate() error }
@@ -96,6 +123,29 @@ func validateIf[T any, P interface {
 
 func fieldErr(field, format string, args ...any) error {
 	return fmt.Errorf("policy: %s "+format, append([]any{field}, args...)...)
+}
+
+// fieldErrIf is fieldErr when bad, and nil otherwise.
+func fieldErrIf(bad bool, field, format string, args ...any) error {
+	if !bad {
+		return nil
+	}
+	return fieldErr(field, format, args...)
+}
+
+// joinErrs is errors.Join, flattened: the errors of a joined error are joined
+// one by one, so that each error of the result is one rule broken, one line
+// of the message. Nil errors are dropped; join of none is nil.
+func joinErrs(errs ...error) error {
+	var flat []error
+	for _, err := range errs {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			flat = append(flat, j.Unwrap()...)
+		} else if err != nil {
+			flat = append(flat, err)
+		}
+	}
+	return errors.Join(flat...)
 }
 
 // or returns v, or def when v is zero.

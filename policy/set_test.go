@@ -28,7 +28,7 @@ func TestSetValidateNamesTheField(t *testing.T) {
 		{Set{Breaker: &Breaker{FailureRatio: 1.5}}, "policy: Breaker.FailureRatio"},
 		{Set{Budget: Budget{Max: 0.5}}, "policy: Budget.Max"},
 		{Set{Budget: Budget{Ratio: math.Inf(1)}}, "policy: Budget.Ratio"},
-		{Set{Throttler: &Throttler{K: 0.5}}, "policy: Throttler.K must be >= 1"},
+		{Set{Throttler: &Throttler{K: 0.5}}, "policy: Throttler.K must be in [1, 1e9)"},
 		{Set{Limiter: &Limiter{MinLimit: 10, MaxLimit: 5}}, "policy: Limiter.MinLimit"},
 	} {
 		err := tc.set.Validate()

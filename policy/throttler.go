@@ -25,7 +25,7 @@ import (
 // *RejectedError matching ErrThrottled; it never reaches the wire.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
-	// starts throttling; at least 1. If zero, 2 is used (the book's
+	// starts throttling, in [1, 1e9). If zero, 2 is used (the book's
 	// choice).
 	K float64
 
@@ -57,15 +57,12 @@ type Throttler struct {
 }
 
 func (t *Throttler) validate() error {
-	switch {
-	case t.K != 0 && !(t.K >= 1 && t.K < 1e9):
-		return fieldErr("Throttler.K", "must be >= 1, got %v", t.K)
-	case t.Window < 0:
-		return fieldErr("Throttler.Window", "must be >= 0, got %v", t.Window)
-	case t.MaxRejection != 0 && !(t.MaxRejection > 0 && t.MaxRejection <= 1):
-		return fieldErr("Throttler.MaxRejection", "must be in (0, 1], got %v", t.MaxRejection)
-	}
-	return nil
+	return joinErrs(
+		fieldErrIf(t.K != 0 && !(t.K >= 1 && t.K < 1e9), "Throttler.K", "must be in [1, 1e9), got %v", t.K),
+		fieldErrIf(t.Window < 0, "Throttler.Window", "must be >= 0, got %v", t.Window),
+		fieldErrIf(t.MaxRejection != 0 && !(t.MaxRejection > 0 && t.MaxRejection <= 1),
+			"Throttler.MaxRejection", "must be in (0, 1], got %v", t.MaxRejection),
+	)
 }
 
 // WithDefaults returns t with every zero field set to its default.

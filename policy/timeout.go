@@ -18,10 +18,7 @@ type Timeout struct {
 }
 
 func (t *Timeout) validate() error {
-	if t.PerAttempt < 0 {
-		return fieldErr("Timeout.PerAttempt", "must be >= 0, got %v", t.PerAttempt)
-	}
-	return nil
+	return fieldErrIf(t.PerAttempt < 0, "Timeout.PerAttempt", "must be >= 0, got %v", t.PerAttempt)
 }
 
 // WithDefaults returns t with every zero field set to its default.

@@ -56,6 +56,12 @@ func contractScenario(t *testing.T, seed uint64) {
 	if set.Retry == nil && set.Hedge == nil {
 		set.Attempts = 1
 	}
+	if set.Attempts == 1 { // nothing to retry or hedge, which Validate refuses
+		set.Retry, set.Hedge = nil, nil
+	}
+	if set.Hedge != nil { // legs beyond Attempts never fly, which Validate refuses
+		set.Hedge.MaxConcurrent = min(set.Hedge.MaxConcurrent, set.Attempts)
+	}
 	if maybe() {
 		set.Timeout = &policy.Timeout{PerAttempt: time.Duration(20+rng.IntN(200)) * time.Millisecond}
 	}

@@ -170,24 +170,48 @@ type Transport struct {
 }
 
 // New validates cfg and returns a Transport. Every invalid field is
-// reported, by name, in the returned error; New never corrects a value
-// silently. New copies what it keeps, the policies, the PerKey map and the
-// Observer: editing any of them afterwards changes nothing.
+// reported in the returned error, one per line (an errors.Join), each
+// naming the field and, for a policy's, the set it is in:
+//
+//	transport: Policies: policy: Hedge.Quantile must be in (0, 1), got 1.5
+//	transport: PerKey["b:80"]: policy: Timeout.PerAttempt must be >= 0, got -1ns
+//
+// No field hides another, and New never corrects a value silently. New
+// copies what it keeps, the policies, the PerKey map and the Observer:
+// editing any of them afterwards changes nothing.
 func New(cfg Config) (*Transport, error) {
+	var errs []error
 	if cfg.MaxKeys < 0 {
-		return nil, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys)
+		errs = append(errs, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys))
 	}
 	ph, err := headerName("PriorityHeader", cfg.PriorityHeader, "Resilix-Priority")
-	if err != nil {
-		return nil, err
-	}
+	errs = append(errs, err)
 	th, err := headerName("TenantHeader", cfg.TenantHeader, "Resilix-Tenant")
-	if err != nil {
-		return nil, err
-	}
+	errs = append(errs, err)
 	def, err := compile(cfg.Policies)
-	if err != nil {
-		return nil, fmt.Errorf("transport: Policies: %w", err)
+	errs = append(errs, prefixed("transport: Policies", err)...)
+	var perKey map[string]*chain
+	if len(cfg.PerKey) > 0 {
+		perKey = make(map[string]*chain, len(cfg.PerKey))
+		named := make(map[string]string, len(cfg.PerKey)) // key → the entry naming it
+		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
+			key, where := k, fmt.Sprintf("transport: PerKey[%q]", k)
+			if cfg.Key == nil {
+				if key, err = perKeyName(k); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", where, err))
+				} else if other, dup := named[key]; dup {
+					errs = append(errs, fmt.Errorf("transport: PerKey[%q] and PerKey[%q] are both the key %q", other, k, key))
+				} else {
+					named[key] = k
+				}
+			}
+			c, err := compile(cfg.PerKey[k])
+			errs = append(errs, prefixed(where, err)...)
+			perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	t := &Transport{
 		base:           cfg.Base,
@@ -195,6 +219,7 @@ func New(cfg Config) (*Transport, error) {
 		priorityHeader: ph,
 		tenantHeader:   th,
 		def:            def,
+		perKey:         perKey,
 	}
 	if cfg.Observer != nil {
 		// A copy, like every config: the funcs are called concurrently,
@@ -208,27 +233,6 @@ func New(cfg Config) (*Transport, error) {
 	if t.key == nil {
 		t.key = hostKey
 	}
-	if len(cfg.PerKey) > 0 {
-		t.perKey = make(map[string]*chain, len(cfg.PerKey))
-		named := make(map[string]string, len(cfg.PerKey)) // key → the entry naming it
-		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
-			key := k
-			if cfg.Key == nil {
-				if key, err = perKeyName(k); err != nil {
-					return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
-				}
-				if other, dup := named[key]; dup {
-					return nil, fmt.Errorf("transport: PerKey[%q] and PerKey[%q] are both the key %q", other, k, key)
-				}
-				named[key] = k
-			}
-			c, err := compile(cfg.PerKey[k])
-			if err != nil {
-				return nil, fmt.Errorf("transport: PerKey[%q]: %w", k, err)
-			}
-			t.perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
-		}
-	}
 	max := cfg.MaxKeys
 	if max == 0 {
 		max = DefaultMaxKeys
@@ -238,6 +242,23 @@ func New(cfg Config) (*Transport, error) {
 		o.Attach(stateSource{weak.Make(t)})
 	}
 	return t, nil
+}
+
+// prefixed returns err's errors, each one prefixed with where: the errors
+// of a join (Set.Validate's, one per rule broken) one by one, so that
+// every line of New's error says where it comes from. Nil is none.
+func prefixed(where string, err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range j.Unwrap() {
+			errs = append(errs, prefixed(where, e)...)
+		}
+		return errs
+	}
+	return []error{fmt.Errorf("%s: %w", where, err)}
 }
 
 // timesAttemptsOf reports whether an observer wants attempt latencies.
