@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"time"
 
 	"github.com/resilix/resilix/shedding"
@@ -87,6 +88,9 @@ type StateSource interface {
 
 // LimitTransition describes an adaptive limit's move.
 type LimitTransition struct {
+	// Context is the context of the call whose attempt moved the state.
+	// Never nil.
+	Context  context.Context
 	Key      string
 	From, To int
 }
@@ -111,6 +115,10 @@ func (k AttemptKind) String() string { return enumName(attemptKindNames[:], int(
 
 // CallInfo describes one finished logical call.
 type CallInfo struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context  context.Context
 	Key      string
 	Priority shedding.Priority
 	// Outcome is the classification of what the caller got: Success,
@@ -128,8 +136,12 @@ type CallInfo struct {
 
 // AttemptInfo describes one wire attempt.
 type AttemptInfo struct {
-	Key  string
-	Kind AttemptKind
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context context.Context
+	Key     string
+	Kind    AttemptKind
 	// Attempt is the wire attempt's number within its call, from 1.
 	Attempt int
 	// Outcome is Success or Failure as classified, Canceled when the
@@ -144,7 +156,11 @@ type AttemptInfo struct {
 
 // Refusal describes a gate's refusal of one attempt.
 type Refusal struct {
-	Key string
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context context.Context
+	Key     string
 	// Kind is the refused attempt's: a refused hedge leg is also reported
 	// as a hedge suppressed with HedgeRejected, and costs the caller
 	// nothing; a refused retry is also reported as a retry skipped with
@@ -192,6 +208,10 @@ func (r SkipReason) String() string { return enumName(skipReasonNames[:], int(r)
 
 // RetrySkip describes a retry that was not sent.
 type RetrySkip struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context  context.Context
 	Key      string
 	Priority shedding.Priority
 	Reason   SkipReason
@@ -203,19 +223,30 @@ type RetrySkip struct {
 
 // BreakerTransition describes a breaker's change of state.
 type BreakerTransition struct {
+	// Context is the context of the call whose attempt moved the state.
+	// Never nil.
+	Context  context.Context
 	Key      string
 	From, To BreakerState
 }
 
 // MalformedHeader describes a request header resilix could not parse.
 type MalformedHeader struct {
-	Key    string
-	Header string
-	Value  string
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context context.Context
+	Key     string
+	Header  string
+	Value   string
 }
 
 // HedgeInfo describes a hedge leg.
 type HedgeInfo struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context  context.Context
 	Key      string
 	Priority shedding.Priority
 	// Attempt is the hedge's wire attempt number within its call.
@@ -226,6 +257,10 @@ type HedgeInfo struct {
 
 // HedgeSuppression describes a hedge that a gate stopped.
 type HedgeSuppression struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context  context.Context
 	Key      string
 	Priority shedding.Priority
 	Reason   SuppressReason

@@ -41,6 +41,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.run()
 	if o := t.obs; o != nil && o.CallDone != nil {
 		info := policy.CallInfo{
+			Context:      c.ctx,
 			Key:          c.s.key,
 			Priority:     c.prio,
 			Outcome:      c.outcome,
@@ -68,7 +69,7 @@ func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
 	}
 	p, err := shedding.ParsePriority(vs[0])
 	if err != nil {
-		t.malformed(s, t.priorityHeader, vs[0])
+		t.malformed(req.Context(), s, t.priorityHeader, vs[0])
 	}
 	return p
 }
@@ -84,10 +85,10 @@ func (t *Transport) tenant(req *http.Request) string {
 	return ""
 }
 
-func (t *Transport) malformed(s *scope, header, value string) {
+func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
 	s.malformed.Add(1)
 	if o := t.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Key: s.key, Header: header, Value: value})
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: value})
 	}
 }
 
@@ -211,7 +212,7 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 			ra, ok := httpx.ParseRetryAfter(v, now)
 			switch {
 			case !ok:
-				c.t.malformed(c.s, "Retry-After", v)
+				c.t.malformed(c.ctx, c.s, "Retry-After", v)
 			case ra > r.MaxRetryAfter:
 				return 0, policy.SkipRetryAfter
 			default:
@@ -235,7 +236,7 @@ func (c *call) newBody() (io.ReadCloser, error) {
 
 func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire})
+		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire})
 	}
 }
 
@@ -361,14 +362,14 @@ func (c *call) limitMoved(ch gate.LimitChange) {
 		return
 	}
 	if o := c.t.obs; o != nil && o.LimitTransition != nil {
-		o.LimitTransition(policy.LimitTransition{Key: c.s.key, From: ch.From, To: ch.To})
+		o.LimitTransition(policy.LimitTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
 	}
 }
 
 func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) *policy.RejectedError {
 	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
 	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
+		o.Refused(policy.Refusal{Context: c.ctx, Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
 	}
 	return err
 }
@@ -378,13 +379,14 @@ func (c *call) transition(ch gate.BreakerChange) {
 		return
 	}
 	if o := c.t.obs; o != nil && o.BreakerTransition != nil {
-		o.BreakerTransition(policy.BreakerTransition{Key: c.s.key, From: ch.From, To: ch.To})
+		o.BreakerTransition(policy.BreakerTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
 	}
 }
 
 func (c *call) attemptDone(l *leg) {
 	if o := c.t.obs; o != nil && o.AttemptDone != nil {
 		info := policy.AttemptInfo{
+			Context: c.ctx,
 			Key:     c.s.key,
 			Kind:    l.kind,
 			Attempt: l.n,

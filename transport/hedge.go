@@ -180,7 +180,7 @@ func (r *round) fire() {
 	go r.run(l)
 	r.h.Started(now)
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
-		o.HedgeStarted(policy.HedgeInfo{Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
+		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 	}
 }
 
@@ -279,7 +279,7 @@ func (r *round) report(l *leg) {
 	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {
 		r.h.Won(now)
 		if o := c.t.obs; o != nil && o.HedgeWon != nil {
-			o.HedgeWon(policy.HedgeInfo{Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
+			o.HedgeWon(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 		}
 	}
 }
@@ -371,7 +371,7 @@ func (r *round) collect() (*http.Response, error) {
 
 func (c *call) suppress(why policy.SuppressReason) {
 	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
-		o.HedgeSuppressed(policy.HedgeSuppression{Key: c.s.key, Priority: c.prio, Reason: why})
+		o.HedgeSuppressed(policy.HedgeSuppression{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why})
 	}
 }
 
