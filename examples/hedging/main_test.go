@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -61,4 +64,66 @@ func TestDemoOverLoopback(t *testing.T) {
 			t.Errorf("%s, %s: %d of %d calls failed", r.phase, r.client, r.res.Failed, len(r.res.Latencies))
 		}
 	}
+}
+
+// TestFixedDelay checks the comparison's hedger does what the table says
+// it does: one wire call when the answer beats the delay; otherwise a
+// second copy, the first answer wins, and the loser is cancelled and its
+// response closed.
+func TestFixedDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var copies atomic.Int32
+		var slow atomic.Int64          // the latency of each call's first copy; the second takes 1ms
+		lostCtx := make(chan error, 1) // the slow copy's context when it answered
+		wire := httptestutil.Track(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if copies.Add(1)%2 == 0 {
+				time.Sleep(time.Millisecond)
+				return okResponse(r), nil
+			}
+			// The first copy ignores cancellation, so that it answers
+			// after losing and the hedger has a response to close.
+			time.Sleep(time.Duration(slow.Load()))
+			if d := time.Duration(slow.Load()); d > 10*time.Millisecond {
+				lostCtx <- r.Context().Err()
+			}
+			return okResponse(r), nil
+		}))
+		client := &http.Client{Transport: fixedDelay{base: wire, delay: 10 * time.Millisecond}}
+		get := func() time.Duration {
+			start := time.Now()
+			resp, err := client.Get("http://upstream.test/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return time.Since(start)
+		}
+
+		slow.Store(int64(5 * time.Millisecond))
+		if d := get(); d != 5*time.Millisecond || wire.Requests() != 1 {
+			t.Errorf("a first copy of 5ms, before the 10ms delay: took %v and %d wire calls, want 5ms and 1", d, wire.Requests())
+		}
+
+		copies.Store(0)
+		slow.Store(int64(time.Second))
+		if d := get(); d != 11*time.Millisecond || wire.Requests() != 3 {
+			t.Errorf("a first copy of 1s: took %v and %d wire calls in all, want 11ms (the delay, then the fast copy) and 3", d, wire.Requests())
+		}
+		if err := <-lostCtx; err != context.Canceled {
+			t.Errorf("the losing copy's context: %v, want it cancelled", err)
+		}
+		wire.Wait()
+		synctest.Wait()
+		if n := wire.Open(); n != 0 {
+			t.Errorf("%d response bodies left open, want the loser's closed too", n)
+		}
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func okResponse(r *http.Request) *http.Response {
+	return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Header: http.Header{}, Body: http.NoBody, Request: r}
 }
