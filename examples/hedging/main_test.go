@@ -29,16 +29,18 @@ func inMemory(up *httptestutil.Upstream) (string, func() http.RoundTripper, func
 // at most every 0.94s, and then a window still mostly calm, so the budget
 // caps the transition at about 50 hedges whatever the number of calls:
 // over the demo's 1500 brownout calls that is near 5% extra, over 500 it is
-// over 10%.
+// over 10%. The fixed delay, set to the calm threshold, hedges every
+// brownout call: about 100% extra, in virtual time as on any machine, far
+// from resilix's 10% at most.
 func TestDemo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rows, err := run(io.Discard, 3000, inMemory)
 		if err != nil {
 			t.Fatal(err)
 		}
-		plain, hedged, brownout := rows[0], rows[1], rows[2]
-		t.Logf("p99 %v without hedging, %v with; extra wire calls %.1f%%, %.1f%% in the brownout",
-			plain.res.Quantile(0.99), hedged.res.Quantile(0.99), 100*hedged.extra(), 100*brownout.extra())
+		plain, hedged, brownout, fixed := rows[0], rows[1], rows[2], rows[3]
+		t.Logf("p99 %v without hedging, %v with; extra wire calls %.1f%%, %.1f%% in the brownout, %.1f%% with a fixed delay",
+			plain.res.Quantile(0.99), hedged.res.Quantile(0.99), 100*hedged.extra(), 100*brownout.extra(), 100*fixed.extra())
 		if p, h := plain.res.Quantile(0.99), hedged.res.Quantile(0.99); h*3 > p {
 			t.Errorf("p99 %v with hedging vs %v without: want the slow mode cut by far more than 3x", h, p)
 		}
@@ -47,6 +49,17 @@ func TestDemo(t *testing.T) {
 		}
 		if e := brownout.extra(); e > 0.10 {
 			t.Errorf("the brownout cost %.1f%% extra wire calls; the live quantile should keep it near 5%%", 100*e)
+		}
+		// Every brownout call is slower than the calm threshold, so a
+		// fixed delay set to it hedges nearly every call: the wide margin
+		// over resilix's 10% at most is the demo's point.
+		if e := fixed.extra(); e < 0.90 {
+			t.Errorf("the fixed delay cost %.1f%% extra wire calls in the brownout, want nearly every call hedged (>= 90%%)", 100*e)
+		}
+		for _, r := range rows {
+			if r.res.Failed > 0 {
+				t.Errorf("%s, %s: %d of %d calls failed", r.phase, r.client, r.res.Failed, len(r.res.Latencies))
+			}
 		}
 	})
 }
