@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -394,6 +395,10 @@ func TestSharedObserver(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := httptestutil.NewUpstream(httptestutil.Options{})
+	// The observer holds transports weakly: a transport nobody keeps may
+	// be collected, gauges and all, before the reader collects.
+	var keep []*transport.Transport
+	defer runtime.KeepAlive(&keep)
 	for _, key := range []string{"one", "two"} {
 		tr, err := transport.New(transport.Config{
 			Base:     up.RoundTripper(),
@@ -404,6 +409,7 @@ func TestSharedObserver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		keep = append(keep, tr)
 		for range 3 {
 			resp, err := tr.RoundTrip(httptestRequest(t))
 			if err != nil {
