@@ -15,8 +15,9 @@ import "time"
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number
-// of retries already made, 0 before the first; see Backoff), or longer if
-// the response asked for it with Retry-After. It never sleeps past the
+// of retries already made, 0 before the first; see Backoff), or what Delay
+// returns when it is set, or longer if the response asked for it with
+// Retry-After. It never sleeps past the
 // caller's deadline: when the next attempt could not start before it, the
 // last response or error is returned at once. Each retry withdraws
 // one token from the scope's Budget and passes the admission gates like
@@ -46,6 +47,18 @@ type Retry struct {
 	// used. If negative, Retry-After is ignored and only the backoff
 	// applies.
 	MaxRetryAfter time.Duration
+
+	// Delay, when set, replaces the exponential backoff with full jitter:
+	// the wait before a retry is Delay(retry), retry counting from 1 for
+	// the first retry, and no jitter is added (a negative result is no
+	// wait). Retry-After, MaxRetryAfter and the deadline still apply on top,
+	// as they do to the backoff: a longer Retry-After wins, one beyond
+	// MaxRetryAfter ends the call with that response, and a wait that would
+	// pass the caller's deadline is not slept. If nil, the backoff is
+	// used, and BaseDelay and MaxDelay shape it; they must be zero when
+	// Delay is set. Delay is called with no lock held, concurrently for
+	// different calls, so it must be safe for concurrent use.
+	Delay func(retry int) time.Duration
 }
 
 func (r *Retry) validate() error {
@@ -55,6 +68,10 @@ func (r *Retry) validate() error {
 		fieldErrIf(r.MaxDelay < 0, "Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay),
 		fieldErrIf(r.MaxDelay > 0 && r.MaxDelay < base,
 			"Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, base),
+		fieldErrIf(r.Delay != nil && r.BaseDelay != 0,
+			"Retry.BaseDelay", "is set, but Retry.Delay replaces the backoff it shapes"),
+		fieldErrIf(r.Delay != nil && r.MaxDelay != 0,
+			"Retry.MaxDelay", "is set, but Retry.Delay replaces the backoff it shapes"),
 	)
 }
 

@@ -206,7 +206,12 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	if err != nil && httpx.Permanent(err) {
 		return 0, policy.SkipPermanent
 	}
-	d := r.Backoff(c.retries, rand.Float64())
+	var d time.Duration
+	if r.Delay != nil {
+		d = max(r.Delay(c.retries+1), 0)
+	} else {
+		d = r.Backoff(c.retries, rand.Float64())
+	}
 	if resp != nil && r.MaxRetryAfter >= 0 {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)
