@@ -1,9 +1,12 @@
 package policy
 
-import "time"
+import (
+	"net/http"
+	"time"
+)
 
-// Retry re-sends a call whose attempt failed (see Classify), up to
-// Set.Attempts wire calls in all.
+// Retry re-sends a call whose attempt failed (see Classify, and If to
+// decide apart from it), up to Set.Attempts wire calls in all.
 //
 // It re-sends only what is safe to send twice: a request whose method is
 // GET, HEAD, OPTIONS, TRACE, PUT or DELETE, or that carries an
@@ -59,6 +62,36 @@ type Retry struct {
 	// Delay is set. Delay is called with no lock held, concurrently for
 	// different calls, so it must be safe for concurrent use.
 	Delay func(retry int) time.Duration
+
+	// If decides which attempts are retried, apart from Set.Classify,
+	// which decides what counts against the dependency's health: an
+	// attempt is retried when If returns true, whatever Classify said of
+	// it, and not when it returns false. The breaker, the throttler, the
+	// limiter and the hedging gates learn from Classify alone, so If can
+	// retry a 409 Conflict without teaching the breaker that the upstream
+	// is failing, or hand a 503 to the caller at once while the breaker
+	// still counts it. If nil, an attempt is retried when Classify calls
+	// it a Failure; to add a case to that, wrap the classification:
+	//
+	//	If: func(resp *http.Response, err error) bool {
+	//		return resp != nil && resp.StatusCode == http.StatusConflict ||
+	//			policy.DefaultClassify(resp, err) == policy.Failure
+	//	},
+	//
+	// If is asked about every attempt that came back from the base
+	// RoundTripper, with its response or its error, exactly one of them
+	// non-nil, as Classify is, and it must not read or close the body. It
+	// is never asked about an attempt the caller gave up on, or one
+	// resilix cancelled (a hedge that lost): those are never retried.
+	// Everything above still applies on top: If cannot make a plain POST
+	// repeatable, retry an untrusted certificate, or spend attempts, budget
+	// or gates' permits the call does not have. In a hedged round, an answer
+	// wins the race only when Classify calls it a Success and If would not
+	// retry it; otherwise the round waits for its other legs, and retries
+	// after the last of them as If says. It is called with no lock held,
+	// and concurrently for the legs of a hedged call, so it must be safe
+	// for concurrent use.
+	If func(resp *http.Response, err error) bool
 }
 
 func (r *Retry) validate() error {

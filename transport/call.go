@@ -106,9 +106,11 @@ type call struct {
 	wire    int            // wire attempts made; guarded by the round's lock while hedges run
 	retries int            // retries sent
 	outcome policy.Outcome // of what the call returns
+	again   bool           // what the call returns asks for a retry (see leg.again)
 }
 
-// run is the retry loop: rounds until one is not a failure, attempts or
+// run is the retry loop: rounds until one asks for no retry (Retry.If, by
+// default a Failure), attempts or
 // budget run out, or the next one could not start before the deadline. The
 // response a retry would supersede is kept until the retry is admitted:
 // when a gate refuses it, the caller gets that response, intact.
@@ -125,7 +127,7 @@ func (c *call) run() (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
-	for c.outcome == policy.Failure && ch.retry != nil && c.wire < ch.attempts {
+	for c.again && ch.retry != nil && c.wire < ch.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
 		var body io.ReadCloser // the replayed body of the next round
@@ -187,7 +189,7 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	}
 	c.prepare(l, kind, body, replay, false)
 	c.send(l)
-	c.outcome = l.outcome
+	c.outcome, c.again = l.outcome, l.again
 	c.attemptDone(l)
 	return l.resp, l.err
 }

@@ -39,6 +39,7 @@ type leg struct {
 	resp     *http.Response
 	err      error
 	outcome  policy.Outcome
+	again    bool // the answer asks for a retry: Retry.If's, or a Failure
 	latency  time.Duration
 
 	// A hedged round's legs; guarded by the round's lock.
@@ -131,6 +132,11 @@ func (c *call) send(l *leg) {
 		l.outcome = policy.Canceled
 	} else {
 		l.outcome = s.chain.classify(resp, err)
+		if r := s.chain.retry; r != nil && r.If != nil {
+			l.again = r.If(resp, err)
+		} else {
+			l.again = l.outcome == policy.Failure
+		}
 	}
 
 	// The throttler, the breaker and the limiter learn at headers; the
