@@ -24,6 +24,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	o, _ := OverrideFrom(req.Context())
+	if err := o.check(); err != nil {
+		closeBody(req.Body)
+		return nil, err
+	}
 	start := time.Now()
 	s := t.scopes.enter(t.key(req), start)
 	defer s.leave()
@@ -34,6 +39,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ctx:   req.Context(),
 		start: start,
 	}
+	c.narrow(&o)
 	c.prio = t.priority(req, c.s)
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
@@ -103,6 +109,12 @@ type call struct {
 	prio   shedding.Priority
 	tenant string // read only when a gate is fair between tenants
 
+	// What the call may do: its key's set, as an Override narrows it.
+	attempts int           // wire attempts in all
+	timeout  time.Duration // per attempt; 0: none
+	mayRetry bool
+	mayHedge bool
+
 	wire    int            // wire attempts made; guarded by the round's lock while hedges run
 	retries int            // retries sent
 	outcome policy.Outcome // of what the call returns
@@ -115,7 +127,6 @@ type call struct {
 // response a retry would supersede is kept until the retry is admitted:
 // when a gate refuses it, the caller gets that response, intact.
 func (c *call) run() (*http.Response, error) {
-	ch := c.s.chain
 	c.s.budget.Deposit(c.start)
 	var l leg
 	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
@@ -127,7 +138,7 @@ func (c *call) run() (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
-	for c.again && ch.retry != nil && c.wire < ch.attempts {
+	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
 		var body io.ReadCloser // the replayed body of the next round

@@ -56,10 +56,11 @@ type round struct {
 // hedgeAfter reports whether this round hedges and, if so, the threshold
 // and how long to wait before the first hedge: the threshold, or the time
 // left before the deadline if that is shorter. A request that may not be
-// sent twice is never hedged; a window still warming is counted.
+// sent twice is never hedged, nor a call whose Override rules hedging
+// out; a window still warming is counted.
 func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
 	h := c.s.hedge
-	if h == nil || !c.replayable() {
+	if !c.mayHedge || !c.replayable() {
 		return 0, 0, false
 	}
 	threshold, ok = h.Threshold(now)
@@ -156,7 +157,7 @@ func (r *round) fire() {
 	// The budget is charged last, under the round's lock, so that a token
 	// is spent only on a hedge that starts.
 	r.mu.Lock()
-	ended := r.over || r.live >= r.max || c.wire >= c.s.chain.attempts
+	ended := r.over || r.live >= r.max || c.wire >= c.attempts
 	if ended || !c.s.budget.Withdraw(now) {
 		r.mu.Unlock()
 		closeBody(body)
@@ -173,7 +174,7 @@ func (r *round) fire() {
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
-	if r.live < r.max && c.wire < c.s.chain.attempts {
+	if r.live < r.max && c.wire < c.attempts {
 		r.timer.Reset(r.threshold)
 	}
 	r.mu.Unlock()
@@ -195,7 +196,7 @@ func (r *round) gate(now time.Time) policy.SuppressReason {
 		Deadline: dl,
 		Live:     r.live,
 		Wire:     c.wire,
-		Attempts: c.s.chain.attempts,
+		Attempts: c.attempts,
 		Priority: c.prio,
 		Breaker:  c.s.breaker,
 	})

@@ -23,7 +23,7 @@ type leg struct {
 	// is held when the attempt has a timeout or may be discarded.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	timer  *time.Timer // Timeout.PerAttempt
+	timer  *time.Timer // Timeout.PerAttempt, or the call's Override
 
 	throttled bool // the throttler admitted it and awaits its outcome
 	bp        gate.BreakerPermit
@@ -61,7 +61,7 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
-	if d := c.s.chain.timeout; d > 0 || discardable {
+	if d := c.timeout; d > 0 || discardable {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 		if d > 0 {
 			cancel := l.cancel
@@ -115,7 +115,7 @@ func (c *call) send(l *leg) {
 			closeBody(resp.Body)
 			resp = nil
 		}
-		err = &attemptTimeoutError{after: s.chain.timeout}
+		err = &attemptTimeoutError{after: c.timeout}
 		timedOut = true
 	}
 
