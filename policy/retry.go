@@ -32,7 +32,9 @@ import (
 //
 // When attempts run out on a response, that response is returned with a nil
 // error, so the caller sees the 503 and its body; when they run out on an
-// error, the last error is returned.
+// error, the last error is returned, saying how many wire attempts were
+// made when there was more than one ("resilix: 3 attempts: attempt timed
+// out: ..."), with errors.Is and errors.As reaching the error itself.
 type Retry struct {
 	// BaseDelay is the backoff before the first retry, before jitter. If
 	// zero, 50ms is used.

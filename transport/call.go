@@ -17,8 +17,17 @@ import (
 
 // RoundTrip runs req through the key's chain. It follows the
 // http.RoundTripper contract: req is never modified, req.Body is closed on
-// every path, and exactly one of the results is non-nil. A nil request, or
-// one without a URL, is an error before any policy runs; see checkRequest.
+// every path, and exactly one of the results is non-nil. A nil request, one
+// without a URL, or one whose context carries an Override with a negative
+// field, is an error before any policy runs; see checkRequest and
+// Override.
+//
+// When the call made more than one wire attempt and the last one failed
+// with an error, the error returned says how many were made, as in
+// "resilix: 3 attempts: attempt timed out: no response headers after 1s",
+// and unwraps to the last attempt's error. A call that made one attempt
+// returns that attempt's error as it is, and the caller's own cancellation
+// or deadline comes back as its context's error, never wrapped.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, err := checkRequest(req)
 	if err != nil {
@@ -45,6 +54,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		c.tenant = t.tenant(req)
 	}
 	resp, err := c.run()
+	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
+		err = &attemptsError{n: c.wire, err: err}
+	}
 	if o := t.obs; o != nil && o.CallDone != nil {
 		info := policy.CallInfo{
 			Context:      c.ctx,

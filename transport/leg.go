@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -309,3 +311,29 @@ func (e *attemptTimeoutError) Is(target error) bool {
 
 func (e *attemptTimeoutError) Timeout() bool   { return true }
 func (e *attemptTimeoutError) Temporary() bool { return true }
+
+// attemptsError is the error of a call that made more than one wire
+// attempt, the last of which failed with err: it says how many were made,
+// "resilix: 3 attempts: " before err's message (without err's own
+// "resilix: " prefix), and unwraps to err, so that errors.Is and errors.As
+// reach everything err wraps.
+type attemptsError struct {
+	n   int
+	err error
+}
+
+func (e *attemptsError) Error() string {
+	return "resilix: " + strconv.Itoa(e.n) + " attempts: " + strings.TrimPrefix(e.err.Error(), "resilix: ")
+}
+
+func (e *attemptsError) Unwrap() error { return e.err }
+
+// Timeout reports whether the last attempt's error says it timed out.
+// http.Client's *url.Error asks its Err directly, without unwrapping, so
+// without this a timeout would stop being one once wrapped. It is not a
+// net.Error (no Temporary), so that errors.As finds a net.Error only where
+// the last attempt's error has one.
+func (e *attemptsError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.err, &t) && t.Timeout()
+}
