@@ -20,9 +20,9 @@ import (
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number
 // of retries already made, 0 before the first; see Backoff), or what Delay
 // returns when it is set, or longer if the response asked for it with
-// Retry-After. It never sleeps past the
-// caller's deadline: when the next attempt could not start before it, the
-// last response or error is returned at once. Each retry withdraws
+// Retry-After. It never sleeps past the caller's deadline: when the next
+// attempt could not start before it, the last response or error is
+// returned at once. Each retry withdraws
 // one token from the scope's Budget and passes the admission gates like
 // any attempt; when no token is left, or a gate refuses, the last response
 // or error is returned, and Observer.RetrySkipped says why. A response is
@@ -82,9 +82,10 @@ type Retry struct {
 	//
 	// If is asked about every attempt that came back from the base
 	// RoundTripper, with its response or its error, exactly one of them
-	// non-nil, as Classify is, and it must not read or close the body. It
-	// is never asked about an attempt the caller gave up on, or one
-	// resilix cancelled (a hedge that lost): those are never retried.
+	// non-nil, as Classify is (an attempt cut short by Timeout.PerAttempt
+	// comes with its timeout error), and it must not read or close the
+	// body. It is never asked about an attempt the caller gave up on, or a
+	// hedge leg that lost its race: those are never retried.
 	// Everything above still applies on top: If cannot make a plain POST
 	// repeatable, retry an untrusted certificate, or spend attempts, budget
 	// or gates' permits the call does not have. In a hedged round, an answer

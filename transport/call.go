@@ -133,11 +133,11 @@ type call struct {
 	again   bool           // what the call returns asks for a retry (see leg.again)
 }
 
-// run is the retry loop: rounds until one asks for no retry (Retry.If, by
-// default a Failure), attempts or
-// budget run out, or the next one could not start before the deadline. The
-// response a retry would supersede is kept until the retry is admitted:
-// when a gate refuses it, the caller gets that response, intact.
+// run is the retry loop: rounds until one asks for no retry (see
+// leg.again), attempts or budget run out, or the next one could not start
+// before the deadline. The response a retry would supersede is kept until
+// the retry is admitted: when a gate refuses it, the caller gets that
+// response, intact.
 func (c *call) run() (*http.Response, error) {
 	c.s.budget.Deposit(c.start)
 	var l leg

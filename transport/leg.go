@@ -41,7 +41,7 @@ type leg struct {
 	resp     *http.Response
 	err      error
 	outcome  policy.Outcome
-	again    bool // the answer asks for a retry: Retry.If's, or a Failure
+	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
 	latency  time.Duration
 
 	// A hedged round's legs; guarded by the round's lock.
