@@ -15,7 +15,8 @@ const (
 	// that is not there.
 	Success Outcome = iota + 1
 	// Failure: the dependency failed, or could not be reached. Failures are
-	// what Retry retries and what the breaker counts.
+	// what the breaker counts and, unless Retry.If decides otherwise, what
+	// Retry retries.
 	Failure
 	// Canceled: the caller gave up (its context was cancelled or its
 	// deadline passed). Not evidence about the dependency: never retried,

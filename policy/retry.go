@@ -1,9 +1,12 @@
 package policy
 
-import "time"
+import (
+	"net/http"
+	"time"
+)
 
-// Retry re-sends a call whose attempt failed (see Classify), up to
-// Set.Attempts wire calls in all.
+// Retry re-sends a call whose attempt failed (see Classify, and If to
+// decide apart from it), up to Set.Attempts wire calls in all.
 //
 // It re-sends only what is safe to send twice: a request whose method is
 // GET, HEAD, OPTIONS, TRACE, PUT or DELETE, or that carries an
@@ -15,10 +18,11 @@ import "time"
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number
-// of retries already made, 0 before the first; see Backoff), or longer if
-// the response asked for it with Retry-After. It never sleeps past the
-// caller's deadline: when the next attempt could not start before it, the
-// last response or error is returned at once. Each retry withdraws
+// of retries already made, 0 before the first; see Backoff), or what Delay
+// returns when it is set, or longer if the response asked for it with
+// Retry-After. It never sleeps past the caller's deadline: when the next
+// attempt could not start before it, the last response or error is
+// returned at once. Each retry withdraws
 // one token from the scope's Budget and passes the admission gates like
 // any attempt; when no token is left, or a gate refuses, the last response
 // or error is returned, and Observer.RetrySkipped says why. A response is
@@ -28,7 +32,9 @@ import "time"
 //
 // When attempts run out on a response, that response is returned with a nil
 // error, so the caller sees the 503 and its body; when they run out on an
-// error, the last error is returned.
+// error, the last error is returned, saying how many wire attempts were
+// made when there was more than one ("resilix: 3 attempts: attempt timed
+// out: ..."), with errors.Is and errors.As reaching the error itself.
 type Retry struct {
 	// BaseDelay is the backoff before the first retry, before jitter. If
 	// zero, 50ms is used.
@@ -46,6 +52,49 @@ type Retry struct {
 	// used. If negative, Retry-After is ignored and only the backoff
 	// applies.
 	MaxRetryAfter time.Duration
+
+	// Delay, when set, replaces the exponential backoff with full jitter:
+	// the wait before a retry is Delay(retry), retry counting from 1 for
+	// the first retry, and no jitter is added (a negative result is no
+	// wait). Retry-After, MaxRetryAfter and the deadline still apply on top,
+	// as they do to the backoff: a longer Retry-After wins, one beyond
+	// MaxRetryAfter ends the call with that response, and a wait that would
+	// pass the caller's deadline is not slept. If nil, the backoff is
+	// used, and BaseDelay and MaxDelay shape it; they must be zero when
+	// Delay is set. Delay is called with no lock held, concurrently for
+	// different calls, so it must be safe for concurrent use.
+	Delay func(retry int) time.Duration
+
+	// If decides which attempts are retried, apart from Set.Classify,
+	// which decides what counts against the dependency's health: an
+	// attempt is retried when If returns true, whatever Classify said of
+	// it, and not when it returns false. The breaker, the throttler, the
+	// limiter and the hedging gates learn from Classify alone, so If can
+	// retry a 409 Conflict without teaching the breaker that the upstream
+	// is failing, or hand a 503 to the caller at once while the breaker
+	// still counts it. If nil, an attempt is retried when Classify calls
+	// it a Failure; to add a case to that, wrap the classification:
+	//
+	//	If: func(resp *http.Response, err error) bool {
+	//		return resp != nil && resp.StatusCode == http.StatusConflict ||
+	//			policy.DefaultClassify(resp, err) == policy.Failure
+	//	},
+	//
+	// If is asked about every attempt that came back from the base
+	// RoundTripper, with its response or its error, exactly one of them
+	// non-nil, as Classify is (an attempt cut short by Timeout.PerAttempt
+	// comes with its timeout error), and it must not read or close the
+	// body. It is never asked about an attempt the caller gave up on, or a
+	// hedge leg that lost its race: those are never retried.
+	// Everything above still applies on top: If cannot make a plain POST
+	// repeatable, retry an untrusted certificate, or spend attempts, budget
+	// or gates' permits the call does not have. In a hedged round, an answer
+	// wins the race only when Classify calls it a Success and If would not
+	// retry it; otherwise the round waits for its other legs, and retries
+	// after the last of them as If says. It is called with no lock held,
+	// and concurrently for the legs of a hedged call, so it must be safe
+	// for concurrent use.
+	If func(resp *http.Response, err error) bool
 }
 
 func (r *Retry) validate() error {
@@ -55,6 +104,10 @@ func (r *Retry) validate() error {
 		fieldErrIf(r.MaxDelay < 0, "Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay),
 		fieldErrIf(r.MaxDelay > 0 && r.MaxDelay < base,
 			"Retry.MaxDelay", "(%v) must be >= Retry.BaseDelay (%v)", r.MaxDelay, base),
+		fieldErrIf(r.Delay != nil && r.BaseDelay != 0,
+			"Retry.BaseDelay", "is set, but Retry.Delay replaces the backoff it shapes"),
+		fieldErrIf(r.Delay != nil && r.MaxDelay != 0,
+			"Retry.MaxDelay", "is set, but Retry.Delay replaces the backoff it shapes"),
 	)
 }
 

@@ -3,6 +3,8 @@ package policy
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -120,5 +122,34 @@ func TestRetryDefaults(t *testing.T) {
 	}
 	if got := (Retry{MaxRetryAfter: -1}).WithDefaults().MaxRetryAfter; got >= 0 {
 		t.Fatalf("negative MaxRetryAfter must stay negative (off), got %v", got)
+	}
+}
+
+// TestRetryDelayReplacesTheBackoffFields: Delay replaces the backoff that
+// BaseDelay and MaxDelay shape, so setting them beside it is an error
+// rather than a setting silently ignored; MaxRetryAfter still applies.
+func TestRetryDelayReplacesTheBackoffFields(t *testing.T) {
+	delay := func(int) time.Duration { return time.Second }
+	for _, tc := range []struct {
+		r    Retry
+		want []string
+	}{
+		{Retry{Delay: delay}, nil},
+		{Retry{Delay: delay, MaxRetryAfter: time.Minute}, nil},
+		{Retry{Delay: delay, BaseDelay: time.Second},
+			[]string{"policy: Retry.BaseDelay is set, but Retry.Delay replaces the backoff it shapes"}},
+		{Retry{Delay: delay, BaseDelay: time.Second, MaxDelay: time.Minute}, []string{
+			"policy: Retry.BaseDelay is set, but Retry.Delay replaces the backoff it shapes",
+			"policy: Retry.MaxDelay is set, but Retry.Delay replaces the backoff it shapes",
+		}},
+	} {
+		err := (&Set{Retry: &tc.r}).Validate()
+		var got []string
+		if err != nil {
+			got = strings.Split(err.Error(), "\n")
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("Validate(%+v) = %q, want %q", tc.r, got, tc.want)
+		}
 	}
 }

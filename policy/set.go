@@ -26,8 +26,9 @@ type Set struct {
 	Attempts int
 
 	// Classify decides whether an attempt succeeded or failed as far as the
-	// dependency's health goes; failures are what Retry retries and what
-	// the Breaker counts. If nil, DefaultClassify is used.
+	// dependency's health goes; failures are what the Breaker counts and,
+	// unless Retry.If decides otherwise, what Retry retries. If nil,
+	// DefaultClassify is used.
 	Classify Classify
 
 	// Budget bounds retries and hedges together, as a fraction of the

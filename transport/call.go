@@ -17,11 +17,25 @@ import (
 
 // RoundTrip runs req through the key's chain. It follows the
 // http.RoundTripper contract: req is never modified, req.Body is closed on
-// every path, and exactly one of the results is non-nil. A nil request, or
-// one without a URL, is an error before any policy runs; see checkRequest.
+// every path, and exactly one of the results is non-nil. A nil request, one
+// without a URL, or one whose context carries an Override with a negative
+// field, is an error before any policy runs; see checkRequest and
+// Override.
+//
+// When the call made more than one wire attempt and the last one failed
+// with an error, the error returned says how many were made, as in
+// "resilix: 3 attempts: attempt timed out: no response headers after 1s",
+// and unwraps to the last attempt's error. A call that made one attempt
+// returns that attempt's error as it is, and the caller's own cancellation
+// or deadline comes back as its context's error, never wrapped.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, err := checkRequest(req)
 	if err != nil {
+		return nil, err
+	}
+	o, _ := OverrideFrom(req.Context())
+	if err := o.check(); err != nil {
+		closeBody(req.Body)
 		return nil, err
 	}
 	start := time.Now()
@@ -34,11 +48,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ctx:   req.Context(),
 		start: start,
 	}
+	c.narrow(&o)
 	c.prio = t.priority(req, c.s)
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
 	}
 	resp, err := c.run()
+	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
+		err = &attemptsError{n: c.wire, err: err}
+	}
 	if o := t.obs; o != nil && o.CallDone != nil {
 		info := policy.CallInfo{
 			Context:      c.ctx,
@@ -103,17 +121,24 @@ type call struct {
 	prio   shedding.Priority
 	tenant string // read only when a gate is fair between tenants
 
+	// What the call may do: its key's set, as an Override narrows it.
+	attempts int           // wire attempts in all
+	timeout  time.Duration // per attempt; 0: none
+	mayRetry bool
+	mayHedge bool
+
 	wire    int            // wire attempts made; guarded by the round's lock while hedges run
 	retries int            // retries sent
 	outcome policy.Outcome // of what the call returns
+	again   bool           // what the call returns asks for a retry (see leg.again)
 }
 
-// run is the retry loop: rounds until one is not a failure, attempts or
-// budget run out, or the next one could not start before the deadline. The
-// response a retry would supersede is kept until the retry is admitted:
-// when a gate refuses it, the caller gets that response, intact.
+// run is the retry loop: rounds until one asks for no retry (see
+// leg.again), attempts or budget run out, or the next one could not start
+// before the deadline. The response a retry would supersede is kept until
+// the retry is admitted: when a gate refuses it, the caller gets that
+// response, intact.
 func (c *call) run() (*http.Response, error) {
-	ch := c.s.chain
 	c.s.budget.Deposit(c.start)
 	var l leg
 	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
@@ -125,7 +150,7 @@ func (c *call) run() (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
-	for c.outcome == policy.Failure && ch.retry != nil && c.wire < ch.attempts {
+	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
 		var body io.ReadCloser // the replayed body of the next round
@@ -187,7 +212,7 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	}
 	c.prepare(l, kind, body, replay, false)
 	c.send(l)
-	c.outcome = l.outcome
+	c.outcome, c.again = l.outcome, l.again
 	c.attemptDone(l)
 	return l.resp, l.err
 }
@@ -206,7 +231,12 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	if err != nil && httpx.Permanent(err) {
 		return 0, policy.SkipPermanent
 	}
-	d := r.Backoff(c.retries, rand.Float64())
+	var d time.Duration
+	if r.Delay != nil {
+		d = max(r.Delay(c.retries+1), 0)
+	} else {
+		d = r.Backoff(c.retries, rand.Float64())
+	}
 	if resp != nil && r.MaxRetryAfter >= 0 {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)

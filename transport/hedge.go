@@ -16,8 +16,9 @@ import (
 // round is one hedged logical attempt. The first leg runs inline on the
 // caller's goroutine with one timer armed; only when the timer fires and
 // every gate passes does a hedge leg get a goroutine. The first acceptable
-// answer wins and the legs still on the wire lose; if every leg fails, the
-// last failure goes back to retry.
+// answer (a Success that asks for no retry) wins and the legs still on the
+// wire lose; if no leg's answer is acceptable, the last one goes back to
+// retry, which asks it whether to retry.
 //
 // A leg is settled exactly once, under the round's lock, by whichever comes
 // first: its own answer (the leg is then evidence, taught to the gates
@@ -55,10 +56,11 @@ type round struct {
 // hedgeAfter reports whether this round hedges and, if so, the threshold
 // and how long to wait before the first hedge: the threshold, or the time
 // left before the deadline if that is shorter. A request that may not be
-// sent twice is never hedged; a window still warming is counted.
+// sent twice is never hedged, nor a call whose Override rules hedging
+// out; a window still warming is counted.
 func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
 	h := c.s.hedge
-	if h == nil || !c.replayable() {
+	if !c.mayHedge || !c.replayable() {
 		return 0, 0, false
 	}
 	threshold, ok = h.Threshold(now)
@@ -99,7 +101,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, r
 	r.report(l)
 	resp, err := r.collect()
 	done = true
-	c.wire, c.outcome = r.c.wire, r.c.outcome
+	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
 	return resp, err
 }
 
@@ -155,7 +157,7 @@ func (r *round) fire() {
 	// The budget is charged last, under the round's lock, so that a token
 	// is spent only on a hedge that starts.
 	r.mu.Lock()
-	ended := r.over || r.live >= r.max || c.wire >= c.s.chain.attempts
+	ended := r.over || r.live >= r.max || c.wire >= c.attempts
 	if ended || !c.s.budget.Withdraw(now) {
 		r.mu.Unlock()
 		closeBody(body)
@@ -172,7 +174,7 @@ func (r *round) fire() {
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
-	if r.live < r.max && c.wire < c.s.chain.attempts {
+	if r.live < r.max && c.wire < c.attempts {
 		r.timer.Reset(r.threshold)
 	}
 	r.mu.Unlock()
@@ -194,7 +196,7 @@ func (r *round) gate(now time.Time) policy.SuppressReason {
 		Deadline: dl,
 		Live:     r.live,
 		Wire:     c.wire,
-		Attempts: c.s.chain.attempts,
+		Attempts: c.attempts,
 		Priority: c.prio,
 		Breaker:  c.s.breaker,
 	})
@@ -234,8 +236,9 @@ func (r *round) settle(l *leg) bool {
 
 // report ends a leg that has been through send. The first acceptable
 // answer wins: the legs still on the wire lose, are cancelled and reported
-// as discarded at once, so the caller never waits on a loser. A failure
-// supersedes the failure before it, which is thrown away. Anything that
+// as discarded at once, so the caller never waits on a loser. An answer
+// that is not acceptable (a Failure, or one that asks for a retry)
+// supersedes the one before it, which is thrown away. Anything that
 // ends after the round was decided is thrown away.
 func (r *round) report(l *leg) {
 	c := &r.c
@@ -260,7 +263,7 @@ func (r *round) report(l *leg) {
 		httpx.Discard(l.resp)
 		return
 	}
-	if l.outcome == policy.Failure {
+	if l.outcome == policy.Failure || l.again {
 		superseded := r.failed
 		r.failed = l
 		r.mu.Unlock()
@@ -362,10 +365,10 @@ func (r *round) collect() (*http.Response, error) {
 		if failed != nil {
 			httpx.Discard(failed.resp)
 		}
-		r.c.outcome = w.outcome
+		r.c.outcome, r.c.again = w.outcome, w.again
 		return w.resp, w.err
 	}
-	r.c.outcome = failed.outcome
+	r.c.outcome, r.c.again = failed.outcome, failed.again
 	return failed.resp, failed.err
 }
 

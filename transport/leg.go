@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +25,7 @@ type leg struct {
 	// is held when the attempt has a timeout or may be discarded.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	timer  *time.Timer // Timeout.PerAttempt
+	timer  *time.Timer // Timeout.PerAttempt, or the call's Override
 
 	throttled bool // the throttler admitted it and awaits its outcome
 	bp        gate.BreakerPermit
@@ -39,6 +41,7 @@ type leg struct {
 	resp     *http.Response
 	err      error
 	outcome  policy.Outcome
+	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
 	latency  time.Duration
 
 	// A hedged round's legs; guarded by the round's lock.
@@ -60,7 +63,7 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
-	if d := c.s.chain.timeout; d > 0 || discardable {
+	if d := c.timeout; d > 0 || discardable {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 		if d > 0 {
 			cancel := l.cancel
@@ -114,7 +117,7 @@ func (c *call) send(l *leg) {
 			closeBody(resp.Body)
 			resp = nil
 		}
-		err = &attemptTimeoutError{after: s.chain.timeout}
+		err = &attemptTimeoutError{after: c.timeout}
 		timedOut = true
 	}
 
@@ -131,6 +134,11 @@ func (c *call) send(l *leg) {
 		l.outcome = policy.Canceled
 	} else {
 		l.outcome = s.chain.classify(resp, err)
+		if r := s.chain.retry; r != nil && r.If != nil {
+			l.again = r.If(resp, err)
+		} else {
+			l.again = l.outcome == policy.Failure
+		}
 	}
 
 	// The throttler, the breaker and the limiter learn at headers; the
@@ -303,3 +311,29 @@ func (e *attemptTimeoutError) Is(target error) bool {
 
 func (e *attemptTimeoutError) Timeout() bool   { return true }
 func (e *attemptTimeoutError) Temporary() bool { return true }
+
+// attemptsError is the error of a call that made more than one wire
+// attempt, the last of which failed with err: it says how many were made,
+// "resilix: 3 attempts: " before err's message (without err's own
+// "resilix: " prefix), and unwraps to err, so that errors.Is and errors.As
+// reach everything err wraps.
+type attemptsError struct {
+	n   int
+	err error
+}
+
+func (e *attemptsError) Error() string {
+	return "resilix: " + strconv.Itoa(e.n) + " attempts: " + strings.TrimPrefix(e.err.Error(), "resilix: ")
+}
+
+func (e *attemptsError) Unwrap() error { return e.err }
+
+// Timeout reports whether the last attempt's error says it timed out.
+// http.Client's *url.Error asks its Err directly, without unwrapping, so
+// without this a timeout would stop being one once wrapped. It is not a
+// net.Error (no Temporary), so that errors.As finds a net.Error only where
+// the last attempt's error has one.
+func (e *attemptsError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.err, &t) && t.Timeout()
+}

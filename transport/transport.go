@@ -47,6 +47,13 @@
 //     their bodies closed, and it is re-raised on the caller's goroutine.
 //   - Refusals are *policy.RejectedError, usable with errors.Is and
 //     errors.As through http.Client's *url.Error.
+//   - An error after more than one wire attempt says how many were made,
+//     "resilix: 3 attempts: attempt timed out: ...", and errors.Is and
+//     errors.As reach the last attempt's error through it (and through
+//     *url.Error, whose Timeout still reports a timeout). A call that made
+//     one attempt returns its error as it is, and the caller's own
+//     cancellation or deadline always comes back as the context's error
+//     itself, so that err == context.Canceled keeps working.
 //
 // An idle Transport holds no goroutine or timer: state moves lazily,
 // from the time of the calls that read it. The timers and goroutines a call

@@ -203,8 +203,8 @@ func TestAttemptsRunOutOnAnError(t *testing.T) {
 	set.Attempts = 4
 	tr := mustNew(t, Config{Base: base, Policies: set})
 	_, err := get(t, t.Context(), tr, "http://a.test/")
-	if err == nil || err.Error() != "dial 4: connection refused" {
-		t.Fatalf("err = %v, want the fourth attempt's error", err)
+	if err == nil || err.Error() != "resilix: 4 attempts: dial 4: connection refused" {
+		t.Fatalf("err = %v, want the fourth attempt's error, saying there were 4", err)
 	}
 }
 
