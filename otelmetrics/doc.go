@@ -73,6 +73,15 @@
 // budget. If two attached transports hold the same key, the gauge shows
 // only one of them.
 //
+// # Exemplars
+//
+// Every measurement of the counters and histograms is recorded with its
+// event's Context, the caller's request context (a hedge leg's included),
+// so an SDK that keeps exemplars links each point to a trace: with the
+// SDK's default trace-based exemplar filter, a measurement made while the
+// caller's span is sampled carries that span's trace and span ids. The
+// gauges are observed at collection, outside any call, and carry none.
+//
 // # Prometheus names
 //
 // Through the OpenTelemetry Prometheus exporter the dots become

@@ -149,38 +149,52 @@ func (r *recorder) observer() *policy.Observer {
 	}
 }
 
+// The event handlers below record with the event's Context, the caller's,
+// so that an SDK set up for exemplars can link a measurement to the
+// caller's trace.
+
 func (r *recorder) callDone(c policy.CallInfo) {
 	a := r.attrs.get(c.Key).outcome(c.Outcome)
-	ctx := context.Background()
+	ctx := orBackground(c.Context)
 	r.calls.Add(ctx, 1, a.add...)
 	r.callDuration.Record(ctx, c.Duration.Seconds(), a.rec...)
 }
 
 func (r *recorder) attemptDone(at policy.AttemptInfo) {
 	a := r.attrs.get(at.Key).attempt(at.Kind, at.Outcome)
-	r.attempts.Add(context.Background(), 1, a.add...)
+	r.attempts.Add(orBackground(at.Context), 1, a.add...)
 }
 
 func (r *recorder) refused(f policy.Refusal) {
 	a := refusal(r.attrs.get(f.Key), f.Gate, f.Priority)
-	r.shed.Add(context.Background(), 1, a.add...)
+	r.shed.Add(orBackground(f.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
 	e := r.attrs.get(h.Key)
-	ctx := context.Background()
+	ctx := orBackground(h.Context)
 	r.hedges.Add(ctx, 1, e.hedge(hedgeStarted).add...)
 	r.hedgeThreshold.Record(ctx, h.Threshold.Seconds(), e.base.rec...)
 }
 
 func (r *recorder) hedgeWon(h policy.HedgeInfo) {
 	a := r.attrs.get(h.Key).hedge(hedgeWon)
-	r.hedges.Add(context.Background(), 1, a.add...)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeSuppressed(h policy.HedgeSuppression) {
 	a := r.attrs.get(h.Key).suppressed(h.Reason)
-	r.hedges.Add(context.Background(), 1, a.add...)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
+}
+
+// orBackground returns ctx, or context.Background() when it is nil: the
+// transport never passes a nil Context, but an event built by hand (a
+// test, a user's own composition) may, and the SDK would panic on it.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }
 
 // attach adds src to the sources the gauges read. So that sources of
