@@ -48,6 +48,8 @@ func TestExemplars(t *testing.T) {
 		Key: "a.test", Kind: policy.AttemptFirst, Outcome: policy.Success})
 	obs.Refused(policy.Refusal{Context: ctxFor("resilix.shed"),
 		Key: "a.test", Gate: policy.GateBreaker, Priority: shedding.Critical})
+	obs.RetrySkipped(policy.RetrySkip{Context: ctxFor("resilix.retries.skipped"),
+		Key: "a.test", Reason: policy.SkipBudget, Attempt: 1})
 	obs.HedgeStarted(policy.HedgeInfo{Context: ctxFor("resilix.hedges", "resilix.hedge.threshold"),
 		Key: "a.test", Attempt: 2, Threshold: time.Millisecond})
 
@@ -101,6 +103,7 @@ func TestNilContext(t *testing.T) {
 	obs.CallDone(policy.CallInfo{Key: "a.test", Outcome: policy.Success})
 	obs.AttemptDone(policy.AttemptInfo{Key: "a.test", Kind: policy.AttemptFirst, Outcome: policy.Success})
 	obs.Refused(policy.Refusal{Key: "a.test", Gate: policy.GateBreaker})
+	obs.RetrySkipped(policy.RetrySkip{Key: "a.test", Reason: policy.SkipBudget})
 	obs.HedgeStarted(policy.HedgeInfo{Key: "a.test"})
 	obs.HedgeWon(policy.HedgeInfo{Key: "a.test"})
 	obs.HedgeSuppressed(policy.HedgeSuppression{Key: "a.test", Reason: policy.HedgeWarming})

@@ -29,6 +29,7 @@ type recorder struct {
 	attempts       metric.Int64Counter
 	hedges         metric.Int64Counter
 	shed           metric.Int64Counter
+	skipped        metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
 	breakerState   metric.Int64ObservableGauge
@@ -104,6 +105,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts refused by an admission gate, by gate and request priority."))
 	check(err)
+	r.skipped, err = m.Int64Counter("resilix.retries.skipped",
+		metric.WithUnit("{retry}"),
+		metric.WithDescription("Failed attempts not retried although attempts were left, by the reason (and, for reason gate, the gate)."))
+	check(err)
 	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
@@ -142,6 +147,7 @@ func (r *recorder) observer() *policy.Observer {
 		CallDone:        r.callDone,
 		AttemptDone:     r.attemptDone,
 		Refused:         r.refused,
+		RetrySkipped:    r.retrySkipped,
 		HedgeStarted:    r.hedgeStarted,
 		HedgeWon:        r.hedgeWon,
 		HedgeSuppressed: r.hedgeSuppressed,
@@ -168,6 +174,11 @@ func (r *recorder) attemptDone(at policy.AttemptInfo) {
 func (r *recorder) refused(f policy.Refusal) {
 	a := refusal(r.attrs.get(f.Key), f.Gate, f.Priority)
 	r.shed.Add(orBackground(f.Context), 1, a.add...)
+}
+
+func (r *recorder) retrySkipped(k policy.RetrySkip) {
+	a := r.attrs.get(k.Key).skipped(k.Reason, k.Gate)
+	r.skipped.Add(orBackground(k.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
