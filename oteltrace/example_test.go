@@ -55,13 +55,13 @@ func Example() {
 		for _, kv := range e.Attributes {
 			switch kv.Key {
 			case "resilix.attempt.kind", "resilix.attempt.number", "resilix.attempt.outcome", "http.response.status_code":
-				fmt.Printf(" %s=%s", kv.Key, kv.Value.Emit())
+				fmt.Printf(" %s=%s", kv.Key, kv.Value.String())
 			}
 		}
 		fmt.Println()
 	}
 	for _, kv := range s.Attributes() {
-		fmt.Printf("span: %s=%s\n", kv.Key, kv.Value.Emit())
+		fmt.Printf("span: %s=%s\n", kv.Key, kv.Value.String())
 	}
 	// Output:
 	// resilix.attempt resilix.attempt.kind=first resilix.attempt.number=1 resilix.attempt.outcome=failure http.response.status_code=503

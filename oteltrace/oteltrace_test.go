@@ -33,7 +33,7 @@ func recorder(t testing.TB) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) 
 func kvString(kvs []attribute.KeyValue) string {
 	var s []string
 	for _, kv := range kvs {
-		s = append(s, string(kv.Key)+"="+kv.Value.Emit())
+		s = append(s, string(kv.Key)+"="+kv.Value.String())
 	}
 	slices.Sort(s)
 	return strings.Join(s, " ")
