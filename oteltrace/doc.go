@@ -87,9 +87,12 @@
 //
 // # Cost
 //
-// Without a recording span, each event costs a context lookup. With one,
-// each event builds its attributes and costs what the SDK's AddEvent
-// costs. Note that an Observer with AttemptDone, such as this one, makes
-// the transport time every attempt (two clock reads), which it does anyway
-// for a key with a hedge, breaker, throttler or limiter.
+// Without a recording span, each event costs a context lookup and no
+// allocation. With one, each event builds its attributes and costs what
+// the SDK's AddEvent costs. Any Observer with AttemptDone and CallDone,
+// this one included, makes the transport time every attempt and the call
+// (clock reads it makes anyway for a key with a hedge, breaker, throttler
+// or limiter). go test -run '^$' -bench ObserverCost ./oteltrace compares
+// a call with no Observer, with one whose funcs do nothing, and with this
+// one, without a span and with a recording one.
 package oteltrace
