@@ -105,16 +105,17 @@ func BenchmarkEvents(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	ctx := context.Background()
 	b.Run("CallDone", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			obs.CallDone(policy.CallInfo{Key: "a.test", Outcome: policy.Success, Duration: time.Millisecond})
+			obs.CallDone(policy.CallInfo{Context: ctx, Key: "a.test", Outcome: policy.Success, Duration: time.Millisecond})
 		}
 	})
 	b.Run("AttemptDone", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			obs.AttemptDone(policy.AttemptInfo{Key: "a.test", Kind: policy.AttemptFirst, Outcome: policy.Success})
+			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptFirst, Outcome: policy.Success})
 		}
 	})
 }

@@ -34,6 +34,7 @@ const (
 	numReasons    = int(policy.HedgeBodyError) + 1
 	numGates      = int(policy.GateRateLimit) + 1
 	numPriorities = 4 // shedding.NumPriorities
+	numSkips      = int(policy.SkipGate) + 1
 )
 
 // The values of the hedges counter's outcome attribute.
@@ -83,6 +84,8 @@ type entry struct {
 	hedges   [numHedgeOutcomes]atomic.Pointer[attrs]
 	suppress [numReasons]atomic.Pointer[attrs]
 	shed     [numGates][numPriorities]atomic.Pointer[attrs]
+	skips    [numSkips]atomic.Pointer[attrs]
+	skipGate [numGates]atomic.Pointer[attrs] // the skips with reason gate, by gate
 }
 
 func newEntry(key string) *entry {
@@ -129,6 +132,29 @@ func (e *entry) suppressed(why policy.SuppressReason) *attrs {
 		return a
 	}
 	return fill(p, e.key, attrOutcome.String("suppressed"), attrReason.String(why.String()))
+}
+
+// skipped returns the attributes of a retry skipped for why; the gate
+// attribute is there only when why is SkipGate.
+func (e *entry) skipped(why policy.SkipReason, g policy.Gate) *attrs {
+	if why == policy.SkipGate {
+		if int(g) >= numGates {
+			return newAttrs(e.key, attrReason.String(why.String()), attrGate.String(g.String()))
+		}
+		p := &e.skipGate[g]
+		if a := p.Load(); a != nil {
+			return a
+		}
+		return fill(p, e.key, attrReason.String(why.String()), attrGate.String(g.String()))
+	}
+	if int(why) >= numSkips {
+		return newAttrs(e.key, attrReason.String(why.String()))
+	}
+	p := &e.skips[why]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrReason.String(why.String()))
 }
 
 // priority is what this package needs of shedding.Priority, which it

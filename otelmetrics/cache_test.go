@@ -45,12 +45,23 @@ func TestEntrySlots(t *testing.T) {
 	if a, b := e.suppressed(policy.HedgeBudget), e.suppressed(policy.HedgeBudget); a != b {
 		t.Error("suppression attrs not reused")
 	}
+	if a, b := e.skipped(policy.SkipBudget, 0), e.skipped(policy.SkipBudget, 0); a != b {
+		t.Error("skip attrs not reused")
+	}
+	if a, b := e.skipped(policy.SkipGate, policy.GateBreaker), e.skipped(policy.SkipGate, policy.GateBreaker); a != b {
+		t.Error("skip-by-gate attrs not reused")
+	}
+	if e.skipped(policy.SkipGate, policy.GateBreaker) == e.skipped(policy.SkipGate, policy.GateLimiter) {
+		t.Error("two gates share skip attrs")
+	}
 	// Values this version does not know are built per event, not cached,
 	// and carry their String.
 	for _, a := range []*attrs{
 		e.outcome(policy.Outcome(200)),
 		e.attempt(policy.AttemptKind(9), policy.Success),
 		e.suppressed(policy.SuppressReason(99)),
+		e.skipped(policy.SkipReason(99), 0),
+		e.skipped(policy.SkipGate, policy.Gate(42)),
 		refusal(e, policy.Gate(42), policy.Refusal{}.Priority),
 		refusal(e, policy.GateBreaker, policy.Refusal{Priority: 7}.Priority),
 	} {

@@ -29,6 +29,7 @@ type recorder struct {
 	attempts       metric.Int64Counter
 	hedges         metric.Int64Counter
 	shed           metric.Int64Counter
+	skipped        metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
 	breakerState   metric.Int64ObservableGauge
@@ -104,6 +105,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts refused by an admission gate, by gate and request priority."))
 	check(err)
+	r.skipped, err = m.Int64Counter("resilix.retries.skipped",
+		metric.WithUnit("{retry}"),
+		metric.WithDescription("Failed attempts not retried although attempts were left, by the reason (and, for reason gate, the gate)."))
+	check(err)
 	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
@@ -142,6 +147,7 @@ func (r *recorder) observer() *policy.Observer {
 		CallDone:        r.callDone,
 		AttemptDone:     r.attemptDone,
 		Refused:         r.refused,
+		RetrySkipped:    r.retrySkipped,
 		HedgeStarted:    r.hedgeStarted,
 		HedgeWon:        r.hedgeWon,
 		HedgeSuppressed: r.hedgeSuppressed,
@@ -149,38 +155,57 @@ func (r *recorder) observer() *policy.Observer {
 	}
 }
 
+// The event handlers below record with the event's Context, the caller's,
+// so that an SDK set up for exemplars can link a measurement to the
+// caller's trace.
+
 func (r *recorder) callDone(c policy.CallInfo) {
 	a := r.attrs.get(c.Key).outcome(c.Outcome)
-	ctx := context.Background()
+	ctx := orBackground(c.Context)
 	r.calls.Add(ctx, 1, a.add...)
 	r.callDuration.Record(ctx, c.Duration.Seconds(), a.rec...)
 }
 
 func (r *recorder) attemptDone(at policy.AttemptInfo) {
 	a := r.attrs.get(at.Key).attempt(at.Kind, at.Outcome)
-	r.attempts.Add(context.Background(), 1, a.add...)
+	r.attempts.Add(orBackground(at.Context), 1, a.add...)
 }
 
 func (r *recorder) refused(f policy.Refusal) {
 	a := refusal(r.attrs.get(f.Key), f.Gate, f.Priority)
-	r.shed.Add(context.Background(), 1, a.add...)
+	r.shed.Add(orBackground(f.Context), 1, a.add...)
+}
+
+func (r *recorder) retrySkipped(k policy.RetrySkip) {
+	a := r.attrs.get(k.Key).skipped(k.Reason, k.Gate)
+	r.skipped.Add(orBackground(k.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
 	e := r.attrs.get(h.Key)
-	ctx := context.Background()
+	ctx := orBackground(h.Context)
 	r.hedges.Add(ctx, 1, e.hedge(hedgeStarted).add...)
 	r.hedgeThreshold.Record(ctx, h.Threshold.Seconds(), e.base.rec...)
 }
 
 func (r *recorder) hedgeWon(h policy.HedgeInfo) {
 	a := r.attrs.get(h.Key).hedge(hedgeWon)
-	r.hedges.Add(context.Background(), 1, a.add...)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeSuppressed(h policy.HedgeSuppression) {
 	a := r.attrs.get(h.Key).suppressed(h.Reason)
-	r.hedges.Add(context.Background(), 1, a.add...)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
+}
+
+// orBackground returns ctx, or context.Background() when it is nil: the
+// transport never passes a nil Context, but an event built by hand (a
+// test, a user's own composition) may, and the SDK would panic on it.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }
 
 // attach adds src to the sources the gauges read. So that sources of

@@ -128,6 +128,14 @@ func (t *tally) tee(o *policy.Observer) *policy.Observer {
 			t.add("resilix.shed", -1, "gate="+r.Gate.String(), "key="+r.Key, "priority="+r.Priority.String())
 			o.Refused(r)
 		},
+		RetrySkipped: func(k policy.RetrySkip) {
+			kv := []string{"key=" + k.Key, "reason=" + k.Reason.String()}
+			if k.Reason == policy.SkipGate {
+				kv = append([]string{"gate=" + k.Gate.String()}, kv...)
+			}
+			t.add("resilix.retries.skipped", -1, kv...)
+			o.RetrySkipped(k)
+		},
 		HedgeStarted: func(h policy.HedgeInfo) {
 			t.add("resilix.hedges", -1, "key="+h.Key, "outcome=started")
 			t.add("resilix.hedge.threshold", h.Threshold.Seconds(), "key="+h.Key)
