@@ -103,8 +103,8 @@ func ExampleObserver_slog() {
 
 	// The upstreams, in memory. inventory fails every POST, and GETs
 	// twice before it recovers. catalog answers in 10ms, but its sixth
-	// request is slower: it lets the hedge sent after it in, then answers
-	// first.
+	// request is slower: it waits for the hedge sent after it, then
+	// answers first.
 	var inventory, catalog atomic.Int32
 	hedgeIn := make(chan struct{})
 	upstream := httptestutil.InMemory(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -117,7 +117,6 @@ func ExampleObserver_slog() {
 			switch catalog.Add(1) {
 			case 6: // slow: answers once the hedge is on the wire
 				<-hedgeIn
-				time.Sleep(20 * time.Millisecond)
 			case 7: // the hedge: stays until it is cancelled
 				close(hedgeIn)
 				<-r.Context().Done()

@@ -179,7 +179,10 @@ func (r *round) fire() {
 	}
 	r.mu.Unlock()
 
-	go r.run(l)
+	// The leg goes on the wire as fire returns, after it was reported
+	// started, and even if an observer panics: it is counted in live, so
+	// the round waits for it (and, abandoned, cancels it).
+	defer func() { go r.run(l) }()
 	r.h.Started(now)
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
 		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
