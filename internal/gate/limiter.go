@@ -57,14 +57,15 @@ const (
 //	gradient = clamp(1.5 × baseline / short, 0.5, 1)
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
-// kept within [MinLimit, MaxLimit]. The choices, and why:
+// kept within [MinLimit, MaxLimit]. A limit that goes down is on trial
+// (below). The choices, and why:
 //
 //   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
 //     steps the limit by log10 amounts per sample and needs a no-load RTT
 //     found by probing; the gradient scales the limit in proportion to how
-//     far latency rose, which is the right response to a brownout: if
-//     latency doubles, halving the concurrency keeps the dependency's load
-//     where it was (Little's law).
+//     far latency rose, which is the right response to a queue the limit
+//     itself causes: its latency follows the concurrency (Little's law), so
+//     scaling the concurrency by baseline / short brings it back.
 //   - Tolerance 1.5: latency may rise 50% over the baseline before the
 //     limit shrinks (Gradient2 uses none on an average baseline, Envoy's
 //     buffer adds 25% to a minimum). The mean of a round of 20 exponential
@@ -82,13 +83,59 @@ const (
 //     causes equals the headroom.
 //   - Tethered growth: the headroom is added only when the round was used,
 //     when in-flight reached at least half the limit at some point during
-//     it (Gradient2 applies the same test to each sample). A limit far above what is used is not evidence
-//     that more would be fine, so it does not grow while idle. Because the
-//     tether keys off observed concurrency, hedging cannot shrink the limit:
-//     at constant latency more in flight buys more headroom, not less.
+//     it (Gradient2 applies the same test to each sample). A limit far
+//     above what is used is not evidence that more would be fine, so it
+//     does not grow while idle. Because the tether keys off observed
+//     concurrency, hedging cannot shrink the limit: at constant latency
+//     more in flight buys more headroom, not less. It also keeps the limit
+//     at about twice what is in use, so that one shrink, at most a half,
+//     does not by itself hold back the calls in use.
 //   - No smoothing: once a round (one round trip) is the unit, the update is
 //     applied whole, as Envoy does per interval; Gradient2's smoothing of
 //     0.2 is per sample.
+//
+// # A shrink is on trial
+//
+// The law reads any latency above the tolerance as queueing the limit
+// causes. That holds for a dependency's queue, which empties as calls are
+// held back; it does not hold for anything else between dispatch and
+// headers that slows calls down, and that the limit cannot change: the
+// dependency slowing for everyone, or the client itself, whose goroutines,
+// connection pool and scheduler are in every latency it measures, and whose
+// CPU its own refusals spend when the refused callers come straight back.
+// So a shrink is a hypothesis that the next round tests. That round is made
+// only of calls admitted after the shrink (those admitted before ran at
+// the old concurrency), and nothing else changes the limit until it ends.
+// The shrink stands if
+//
+//   - it bound: an arrival found the lower limit reached where the old one
+//     would have let it in (a shrink that holds nobody back changes nothing
+//     the dependency sees);
+//   - the latency fell: the round's mean is below the mean that caused the
+//     shrink;
+//   - and by no more than the concurrency held back explains, within the
+//     tolerance: with flight the mean number of calls in flight when each
+//     call of a round was admitted, 1.5 × short × flight(cause) >=
+//     short(cause) × flight. Latency a queue of ours adds follows the
+//     concurrency; a fall far steeper than the concurrency's is the end of
+//     a stall (a GC pause, a descheduled process), not the shrink's work.
+//
+// Then the round is an ordinary one, and may shrink the limit again, on a
+// new trial. Otherwise the shrink is undone, and if the round was still
+// above the tolerance its mean becomes the baseline at once: that is what
+// a call takes now, and the limit cannot change it. Hence:
+//
+//   - Refusals cannot drive the limit down. A refused caller that comes
+//     straight back costs the client CPU, which slows the admitted calls:
+//     the latency rises as the limit falls, the opposite of queueing, and
+//     the trial undoes the shrink after one round. When the client's CPU is
+//     what limits it, refusing relieves nothing, and the limit settles
+//     where the refusals stop.
+//   - A latency the limit cannot relieve costs one round at a lower limit,
+//     and is learned.
+//   - A queue the limit causes is shed as before: each shrink lowers the
+//     latency in proportion and stands; a trial adds one round per step on
+//     the way down.
 //
 // The baseline is a moving average of round means with a 30 s time
 // constant, started by the first round; the first round changes nothing
@@ -97,14 +144,13 @@ const (
 // 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
 // that latency may be our own queueing. It is learned once the limit is at
 // MinLimit or the round was not used, that is when the dependency is slow
-// whatever we do. So a dependency that becomes permanently slower costs a
-// shrink and a relearning. What remains is the known weakness of a
-// latency-based limiter that does not probe: rounds within the tolerance
-// still raise the baseline, so sustained queueing of up to 50% can creep
-// it up at the pace of the 30 s average. Envoy answers that by measuring
-// its minimum RTT periodically with the concurrency pinned low (3 by
-// default), a periodic refusal of healthy calls a client library should
-// not impose.
+// whatever we do, and taken whole when a trial undoes a shrink. What
+// remains is the known weakness of a latency-based limiter that does not
+// probe: rounds within the tolerance still raise the baseline, so
+// sustained queueing of up to 50% can creep it up at the pace of the 30 s
+// average. Envoy answers that by measuring its minimum RTT periodically
+// with the concurrency pinned low (3 by default), a periodic refusal of
+// healthy calls a client library should not impose.
 //
 // # The queue
 //
@@ -175,11 +221,25 @@ type Limiter struct {
 	peak     int // the most in flight during the round
 	roundN   int
 	roundSum float64 // seconds
-	baseline float64 // seconds; 0 until the first round ends
-	learned  time.Time
-	queue    [shedding.NumPriorities]waitList
-	waiting  int
-	debt     [shedding.NumPriorities]float64 // shedding accrued per bucket
+	// roundFlight sums the calls in flight when each call of the round
+	// was admitted.
+	roundFlight int
+	baseline    float64 // seconds; 0 until the first round ends
+	learned     time.Time
+	// A shrink on trial: its verdict is the next round of calls admitted
+	// after it (epoch counts shrinks). trialFrom is the limit before it;
+	// trialCause and trialFlight are the mean latency and in-flight of the
+	// round that caused it; bound records whether the lower limit held
+	// back an arrival the old one would have let in.
+	epoch       uint64
+	trial       bool
+	trialFrom   float64
+	trialCause  float64 // seconds
+	trialFlight float64
+	bound       bool
+	queue       [shedding.NumPriorities]waitList
+	waiting     int
+	debt        [shedding.NumPriorities]float64 // shedding accrued per bucket
 }
 
 // NewLimiter returns the runtime state of cfg at its InitialLimit,
@@ -199,7 +259,9 @@ func NewLimiter(cfg policy.Limiter, now time.Time) *Limiter {
 // Release exactly once. It is a small value; the zero LimiterPermit holds
 // nothing and Release ignores it.
 type LimiterPermit struct {
-	held bool
+	held   bool
+	flight int32  // calls in flight when it was admitted, itself included
+	epoch  uint64 // the limiter's epoch when it was admitted
 }
 
 // LimiterReason says why Acquire refused a call.
@@ -255,6 +317,8 @@ func (c LimitChange) Changed() bool { return c.From != c.To }
 type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
+	flight     int32   // calls in flight when it was handed a slot
+	epoch      uint64  // the limiter's epoch then
 	ready      chan bool
 	prev, next *waiter
 	queued     bool
@@ -283,11 +347,12 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
+		p := LimiterPermit{held: true, flight: int32(l.inflight), epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.Add(now, tenantID)
 		}
-		return LimiterPermit{held: true}, LimiterDecision{OK: true}
+		return p, LimiterDecision{OK: true}
 	}
 	return l.wait(ctx, now, prio, tenantID)
 }
@@ -300,6 +365,9 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		excess = l.tenants.Excess(now, tenantID)
 	}
 	refuse := LimiterDecision{HeavyTenant: excess > 0}
+	if l.trial && l.inflight < int(l.trialFrom) {
+		l.bound = true // the shrink on trial holds this call back
+	}
 	if ctx.Err() != nil {
 		l.mu.Unlock()
 		refuse.Reason = LimiterCanceled
@@ -356,7 +424,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.Add(now, tenantID)
 	}
-	return LimiterPermit{held: true}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, flight: w.flight, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -401,15 +469,19 @@ func (l *Limiter) Release(p LimiterPermit, now time.Time, latency time.Duration,
 	l.inflight = max(l.inflight-1, 0)
 	var c LimitChange
 	if o.Evidence() && latency > 0 {
-		c = l.sample(now, latency.Seconds(), o)
+		c = l.sample(now, latency.Seconds(), o, p)
 	}
 	l.dispatch()
 	return c
 }
 
-// sample adds a latency (seconds) to the round and ends the round when it
-// is complete. l.mu is held.
-func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome) LimitChange {
+// sample adds the latency x (seconds) of the call p admitted to the round
+// and ends the round when it is complete. While a shrink is on trial, only
+// calls admitted after it count. l.mu is held.
+func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPermit) LimitChange {
+	if l.trial && p.epoch != l.epoch {
+		return LimitChange{}
+	}
 	if o == policy.Failure {
 		if l.baseline == 0 {
 			return LimitChange{}
@@ -418,20 +490,27 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome) LimitChange
 	}
 	l.roundN++
 	l.roundSum += x
+	l.roundFlight += int(p.flight)
 	if l.roundN < max(l.current(), limMinRound) {
 		return LimitChange{}
 	}
 	short := l.roundSum / float64(l.roundN)
+	flight := float64(l.roundFlight) / float64(l.roundN)
 	used := 2*l.peak >= l.current()
 	from := l.current()
-	l.update(now, short, used)
-	l.roundN, l.roundSum, l.peak = 0, 0, l.inflight
+	if l.trial {
+		l.judge(now, short, flight, used)
+	} else {
+		l.update(now, short, flight, used)
+	}
+	l.roundN, l.roundSum, l.roundFlight, l.peak = 0, 0, 0, l.inflight
 	return LimitChange{From: from, To: l.current()}
 }
 
 // update applies the control law at the end of a round whose mean latency
-// was short (seconds). l.mu is held.
-func (l *Limiter) update(now time.Time, short float64, used bool) {
+// was short (seconds) at a mean of flight calls in flight. A shrink is put
+// on trial. l.mu is held.
+func (l *Limiter) update(now time.Time, short, flight float64, used bool) {
 	if l.baseline == 0 {
 		l.baseline, l.learned = short, now
 		return
@@ -441,20 +520,50 @@ func (l *Limiter) update(now time.Time, short float64, used bool) {
 	if used {
 		next += math.Sqrt(l.limit)
 	}
-	atFloor := l.limit <= l.minLimit
+	from := l.limit
 	l.limit = min(max(next, l.minLimit), l.maxLimit)
 
-	congested := short > limTolerance*l.baseline
-	switch {
-	case short < l.baseline/2:
+	if short > limTolerance*l.baseline && used && from > l.minLimit {
+		l.learned = now // maybe our own queueing: not learned
+	} else {
+		l.learn(now, short)
+	}
+	if l.current() < int(from) {
+		l.epoch++
+		l.trial, l.trialFrom, l.trialCause, l.trialFlight, l.bound = true, from, short, flight, false
+	}
+}
+
+// judge ends the trial of a shrink with the round of calls admitted after
+// it, whose mean latency was short (seconds) at a mean of flight calls in
+// flight. The shrink stands if it held calls back and the latency fell, by
+// no more than the concurrency it held back explains (within the
+// tolerance): then the round is an ordinary one. It is undone otherwise,
+// and a latency still above the tolerance is taken as the baseline: it is
+// not queueing the limit can relieve. l.mu is held.
+func (l *Limiter) judge(now time.Time, short, flight float64, used bool) {
+	l.trial = false
+	if l.bound && short < l.trialCause && limTolerance*short*l.trialFlight >= l.trialCause*flight {
+		l.update(now, short, flight, used)
+		return
+	}
+	l.limit = l.trialFrom
+	if short > limTolerance*l.baseline {
+		l.baseline, l.learned = short, now
+		return
+	}
+	l.learn(now, short)
+}
+
+// learn moves the baseline toward a round mean short (seconds): halfway at
+// once when short is below half of it, by the moving average otherwise.
+// l.mu is held.
+func (l *Limiter) learn(now time.Time, short float64) {
+	if short < l.baseline/2 {
 		l.baseline = (l.baseline + short) / 2
-	case congested && used && !atFloor:
-		// Maybe our own queueing: not learned.
-	default:
-		if dt := now.Sub(l.learned); dt > 0 {
-			alpha := -math.Expm1(-float64(dt) / float64(limBaselineTau))
-			l.baseline += alpha * (short - l.baseline)
-		}
+	} else if dt := now.Sub(l.learned); dt > 0 {
+		alpha := -math.Expm1(-float64(dt) / float64(limBaselineTau))
+		l.baseline += alpha * (short - l.baseline)
 	}
 	l.learned = now
 }
@@ -483,6 +592,7 @@ func (l *Limiter) dispatch() {
 		w := l.first()
 		l.unlink(w)
 		l.take()
+		w.flight, w.epoch = int32(l.inflight), l.epoch
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {
