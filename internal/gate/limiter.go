@@ -137,6 +137,75 @@ const (
 //     latency in proportion and stands; a trial adds one round per step on
 //     the way down.
 //
+// # Why the trial: the client's own latency
+//
+// Without it the limiter shed a healthy upstream: a loopback server that
+// answers at once, 16 closed-loop callers on 2 cores, 9% of calls refused
+// with the limit at 5, and 99.98% with the limit at 4 when refused callers
+// called again at once (BenchmarkLimiterHealthyUpstream in transport). The
+// upstream was idle; what rose was the client's own latency, which every
+// part of the law read as the dependency's queue:
+//
+//   - The baseline was a ratchet. A round below half of it pulled it
+//     halfway down at once; a congested, used round was never learned. At
+//     16 callers, round means went from 20 µs to 400 µs and back as the
+//     machine's other load came and went, so the baseline settled on the
+//     calmest moment (980 µs to 46 µs in one trace) and every ordinary
+//     moment after read as 4 to 8 times the baseline, and was never learned.
+//     A minimum as the baseline (Vegas, BBR) has this bias by construction.
+//   - The round mean: one call stalled 10 ms by a GC pause or a descheduled
+//     process lifts the mean of 20 sub-millisecond calls by 500 µs, and one
+//     round in ten had a mean over 1 ms (86 of 849 in one trace); each
+//     could halve the limit.
+//   - The tolerance of 1.5 is relative. It is sized for the noise of the
+//     dependency's service times; the client adds to every call a delay of
+//     its own, about its CPU time per call for each runnable goroutine
+//     ahead of it, a few tens of µs on this machine, which is a multiple of
+//     a sub-millisecond upstream's latency and a small part of a 2 ms one
+//     (the same limiter refused nothing behind a handler that sleeps 2 ms).
+//   - The headroom of sqrt(limit) decided where it landed: the law settles
+//     where the queueing it causes equals the headroom, at the knee of
+//     latency against concurrency. With the client's CPU as the bottleneck,
+//     that is the CPU's knee, a few calls on 2 cores: 4 or 5.
+//   - The tethered growth did not cause it; it keeps the limit at about
+//     twice what is used, which is why one shrink does not bind.
+//
+// And underneath them all, the law never checked that latency followed its
+// concurrency. With refused callers calling again at once it does the
+// opposite: each refusal costs CPU, the latency rises as the limit falls,
+// and every shrink fed the next. The trial is that check.
+//
+// How the anchors avoid it, and what resilix takes:
+//
+//   - Netflix's Gradient2 learns every sample into a 600-sample average,
+//     congested ones included, and smooths each update by 0.2: a steady
+//     contention becomes its baseline within 600 calls, and its default
+//     MinLimit of 20 is above 16 callers anyway. The same average takes in a
+//     sustained overload at the same pace (its doc expects the long RTT to
+//     "trend higher" under load), the drift resilix's baseline is built to
+//     resist. Not taken.
+//   - Envoy's gradient controller measures its minRTT as the median of 50
+//     requests with the concurrency pinned to 3, adds a 25% buffer, and
+//     measures again after 5 windows at the minimum limit. Latency is
+//     judged against a measurement at a known concurrency, which is what
+//     tells the concurrency's effect from everything else. resilix takes
+//     that idea without the window of refusals that pays for it: the shrink
+//     is the change of concurrency, and the trial round, only calls admitted
+//     after it, is the measurement.
+//   - TCP Vegas and BBR take the minimum RTT over a window as the path's
+//     latency without a queue. A client's own scheduling puts a floor under
+//     every call that the minimum rarely sees, so this reads contention as
+//     a standing queue. Not taken.
+//   - failsafe-go's adaptive limiter (v0.9.8) compares the p90 of a window
+//     of at least a second and 50 calls with an average of the last ten,
+//     steps by log10(limit) on a Vegas-style queue estimate, and, when its
+//     limit is full, lowers it when throughput does not follow in-flight
+//     and latency does, over correlation windows of 50 updates. That is the
+//     idea resilix takes: the limiter's own moves are the experiment, and a
+//     decrease needs latency that follows the concurrency. resilix asks it
+//     of each shrink, at once, with Little's law as the prediction, and
+//     keeps no windows.
+//
 // The baseline is a moving average of round means with a 30 s time
 // constant, started by the first round; the first round changes nothing
 // else. A round whose mean is below half the baseline pulls it halfway down
