@@ -106,33 +106,45 @@ const (
 // So a shrink is a hypothesis that the next round tests. That round is made
 // only of calls admitted after the shrink (those admitted before ran at
 // the old concurrency), and nothing else changes the limit until it ends.
-// The shrink stands if
+// With peak the most calls in flight during a round (for the trial round,
+// when one of its calls was admitted), the shrink stands if
 //
 //   - it bound: an arrival found the lower limit reached where the old one
 //     would have let it in (a shrink that holds nobody back changes nothing
 //     the dependency sees);
 //   - the latency fell: the round's mean is below the mean that caused the
 //     shrink;
-//   - and by no more than the concurrency held back explains, within the
-//     tolerance: with flight the mean number of calls in flight when each
-//     call of a round was admitted, 1.5 × short × flight(cause) >=
-//     short(cause) × flight. Latency a queue of ours adds follows the
-//     concurrency; a fall far steeper than the concurrency's is the end of
-//     a stall (a GC pause, a descheduled process), not the shrink's work.
+//   - and in proportion to the concurrency, within the tolerance:
+//     r = (mean / mean(cause)) / (peak / peak(cause)) is between 1/1.5 and
+//     1.5. A queue of ours moves latency with the concurrency; a fall far
+//     steeper than the concurrency's is the end of a stall (a GC pause, a
+//     descheduled process), not the shrink's work.
 //
 // Then the round is an ordinary one, and may shrink the limit again, on a
-// new trial. Otherwise the shrink is undone, and if the round was still
-// above the tolerance its mean becomes the baseline at once: that is what
-// a call takes now, and the limit cannot change it. Hence:
+// new trial. Otherwise the shrink is undone, and the round teaches the
+// baseline what an ordinary round would, unless the evidence that its
+// latency is not a queue the limit can relieve is decisive: r above the
+// tolerance (the latency did not follow the concurrency, by far), or a
+// shrink that held nobody back while in-flight stayed below half the limit
+// restored. Then a round still above the tolerance becomes the baseline at
+// once. A failed trial is not evidence by itself: near where the limit
+// settles under overload, its shrinks are small and the fall they buy is
+// within the noise, and taking those rounds as the baseline would walk the
+// limit up a step at a time. Hence:
 //
 //   - Refusals cannot drive the limit down. A refused caller that comes
 //     straight back costs the client CPU, which slows the admitted calls:
 //     the latency rises as the limit falls, the opposite of queueing, and
-//     the trial undoes the shrink after one round. When the client's CPU is
-//     what limits it, refusing relieves nothing, and the limit settles
-//     where the refusals stop.
-//   - A latency the limit cannot relieve costs one round at a lower limit,
-//     and is learned.
+//     the trial undoes the shrink after one round; when the rise is
+//     decisive the latency becomes the baseline, and the limit grows out of
+//     the storm. When the client's CPU is what limits it, refusing relieves
+//     nothing, and the limit settles where the refusals stop.
+//   - A latency the limit cannot relieve costs one round at a lower limit.
+//     It is learned when a shrink can tell: one shrink lowers the limit by
+//     at most half plus the headroom, so below a limit of about 40 it moves
+//     the concurrency too little for one round to tell a flat latency from
+//     noise, and the limit dips every other round instead (the gradient
+//     alone went down to its floor and stayed).
 //   - A queue the limit causes is shed as before: each shrink lowers the
 //     latency in proportion and stands; a trial adds one round per step on
 //     the way down.
@@ -213,7 +225,7 @@ const (
 // 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
 // that latency may be our own queueing. It is learned once the limit is at
 // MinLimit or the round was not used, that is when the dependency is slow
-// whatever we do, and taken whole when a trial undoes a shrink. What
+// whatever we do, and taken whole on a trial's decisive evidence. What
 // remains is the known weakness of a latency-based limiter that does not
 // probe: rounds within the tolerance still raise the baseline, so
 // sustained queueing of up to 50% can creep it up at the pace of the 30 s
@@ -290,25 +302,24 @@ type Limiter struct {
 	peak     int // the most in flight during the round
 	roundN   int
 	roundSum float64 // seconds
-	// roundFlight sums the calls in flight when each call of the round
-	// was admitted.
-	roundFlight int
-	baseline    float64 // seconds; 0 until the first round ends
-	learned     time.Time
+	baseline float64 // seconds; 0 until the first round ends
+	learned  time.Time
 	// A shrink on trial: its verdict is the next round of calls admitted
 	// after it (epoch counts shrinks). trialFrom is the limit before it;
-	// trialCause and trialFlight are the mean latency and in-flight of the
-	// round that caused it; bound records whether the lower limit held
-	// back an arrival the old one would have let in.
-	epoch       uint64
-	trial       bool
-	trialFrom   float64
-	trialCause  float64 // seconds
-	trialFlight float64
-	bound       bool
-	queue       [shedding.NumPriorities]waitList
-	waiting     int
-	debt        [shedding.NumPriorities]float64 // shedding accrued per bucket
+	// causeMean and causePeak are the mean latency and the peak in-flight
+	// of the round that caused it; trialPeak is the most in flight when a
+	// call of the trial round was admitted; bound records whether the
+	// lower limit held back an arrival the old one would have let in.
+	epoch     uint64
+	trial     bool
+	trialFrom float64
+	causeMean float64 // seconds
+	causePeak int
+	trialPeak int
+	bound     bool
+	queue     [shedding.NumPriorities]waitList
+	waiting   int
+	debt      [shedding.NumPriorities]float64 // shedding accrued per bucket
 }
 
 // NewLimiter returns the runtime state of cfg at its InitialLimit,
@@ -328,9 +339,8 @@ func NewLimiter(cfg policy.Limiter, now time.Time) *Limiter {
 // Release exactly once. It is a small value; the zero LimiterPermit holds
 // nothing and Release ignores it.
 type LimiterPermit struct {
-	held   bool
-	flight int32  // calls in flight when it was admitted, itself included
-	epoch  uint64 // the limiter's epoch when it was admitted
+	held  bool
+	epoch uint64 // the limiter's epoch when it was admitted
 }
 
 // LimiterReason says why Acquire refused a call.
@@ -386,8 +396,7 @@ func (c LimitChange) Changed() bool { return c.From != c.To }
 type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
-	flight     int32   // calls in flight when it was handed a slot
-	epoch      uint64  // the limiter's epoch then
+	epoch      uint64  // the limiter's epoch when it was handed a slot
 	ready      chan bool
 	prev, next *waiter
 	queued     bool
@@ -416,7 +425,7 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
-		p := LimiterPermit{held: true, flight: int32(l.inflight), epoch: l.epoch}
+		p := LimiterPermit{held: true, epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.Add(now, tenantID)
@@ -493,7 +502,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.Add(now, tenantID)
 	}
-	return LimiterPermit{held: true, flight: w.flight, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -559,27 +568,24 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 	}
 	l.roundN++
 	l.roundSum += x
-	l.roundFlight += int(p.flight)
 	if l.roundN < max(l.current(), limMinRound) {
 		return LimitChange{}
 	}
 	short := l.roundSum / float64(l.roundN)
-	flight := float64(l.roundFlight) / float64(l.roundN)
 	used := 2*l.peak >= l.current()
 	from := l.current()
 	if l.trial {
-		l.judge(now, short, flight, used)
+		l.judge(now, short, used)
 	} else {
-		l.update(now, short, flight, used)
+		l.update(now, short, used)
 	}
-	l.roundN, l.roundSum, l.roundFlight, l.peak = 0, 0, 0, l.inflight
+	l.roundN, l.roundSum, l.peak = 0, 0, l.inflight
 	return LimitChange{From: from, To: l.current()}
 }
 
 // update applies the control law at the end of a round whose mean latency
-// was short (seconds) at a mean of flight calls in flight. A shrink is put
-// on trial. l.mu is held.
-func (l *Limiter) update(now time.Time, short, flight float64, used bool) {
+// was short (seconds). A shrink is put on trial. l.mu is held.
+func (l *Limiter) update(now time.Time, short float64, used bool) {
 	if l.baseline == 0 {
 		l.baseline, l.learned = short, now
 		return
@@ -599,29 +605,44 @@ func (l *Limiter) update(now time.Time, short, flight float64, used bool) {
 	}
 	if l.current() < int(from) {
 		l.epoch++
-		l.trial, l.trialFrom, l.trialCause, l.trialFlight, l.bound = true, from, short, flight, false
+		l.trial, l.trialFrom, l.causeMean, l.causePeak, l.trialPeak, l.bound = true, from, short, l.peak, 0, false
 	}
 }
 
 // judge ends the trial of a shrink with the round of calls admitted after
-// it, whose mean latency was short (seconds) at a mean of flight calls in
-// flight. The shrink stands if it held calls back and the latency fell, by
-// no more than the concurrency it held back explains (within the
-// tolerance): then the round is an ordinary one. It is undone otherwise,
-// and a latency still above the tolerance is taken as the baseline: it is
-// not queueing the limit can relieve. l.mu is held.
-func (l *Limiter) judge(now time.Time, short, flight float64, used bool) {
+// it, whose mean latency was short (seconds). Queueing the limit causes
+// moves latency with the concurrency, so with
+//
+//	r = (short / causeMean) / (trialPeak / causePeak)
+//
+// the shrink stands if it held calls back, the latency fell, and r is
+// within the tolerance of 1: then the round is an ordinary one. Otherwise
+// it is undone, and a round still above the tolerance becomes the
+// baseline, as a latency the limit cannot relieve, if r is above the
+// tolerance (the latency did not follow the concurrency by far) or if the
+// shrink held nobody back with in-flight below half the limit restored
+// (the dependency is slow whatever we do). A latency that fell far more
+// steeply than the concurrency (the end of a stall), did not fall (noise
+// near where the limit settles, or more demand) or was not held back by a
+// limit in use teaches what an ordinary round would. l.mu is held.
+func (l *Limiter) judge(now time.Time, short float64, used bool) {
 	l.trial = false
-	if l.bound && short < l.trialCause && limTolerance*short*l.trialFlight >= l.trialCause*flight {
-		l.update(now, short, flight, used)
+	r := (short / l.causeMean) / (float64(l.trialPeak) / float64(l.causePeak))
+	if l.bound && short < l.causeMean && r >= 1/limTolerance && r <= limTolerance {
+		l.update(now, short, used)
 		return
 	}
 	l.limit = l.trialFrom
-	if short > limTolerance*l.baseline {
+	used = 2*l.peak >= l.current()
+	congested := short > limTolerance*l.baseline
+	switch {
+	case congested && (l.bound && r > limTolerance || !l.bound && !used):
 		l.baseline, l.learned = short, now
-		return
+	case congested && used:
+		l.learned = now
+	default:
+		l.learn(now, short)
 	}
-	l.learn(now, short)
 }
 
 // learn moves the baseline toward a round mean short (seconds): halfway at
@@ -652,6 +673,9 @@ func (l *Limiter) places() int {
 func (l *Limiter) take() {
 	l.inflight++
 	l.peak = max(l.peak, l.inflight)
+	if l.trial {
+		l.trialPeak = max(l.trialPeak, l.inflight)
+	}
 }
 
 // dispatch hands free slots to waiters, highest priority first, and trims
@@ -661,7 +685,7 @@ func (l *Limiter) dispatch() {
 		w := l.first()
 		l.unlink(w)
 		l.take()
-		w.flight, w.epoch = int32(l.inflight), l.epoch
+		w.epoch = l.epoch
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {

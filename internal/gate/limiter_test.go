@@ -157,6 +157,59 @@ func TestLimiterShrinksUnderItsOwnQueueing(t *testing.T) {
 	}
 }
 
+// TestLimiterHoversUnderSteadyOverload: the same upstream of 10 workers
+// under a steady overload, with each round's latency off by up to 10%
+// either way; once the limit has settled, a demand of 300 or one that
+// wanders between 12 and 40, around where the limit settles. There the shrinks are small and the fall
+// they buy is within the noise, so their trials often fail, and some hold
+// nobody back because the demand dipped, or see more in flight because it
+// rose; a failed trial must undo the shrink and no more. The baseline stays
+// near the calm 10 ms and the limit near twice the capacity, however long
+// it lasts (taking the congested latency as the baseline walks the limit
+// up, a step at a time).
+func TestLimiterHoversUnderSteadyOverload(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		steady bool
+		demand func(r *rand.Rand) int
+	}{
+		{"demand=300", true, func(*rand.Rand) int { return 300 }},
+		{"demand=12..40", false, func(r *rand.Rand) int { return 12 + r.IntN(29) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLimiter(policy.Limiter{InitialLimit: 100}, lmStart)
+			now := lmStart
+			up := fixedCapacity(10, 10*time.Millisecond)
+			for range 20 {
+				now, _ = lmRound(t, l, now, 5, up)
+			}
+			r := rand.New(rand.NewPCG(3, 4))
+			noisy := func(n int) time.Duration {
+				return time.Duration(float64(up(n)) * (0.9 + 0.2*r.Float64()))
+			}
+			for range 100 { // settle
+				now, _ = lmRound(t, l, now, 300, noisy)
+			}
+			lo, hi := 1000, 0
+			for range 2000 {
+				now, _ = lmRound(t, l, now, tt.demand(r), noisy)
+				lo, hi = min(lo, l.Limit()), max(hi, l.Limit())
+			}
+			// Rounds within the tolerance are learned, so a wandering demand
+			// creeps the baseline up a little (the known weakness); a failed
+			// trial taking a congested round would put it above 15 ms.
+			b, _ := l.learnedBaseline()
+			if b >= 15*time.Millisecond || tt.steady && b != 10*time.Millisecond {
+				t.Errorf("Baseline = %v after a steady overload, want the calm 10ms", b)
+			}
+			if lo < 12 || hi > 40 {
+				t.Errorf("limit ranged over [%d, %d] under a steady overload, want about 19", lo, hi)
+			}
+			t.Logf("limit in [%d, %d], baseline %v", lo, hi, b)
+		})
+	}
+}
+
 // TestLimiterLearnsLatencyItCannotRelieve: the latency triples and stays
 // there whatever the limiter lets in (the dependency became slower for
 // everyone, or the client's machine did). The shrink that follows is on
@@ -193,6 +246,35 @@ func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 				t.Errorf("Baseline = %v, want the 30ms the limit could not relieve", b)
 			}
 		})
+	}
+}
+
+// TestLimiterDipsWhereOneShrinkCannotTell: the same flat tripling of the
+// latency with the limit capped at 16. One shrink lowers the limit by at
+// most half plus the headroom, 16 to 12 here, too little for one round to
+// tell a flat latency from noise, so nothing is learned; but every shrink
+// is undone, and the limit dips every other round instead of going down.
+func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
+	l := newLimiter(policy.Limiter{InitialLimit: 16, MaxLimit: 16}, lmStart)
+	now := lmStart
+	calm := func(int) time.Duration { return 10 * time.Millisecond }
+	slow := func(int) time.Duration { return 30 * time.Millisecond }
+	for range 10 {
+		now, _ = lmRound(t, l, now, 300, calm)
+	}
+	var all []LimitChange
+	for range 60 {
+		var c []LimitChange
+		now, c = lmRound(t, l, now, 300, slow)
+		all = append(all, c...)
+	}
+	if len(all) < 4 {
+		t.Fatalf("changes %v, want dips", all)
+	}
+	for i, c := range all {
+		if want := i%2 == 1; (c.To > c.From) != want || c.To < 12 {
+			t.Fatalf("changes %v: want 16 -> 12 or more, and back, in turn", all)
+		}
 	}
 }
 
