@@ -149,6 +149,21 @@ const (
 //     latency in proportion and stands; a trial adds one round per step on
 //     the way down.
 //
+// The baseline is a moving average of round means with a 30 s time
+// constant, started by the first round; the first round changes nothing
+// else. A round whose mean is below half the baseline pulls it halfway down
+// at once (the dependency got faster). A round that was congested (short >
+// 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
+// that latency may be our own queueing. It is learned once the limit is at
+// MinLimit or the round was not used, that is when the dependency is slow
+// whatever we do, and taken whole on a trial's decisive evidence. What
+// remains is the known weakness of a latency-based limiter that does not
+// probe: rounds within the tolerance still raise the baseline, so
+// sustained queueing of up to 50% can creep it up at the pace of the 30 s
+// average. Envoy answers that by measuring its minimum RTT periodically
+// with the concurrency pinned low (3 by default), a periodic refusal of
+// healthy calls a client library should not impose.
+//
 // # Why the trial: the client's own latency
 //
 // Without it the limiter shed a healthy upstream: a loopback server that
@@ -158,13 +173,16 @@ const (
 // upstream was idle; what rose was the client's own latency, which every
 // part of the law read as the dependency's queue:
 //
-//   - The baseline was a ratchet. A round below half of it pulled it
-//     halfway down at once; a congested, used round was never learned. At
-//     16 callers, round means went from 20 µs to 400 µs and back as the
+//   - The baseline is a ratchet: a round below half of it pulls it halfway
+//     down at once, and a congested, used round is not learned. At 16
+//     callers, round means went from 20 µs to 400 µs and back as the
 //     machine's other load came and went, so the baseline settled on the
 //     calmest moment (980 µs to 46 µs in one trace) and every ordinary
 //     moment after read as 4 to 8 times the baseline, and was never learned.
 //     A minimum as the baseline (Vegas, BBR) has this bias by construction.
+//     The ratchet stays, against a dependency's own drift; what changed is
+//     that the shrinks it causes are tried, and one that holds nobody back
+//     teaches the baseline the ordinary moment.
 //   - The round mean: one call stalled 10 ms by a GC pause or a descheduled
 //     process lifts the mean of 20 sub-millisecond calls by 500 µs, and one
 //     round in ten had a mean over 1 ms (86 of 849 in one trace); each
@@ -217,21 +235,6 @@ const (
 //     decrease needs latency that follows the concurrency. resilix asks it
 //     of each shrink, at once, with Little's law as the prediction, and
 //     keeps no windows.
-//
-// The baseline is a moving average of round means with a 30 s time
-// constant, started by the first round; the first round changes nothing
-// else. A round whose mean is below half the baseline pulls it halfway down
-// at once (the dependency got faster). A round that was congested (short >
-// 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
-// that latency may be our own queueing. It is learned once the limit is at
-// MinLimit or the round was not used, that is when the dependency is slow
-// whatever we do, and taken whole on a trial's decisive evidence. What
-// remains is the known weakness of a latency-based limiter that does not
-// probe: rounds within the tolerance still raise the baseline, so
-// sustained queueing of up to 50% can creep it up at the pace of the 30 s
-// average. Envoy answers that by measuring its minimum RTT periodically
-// with the concurrency pinned low (3 by default), a periodic refusal of
-// healthy calls a client library should not impose.
 //
 // # The queue
 //
