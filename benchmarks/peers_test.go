@@ -1,11 +1,13 @@
 package benchmarks
 
 import (
+	"errors"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/failsafe-go/failsafe-go"
+	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
 	"github.com/failsafe-go/failsafe-go/budget"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
 	"github.com/failsafe-go/failsafe-go/hedgepolicy"
@@ -108,6 +110,33 @@ func retryableClient(base http.RoundTripper) *retryablehttp.Client {
 		CheckRetry:   retryablehttp.DefaultRetryPolicy,
 		Backoff:      retryablehttp.DefaultBackoff,
 	}
+}
+
+// limiterPeer builds an adaptive concurrency limiter over base, for
+// calls to host: the RoundTripper, a test of its refusals, and a reading
+// of its current limit.
+type limiterPeer struct {
+	name string
+	new  func(tb testing.TB, base http.RoundTripper, host string) (rt http.RoundTripper, refused func(error) bool, limit func() int)
+}
+
+var limiterPeers = []limiterPeer{
+	// policy.Set{Limiter: &policy.Limiter{}}: initial limit 20, between 1
+	// and 1000, a priority queue of 0.5 × limit.
+	{"resilix", func(tb testing.TB, base http.RoundTripper, host string) (http.RoundTripper, func(error) bool, func() int) {
+		tr := mustResilix(tb, base, policy.Set{Limiter: &policy.Limiter{}})
+		return tr, func(err error) bool { return errors.Is(err, policy.ErrRejected) },
+			func() int { return tr.Measured(host).LimiterLimit }
+	}},
+	// adaptivelimiter.NewWithDefaults: initial limit 20, between 1 and 200,
+	// at most 5 × in flight, no queue (a call over the limit is refused at
+	// once with ErrExceeded), the limit reconsidered at most once a second
+	// over at least 50 calls.
+	{"failsafe", func(_ testing.TB, base http.RoundTripper, _ string) (http.RoundTripper, func(error) bool, func() int) {
+		lim := adaptivelimiter.NewWithDefaults[*http.Response]()
+		return failsafehttp.NewRoundTripper(base, lim), func(err error) bool { return errors.Is(err, adaptivelimiter.ErrExceeded) },
+			lim.Limit
+	}},
 }
 
 func mustResilix(tb testing.TB, base http.RoundTripper, set policy.Set) *transport.Transport {

@@ -12,6 +12,17 @@ package policy
 // √limit only when the limit was actually in use, so that an idle client
 // does not inflate it and hedging does not shrink it.
 //
+// A lower limit is kept only if it works: the next round trip's calls,
+// those admitted under it, must be faster, about in proportion to the
+// calls it holds back. If not, the limit is restored (an Observer sees it
+// go down and back up); if it held nobody back, or the calls were no
+// faster for far fewer in flight, their latency also becomes the baseline:
+// it is not a queue the limit can relieve. So latency the client adds
+// itself (its own CPU on a busy machine, refused callers that call again
+// at once), or a dependency slow for everyone, does not drive the limit
+// down: at worst it dips for one round trip in two. A dependency queueing
+// what this client sends it is shed as before.
+//
 // When the limit is reached an attempt may wait in a queue of
 // ceil(QueueFactor × limit) places, highest priority first; no wait
 // outlives the caller's context. Under pressure it sheds bottom-up before

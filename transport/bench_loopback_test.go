@@ -2,11 +2,15 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,4 +199,152 @@ func BenchmarkCriticalUnderABulkFlood(b *testing.B) {
 			b.Errorf("Critical availability %.3f under a Bulk flood", a)
 		}
 	}
+}
+
+// BenchmarkLimiterHealthyUpstream is the limiter in front of an upstream
+// that is never overloaded: a loopback server whose handler answers at once
+// (or after 2 ms, where the client's own CPU is a small part of the
+// latency), 16 closed-loop callers, bare net/http against policy.Set{Limiter:
+// &policy.Limiter{}}, each over its own *http.Transport to the same server.
+// The two alternate in segments of 100 ms (bare, resilix, resilix, bare,
+// ...), ten of each per iteration, so that whatever else loads the machine
+// loads both alike. A refused caller either waits 1 ms before its next call
+// or calls again at once. It reports both throughputs, their ratio, the
+// share of resilix's calls that were refused, the limit at the end and the
+// lowest it went during the iteration, and logs the same as a table row:
+//
+//	go test -run '^$' -bench LimiterHealthyUpstream -count 5 ./transport
+func BenchmarkLimiterHealthyUpstream(b *testing.B) {
+	const (
+		callers  = 16
+		segment  = 50 * time.Millisecond
+		segments = 20 // of each client per iteration
+	)
+	for _, handler := range []time.Duration{0, 2 * time.Millisecond} {
+		for _, sc := range []struct {
+			name    string
+			pause   time.Duration // after a refusal
+			control bool          // bare against bare: the method's own spread
+		}{
+			{"refused-waits-1ms", time.Millisecond, false},
+			{"refused-retries-at-once", 0, false},
+			{"control-bare-vs-bare", 0, true},
+		} {
+			if sc.control && handler != 0 {
+				continue
+			}
+			b.Run(fmt.Sprintf("handler=%v/%s", handler, sc.name), func(b *testing.B) {
+				srv := httptest.NewServer(httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(handler)}))
+				defer srv.Close()
+				bareBase := &http.Transport{MaxIdleConnsPerHost: 2 * callers}
+				defer bareBase.CloseIdleConnections()
+				base := &http.Transport{MaxIdleConnsPerHost: 2 * callers}
+				defer base.CloseIdleConnections()
+				var mu sync.Mutex
+				lowest := 0
+				obs := &policy.Observer{LimitTransition: func(lt policy.LimitTransition) {
+					mu.Lock()
+					defer mu.Unlock()
+					if lowest == 0 || lt.To < lowest {
+						lowest = lt.To
+					}
+				}}
+				tr := mustNew(b, Config{Base: base, Policies: policy.Set{Limiter: &policy.Limiter{}}, Observer: obs})
+				bare, lim := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
+				if sc.control {
+					lim = &http.Client{Transport: base}
+				}
+				key := strings.TrimPrefix(srv.URL, "http://")
+				closedLoop(bare, srv.URL, callers, 3*segment, sc.pause) // warm up both
+				closedLoop(lim, srv.URL, callers, 3*segment, sc.pause)
+				for b.Loop() {
+					mu.Lock()
+					lowest = tr.Measured(key).LimiterLimit
+					mu.Unlock()
+					var bareRun, limRun loopResult
+					for i := range 2 * segments {
+						if (i%2 == 0) == (i/2%2 == 0) {
+							bareRun.add(closedLoop(bare, srv.URL, callers, segment, sc.pause))
+						} else {
+							limRun.add(closedLoop(lim, srv.URL, callers, segment, sc.pause))
+						}
+					}
+					limit := tr.Measured(key).LimiterLimit
+					mu.Lock()
+					low := lowest
+					mu.Unlock()
+					ratio := limRun.rate() / bareRun.rate()
+					b.ReportMetric(bareRun.rate(), "bare-req/s")
+					b.ReportMetric(limRun.rate(), "resilix-req/s")
+					b.ReportMetric(ratio, "ratio")
+					b.ReportMetric(100*limRun.refusedShare(), "refused-%")
+					b.ReportMetric(float64(limit), "limit")
+					b.ReportMetric(float64(low), "lowest-limit")
+					b.ReportMetric(0, "ns/op")
+					b.Logf("| %v | %s | %.1fk req/s | %.1fk req/s (%.3f×) | %.3g%% | %d (lowest %d) |", handler, sc.name,
+						bareRun.rate()/1000, limRun.rate()/1000, ratio, 100*limRun.refusedShare(), limit, low)
+					if bareRun.other+limRun.other > 0 {
+						b.Errorf("%d bare and %d resilix calls failed", bareRun.other, limRun.other)
+					}
+				}
+			})
+		}
+	}
+}
+
+// loopResult is what closedLoop counted.
+type loopResult struct {
+	ok, refused, other int64
+	elapsed            time.Duration
+}
+
+func (r *loopResult) add(o loopResult) {
+	r.ok += o.ok
+	r.refused += o.refused
+	r.other += o.other
+	r.elapsed += o.elapsed
+}
+
+// rate is the calls answered per second.
+func (r loopResult) rate() float64 { return float64(r.ok) / r.elapsed.Seconds() }
+
+// refusedShare is the share of calls refused by a gate.
+func (r loopResult) refusedShare() float64 {
+	return float64(r.refused) / float64(max(r.ok+r.refused+r.other, 1))
+}
+
+// closedLoop runs callers that each call url through c back to back for d.
+// A caller that is refused waits pause (none when zero) before its next
+// call.
+func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause time.Duration) loopResult {
+	var ok, refused, other atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(d)
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				resp, err := c.Get(url)
+				switch {
+				case err == nil:
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						ok.Add(1)
+					} else {
+						other.Add(1)
+					}
+				case errors.Is(err, policy.ErrRejected):
+					refused.Add(1)
+					if pause > 0 {
+						time.Sleep(pause)
+					}
+				default:
+					other.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return loopResult{ok: ok.Load(), refused: refused.Load(), other: other.Load(), elapsed: time.Since(start)}
 }

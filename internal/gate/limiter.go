@@ -57,14 +57,15 @@ const (
 //	gradient = clamp(1.5 × baseline / short, 0.5, 1)
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
-// kept within [MinLimit, MaxLimit]. The choices, and why:
+// kept within [MinLimit, MaxLimit]. A limit that goes down is on trial
+// (below). The choices, and why:
 //
 //   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
 //     steps the limit by log10 amounts per sample and needs a no-load RTT
 //     found by probing; the gradient scales the limit in proportion to how
-//     far latency rose, which is the right response to a brownout: if
-//     latency doubles, halving the concurrency keeps the dependency's load
-//     where it was (Little's law).
+//     far latency rose, which is the right response to a queue the limit
+//     itself causes: its latency follows the concurrency (Little's law), so
+//     scaling the concurrency by baseline / short brings it back.
 //   - Tolerance 1.5: latency may rise 50% over the baseline before the
 //     limit shrinks (Gradient2 uses none on an average baseline, Envoy's
 //     buffer adds 25% to a minimum). The mean of a round of 20 exponential
@@ -82,13 +83,71 @@ const (
 //     causes equals the headroom.
 //   - Tethered growth: the headroom is added only when the round was used,
 //     when in-flight reached at least half the limit at some point during
-//     it (Gradient2 applies the same test to each sample). A limit far above what is used is not evidence
-//     that more would be fine, so it does not grow while idle. Because the
-//     tether keys off observed concurrency, hedging cannot shrink the limit:
-//     at constant latency more in flight buys more headroom, not less.
+//     it (Gradient2 applies the same test to each sample). A limit far
+//     above what is used is not evidence that more would be fine, so it
+//     does not grow while idle. Because the tether keys off observed
+//     concurrency, hedging cannot shrink the limit: at constant latency
+//     more in flight buys more headroom, not less. It also keeps the limit
+//     at about twice what is in use, so that one shrink, at most a half,
+//     does not by itself hold back the calls in use.
 //   - No smoothing: once a round (one round trip) is the unit, the update is
 //     applied whole, as Envoy does per interval; Gradient2's smoothing of
 //     0.2 is per sample.
+//
+// # A shrink is on trial
+//
+// The law reads any latency above the tolerance as queueing the limit
+// causes. That holds for a dependency's queue, which empties as calls are
+// held back; it does not hold for anything else between dispatch and
+// headers that slows calls down, and that the limit cannot change: the
+// dependency slowing for everyone, or the client itself, whose goroutines,
+// connection pool and scheduler are in every latency it measures, and whose
+// CPU its own refusals spend when the refused callers come straight back.
+// So a shrink is a hypothesis that the next round tests. That round is made
+// only of calls admitted after the shrink (those admitted before ran at
+// the old concurrency), and nothing else changes the limit until it ends.
+// With peak the most calls in flight during a round (for the trial round,
+// when one of its calls was admitted), the shrink stands if
+//
+//   - it bound: an arrival found the lower limit reached where the old one
+//     would have let it in (a shrink that holds nobody back changes nothing
+//     the dependency sees);
+//   - the latency fell: the round's mean is below the mean that caused the
+//     shrink;
+//   - and in proportion to the concurrency, within the tolerance:
+//     r = (mean / mean(cause)) / (peak / peak(cause)) is between 1/1.5 and
+//     1.5. A queue of ours moves latency with the concurrency; a fall far
+//     steeper than the concurrency's is the end of a stall (a GC pause, a
+//     descheduled process), not the shrink's work.
+//
+// Then the round is an ordinary one, and may shrink the limit again, on a
+// new trial. Otherwise the shrink is undone, and the round teaches the
+// baseline what an ordinary round would, unless the evidence that its
+// latency is not a queue the limit can relieve is decisive: r above the
+// tolerance (the latency did not follow the concurrency, by far), or a
+// shrink that held nobody back while in-flight stayed below half the limit
+// restored. Then a round still above the tolerance becomes the baseline at
+// once. A failed trial is not evidence by itself: near where the limit
+// settles under overload, its shrinks are small and the fall they buy is
+// within the noise, and taking those rounds as the baseline would walk the
+// limit up a step at a time. Hence:
+//
+//   - Refusals cannot drive the limit down. A refused caller that comes
+//     straight back costs the client CPU, which slows the admitted calls:
+//     the latency rises as the limit falls, the opposite of queueing, and
+//     the trial undoes the shrink after one round; when the rise is
+//     decisive the latency becomes the baseline, and the limit grows out of
+//     the storm. When the client's CPU is what limits it, refusing relieves
+//     nothing, and the limit settles where the refusals stop.
+//   - A latency the limit cannot relieve costs one round at a lower limit.
+//     It is learned when a shrink can tell: one shrink lowers the limit by
+//     at most half plus the headroom, so below a limit of about 40 it moves
+//     the concurrency too little for one round to tell a flat latency from
+//     noise, and the limit dips every other round instead (the gradient
+//     alone went down to its floor and stayed).
+//   - A queue the limit causes is shed as before: each shrink lowers the
+//     latency in proportion and stands; a trial adds one round per step on
+//     the way down.
 //
 // The baseline is a moving average of round means with a 30 s time
 // constant, started by the first round; the first round changes nothing
@@ -97,14 +156,85 @@ const (
 // 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
 // that latency may be our own queueing. It is learned once the limit is at
 // MinLimit or the round was not used, that is when the dependency is slow
-// whatever we do. So a dependency that becomes permanently slower costs a
-// shrink and a relearning. What remains is the known weakness of a
-// latency-based limiter that does not probe: rounds within the tolerance
-// still raise the baseline, so sustained queueing of up to 50% can creep
-// it up at the pace of the 30 s average. Envoy answers that by measuring
-// its minimum RTT periodically with the concurrency pinned low (3 by
-// default), a periodic refusal of healthy calls a client library should
-// not impose.
+// whatever we do, and taken whole on a trial's decisive evidence. What
+// remains is the known weakness of a latency-based limiter that does not
+// probe: rounds within the tolerance still raise the baseline, so
+// sustained queueing of up to 50% can creep it up at the pace of the 30 s
+// average. Envoy answers that by measuring its minimum RTT periodically
+// with the concurrency pinned low (3 by default), a periodic refusal of
+// healthy calls a client library should not impose.
+//
+// # Why the trial: the client's own latency
+//
+// Without it the limiter shed a healthy upstream: a loopback server that
+// answers at once, 16 closed-loop callers on 2 cores, 9% of calls refused
+// with the limit at 5, and 99.98% with the limit at 4 when refused callers
+// called again at once (BenchmarkLimiterHealthyUpstream in transport). The
+// upstream was idle; what rose was the client's own latency, which every
+// part of the law read as the dependency's queue:
+//
+//   - The baseline is a ratchet: a round below half of it pulls it halfway
+//     down at once, and a congested, used round is not learned. At 16
+//     callers, round means went from 20 µs to 400 µs and back as the
+//     machine's other load came and went, so the baseline settled on the
+//     calmest moment (980 µs to 46 µs in one trace) and every ordinary
+//     moment after read as 4 to 8 times the baseline, and was never learned.
+//     A minimum as the baseline (Vegas, BBR) has this bias by construction.
+//     The ratchet stays, against a dependency's own drift; what changed is
+//     that the shrinks it causes are tried, and one that holds nobody back
+//     teaches the baseline the ordinary moment.
+//   - The round mean: one call stalled 10 ms by a GC pause or a descheduled
+//     process lifts the mean of 20 sub-millisecond calls by 500 µs, and one
+//     round in ten had a mean over 1 ms (86 of 849 in one trace); each
+//     could halve the limit.
+//   - The tolerance of 1.5 is relative. It is sized for the noise of the
+//     dependency's service times; the client adds to every call a delay of
+//     its own, about its CPU time per call for each runnable goroutine
+//     ahead of it, a few tens of µs on this machine, which is a multiple of
+//     a sub-millisecond upstream's latency and a small part of a 2 ms one
+//     (the same limiter refused nothing behind a handler that sleeps 2 ms).
+//   - The headroom of sqrt(limit) decided where it landed: the law settles
+//     where the queueing it causes equals the headroom, at the knee of
+//     latency against concurrency. With the client's CPU as the bottleneck,
+//     that is the CPU's knee, a few calls on 2 cores: 4 or 5.
+//   - The tethered growth did not cause it; it keeps the limit at about
+//     twice what is used, which is why one shrink does not bind.
+//
+// And underneath them all, the law never checked that latency followed its
+// concurrency. With refused callers calling again at once it does the
+// opposite: each refusal costs CPU, the latency rises as the limit falls,
+// and every shrink fed the next. The trial is that check.
+//
+// How the anchors avoid it, and what resilix takes:
+//
+//   - Netflix's Gradient2 learns every sample into a 600-sample average,
+//     congested ones included, and smooths each update by 0.2: a steady
+//     contention becomes its baseline within 600 calls, and its default
+//     MinLimit of 20 is above 16 callers anyway. The same average takes in a
+//     sustained overload at the same pace (its doc expects the long RTT to
+//     "trend higher" under load), the drift resilix's baseline is built to
+//     resist. Not taken.
+//   - Envoy's gradient controller measures its minRTT as the median of 50
+//     requests with the concurrency pinned to 3, adds a 25% buffer, and
+//     measures again after 5 windows at the minimum limit. Latency is
+//     judged against a measurement at a known concurrency, which is what
+//     tells the concurrency's effect from everything else. resilix takes
+//     that idea without the window of refusals that pays for it: the shrink
+//     is the change of concurrency, and the trial round, only calls admitted
+//     after it, is the measurement.
+//   - TCP Vegas and BBR take the minimum RTT over a window as the path's
+//     latency without a queue. A client's own scheduling puts a floor under
+//     every call that the minimum rarely sees, so this reads contention as
+//     a standing queue. Not taken.
+//   - failsafe-go's adaptive limiter (v0.9.8) compares the p90 of a window
+//     of at least a second and 50 calls with an average of the last ten,
+//     steps by log10(limit) on a Vegas-style queue estimate, and, when its
+//     limit is full, lowers it when throughput does not follow in-flight
+//     and latency does, over correlation windows of 50 updates. That is the
+//     idea resilix takes: the limiter's own moves are the experiment, and a
+//     decrease needs latency that follows the concurrency. resilix asks it
+//     of each shrink, at once, with Little's law as the prediction, and
+//     keeps no windows.
 //
 // # The queue
 //
@@ -177,9 +307,22 @@ type Limiter struct {
 	roundSum float64 // seconds
 	baseline float64 // seconds; 0 until the first round ends
 	learned  time.Time
-	queue    [shedding.NumPriorities]waitList
-	waiting  int
-	debt     [shedding.NumPriorities]float64 // shedding accrued per bucket
+	// A shrink on trial: its verdict is the next round of calls admitted
+	// after it (epoch counts shrinks). trialFrom is the limit before it;
+	// causeMean and causePeak are the mean latency and the peak in-flight
+	// of the round that caused it; trialPeak is the most in flight when a
+	// call of the trial round was admitted; bound records whether the
+	// lower limit held back an arrival the old one would have let in.
+	epoch     uint64
+	trial     bool
+	trialFrom float64
+	causeMean float64 // seconds
+	causePeak int
+	trialPeak int
+	bound     bool
+	queue     [shedding.NumPriorities]waitList
+	waiting   int
+	debt      [shedding.NumPriorities]float64 // shedding accrued per bucket
 }
 
 // NewLimiter returns the runtime state of cfg at its InitialLimit,
@@ -199,7 +342,8 @@ func NewLimiter(cfg policy.Limiter, now time.Time) *Limiter {
 // Release exactly once. It is a small value; the zero LimiterPermit holds
 // nothing and Release ignores it.
 type LimiterPermit struct {
-	held bool
+	held  bool
+	epoch uint64 // the limiter's epoch when it was admitted
 }
 
 // LimiterReason says why Acquire refused a call.
@@ -255,6 +399,7 @@ func (c LimitChange) Changed() bool { return c.From != c.To }
 type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
+	epoch      uint64  // the limiter's epoch when it was handed a slot
 	ready      chan bool
 	prev, next *waiter
 	queued     bool
@@ -283,11 +428,12 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
+		p := LimiterPermit{held: true, epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.Add(now, tenantID)
 		}
-		return LimiterPermit{held: true}, LimiterDecision{OK: true}
+		return p, LimiterDecision{OK: true}
 	}
 	return l.wait(ctx, now, prio, tenantID)
 }
@@ -300,6 +446,9 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		excess = l.tenants.Excess(now, tenantID)
 	}
 	refuse := LimiterDecision{HeavyTenant: excess > 0}
+	if l.trial && l.inflight < int(l.trialFrom) {
+		l.bound = true // the shrink on trial holds this call back
+	}
 	if ctx.Err() != nil {
 		l.mu.Unlock()
 		refuse.Reason = LimiterCanceled
@@ -356,7 +505,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.Add(now, tenantID)
 	}
-	return LimiterPermit{held: true}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -401,15 +550,19 @@ func (l *Limiter) Release(p LimiterPermit, now time.Time, latency time.Duration,
 	l.inflight = max(l.inflight-1, 0)
 	var c LimitChange
 	if o.Evidence() && latency > 0 {
-		c = l.sample(now, latency.Seconds(), o)
+		c = l.sample(now, latency.Seconds(), o, p)
 	}
 	l.dispatch()
 	return c
 }
 
-// sample adds a latency (seconds) to the round and ends the round when it
-// is complete. l.mu is held.
-func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome) LimitChange {
+// sample adds the latency x (seconds) of the call p admitted to the round
+// and ends the round when it is complete. While a shrink is on trial, only
+// calls admitted after it count. l.mu is held.
+func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPermit) LimitChange {
+	if l.trial && p.epoch != l.epoch {
+		return LimitChange{}
+	}
 	if o == policy.Failure {
 		if l.baseline == 0 {
 			return LimitChange{}
@@ -424,13 +577,17 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome) LimitChange
 	short := l.roundSum / float64(l.roundN)
 	used := 2*l.peak >= l.current()
 	from := l.current()
-	l.update(now, short, used)
+	if l.trial {
+		l.judge(now, short, used)
+	} else {
+		l.update(now, short, used)
+	}
 	l.roundN, l.roundSum, l.peak = 0, 0, l.inflight
 	return LimitChange{From: from, To: l.current()}
 }
 
 // update applies the control law at the end of a round whose mean latency
-// was short (seconds). l.mu is held.
+// was short (seconds). A shrink is put on trial. l.mu is held.
 func (l *Limiter) update(now time.Time, short float64, used bool) {
 	if l.baseline == 0 {
 		l.baseline, l.learned = short, now
@@ -441,20 +598,65 @@ func (l *Limiter) update(now time.Time, short float64, used bool) {
 	if used {
 		next += math.Sqrt(l.limit)
 	}
-	atFloor := l.limit <= l.minLimit
+	from := l.limit
 	l.limit = min(max(next, l.minLimit), l.maxLimit)
 
+	if short > limTolerance*l.baseline && used && from > l.minLimit {
+		l.learned = now // maybe our own queueing: not learned
+	} else {
+		l.learn(now, short)
+	}
+	if l.current() < int(from) {
+		l.epoch++
+		l.trial, l.trialFrom, l.causeMean, l.causePeak, l.trialPeak, l.bound = true, from, short, l.peak, 0, false
+	}
+}
+
+// judge ends the trial of a shrink with the round of calls admitted after
+// it, whose mean latency was short (seconds). Queueing the limit causes
+// moves latency with the concurrency, so with
+//
+//	r = (short / causeMean) / (trialPeak / causePeak)
+//
+// the shrink stands if it held calls back, the latency fell, and r is
+// within the tolerance of 1: then the round is an ordinary one. Otherwise
+// it is undone, and a round still above the tolerance becomes the
+// baseline, as a latency the limit cannot relieve, if r is above the
+// tolerance (the latency did not follow the concurrency by far) or if the
+// shrink held nobody back with in-flight below half the limit restored
+// (the dependency is slow whatever we do). A latency that fell far more
+// steeply than the concurrency (the end of a stall), did not fall (noise
+// near where the limit settles, or more demand) or was not held back by a
+// limit in use teaches what an ordinary round would. l.mu is held.
+func (l *Limiter) judge(now time.Time, short float64, used bool) {
+	l.trial = false
+	r := (short / l.causeMean) / (float64(l.trialPeak) / float64(l.causePeak))
+	if l.bound && short < l.causeMean && r >= 1/limTolerance && r <= limTolerance {
+		l.update(now, short, used)
+		return
+	}
+	l.limit = l.trialFrom
+	used = 2*l.peak >= l.current()
 	congested := short > limTolerance*l.baseline
 	switch {
-	case short < l.baseline/2:
-		l.baseline = (l.baseline + short) / 2
-	case congested && used && !atFloor:
-		// Maybe our own queueing: not learned.
+	case congested && (l.bound && r > limTolerance || !l.bound && !used):
+		l.baseline, l.learned = short, now
+	case congested && used:
+		l.learned = now
 	default:
-		if dt := now.Sub(l.learned); dt > 0 {
-			alpha := -math.Expm1(-float64(dt) / float64(limBaselineTau))
-			l.baseline += alpha * (short - l.baseline)
-		}
+		l.learn(now, short)
+	}
+}
+
+// learn moves the baseline toward a round mean short (seconds): halfway at
+// once when short is below half of it, by the moving average otherwise.
+// l.mu is held.
+func (l *Limiter) learn(now time.Time, short float64) {
+	if short < l.baseline/2 {
+		l.baseline = (l.baseline + short) / 2
+	} else if dt := now.Sub(l.learned); dt > 0 {
+		alpha := -math.Expm1(-float64(dt) / float64(limBaselineTau))
+		l.baseline += alpha * (short - l.baseline)
 	}
 	l.learned = now
 }
@@ -474,6 +676,9 @@ func (l *Limiter) places() int {
 func (l *Limiter) take() {
 	l.inflight++
 	l.peak = max(l.peak, l.inflight)
+	if l.trial {
+		l.trialPeak = max(l.trialPeak, l.inflight)
+	}
 }
 
 // dispatch hands free slots to waiters, highest priority first, and trims
@@ -483,6 +688,7 @@ func (l *Limiter) dispatch() {
 		w := l.first()
 		l.unlink(w)
 		l.take()
+		w.epoch = l.epoch
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {
