@@ -1,5 +1,6 @@
 // Package httpx holds the HTTP mechanics the transport shares: Retry-After
-// parsing, draining superseded responses, and the replayability rules.
+// parsing, draining superseded responses, the replayability rules, and
+// which errors prove that a request never reached the server.
 package httpx
 
 import (
