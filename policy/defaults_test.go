@@ -124,6 +124,9 @@ func TestEnumNames(t *testing.T) {
 		{SkipNotReplayable.String(), "not_replayable"},
 		{SkipGate.String(), "gate"},
 		{SkipReason(42).String(), "skip_reason(42)"},
+		{RetryAsked.String(), "asked"},
+		{RetryUnsent.String(), "unsent"},
+		{RetryReason(0).String(), "retry_reason(0)"},
 		{Discarded.String(), "discarded"},
 		{Outcome(7).String(), "outcome(7)"},
 	} {

@@ -15,6 +15,11 @@ import (
 // its body can be replayed, through Request.GetBody, or there is none. It
 // never reads the caller's body itself. It does not retry an error that
 // sending again cannot fix: a server certificate that was not trusted.
+// One exception to the method rule: an attempt whose error proves that the
+// request never reached the server (a refused connection, a failed TLS
+// handshake, an HTTP/2 stream the server refused or never processed) may
+// be retried whatever the method; package transport documents the exact
+// rule, under "What never left".
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number

@@ -127,10 +127,11 @@ type call struct {
 	mayRetry bool
 	mayHedge bool
 
-	wire    int            // wire attempts made; guarded by the round's lock while hedges run
-	retries int            // retries sent
-	outcome policy.Outcome // of what the call returns
-	again   bool           // what the call returns asks for a retry (see leg.again)
+	wire    int                // wire attempts made; guarded by the round's lock while hedges run
+	retries int                // retries sent
+	outcome policy.Outcome     // of what the call returns
+	again   bool               // what the call returns asks for a retry (see leg.again)
+	why     policy.RetryReason // why the next round is a retry, once backoff has said
 }
 
 // run is the retry loop: rounds until one asks for no retry (see
@@ -223,9 +224,18 @@ func (c *call) replayable() bool {
 }
 
 // backoff returns the wait before the next round, or why there is none.
+// It sets c.why, why the retry would be sent: an attempt whose error
+// proves the request unsent (httpx.Unsent) may be retried whatever the
+// method; any other only when the request may be sent twice. Either way
+// the body must be replayable.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
-	if !c.replayable() {
+	c.why = policy.RetryAsked
+	if err != nil && httpx.Unsent(err) {
+		c.why = policy.RetryUnsent
+	}
+	if !httpx.Rewindable(c.req) ||
+		c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
 		return 0, policy.SkipNotReplayable
 	}
 	if err != nil && httpx.Permanent(err) {
@@ -423,6 +433,7 @@ func (c *call) attemptDone(l *leg) {
 			Outcome: l.outcome,
 			Latency: l.latency,
 			Err:     l.err,
+			Reason:  l.why,
 		}
 		if l.resp != nil {
 			info.StatusCode = l.resp.StatusCode

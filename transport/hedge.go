@@ -318,7 +318,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed)
 		}
-		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: elapsed})
+		c.attemptDone(&leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed})
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 type leg struct {
 	n    int
 	kind policy.AttemptKind
+	why  policy.RetryReason // of a retry
 	req  *http.Request
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
@@ -63,6 +64,9 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
+	if kind == policy.AttemptRetry {
+		l.why = c.why
+	}
 	if d := c.timeout; d > 0 || discardable {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 		if d > 0 {
