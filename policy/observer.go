@@ -218,7 +218,8 @@ const (
 	// SkipRetryAfter: the response asked for a longer wait than
 	// Retry.MaxRetryAfter.
 	SkipRetryAfter
-	// SkipBodyError: Request.GetBody failed.
+	// SkipBodyError: Request.GetBody failed, or the caller's body failed
+	// as it was read and kept for replay.
 	SkipBodyError
 	// SkipPermanent: the error will not go away by sending again (the
 	// server's TLS certificate was not trusted).
@@ -246,6 +247,10 @@ type RetrySkip struct {
 	Gate Gate
 	// Attempt is the number of the failed attempt that was not retried.
 	Attempt int
+	// BodyTooLarge, with SkipNotReplayable, says that the request's body
+	// had no GetBody and was larger than Set.ReplayBuffer, so no copy of
+	// it could be kept.
+	BodyTooLarge bool
 }
 
 // BreakerTransition describes a breaker's change of state.

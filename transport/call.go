@@ -53,7 +53,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
 	}
+	defer c.releaseBody()
 	resp, err := c.run()
+	c.answered = resp != nil
 	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
 		err = &attemptsError{n: c.wire, err: err}
 	}
@@ -127,6 +129,11 @@ type call struct {
 	mayRetry bool
 	mayHedge bool
 
+	// rb keeps a copy of a body without GetBody for replay; nil when the
+	// request has GetBody or no body, or the call would never replay it.
+	rb       *httpx.Replay
+	answered bool // run returned a response (rb's attempt may still be sending)
+
 	wire    int                // wire attempts made; guarded by the round's lock while hedges run
 	retries int                // retries sent
 	outcome policy.Outcome     // of what the call returns
@@ -150,12 +157,17 @@ func (c *call) run() (*http.Response, error) {
 		}
 		return nil, err
 	}
-	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
+	body := c.req.Body
+	if c.buffers() {
+		c.rb = httpx.NewReplay(body, c.s.chain.replay, c.req.ContentLength)
+		body = c.rb.Next()
+	}
+	resp, err := c.round(&l, policy.AttemptFirst, body, c.start)
 	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
-		var body io.ReadCloser // the replayed body of the next round
-		if why == 0 {
+		body = nil // the replayed body of the next round
+		if why == 0 && c.rb == nil {
 			var gerr error
 			if body, gerr = c.newBody(); gerr != nil {
 				why = policy.SkipBodyError
@@ -188,6 +200,17 @@ func (c *call) run() (*http.Response, error) {
 			c.outcome = policy.Canceled
 			return nil, aerr
 		}
+		if c.rb != nil {
+			// The buffered body is taken over only now that the retry
+			// is admitted: until then the attempt before may still be
+			// sending it, for the response the caller would get. It may
+			// have passed the bound meanwhile.
+			if body = c.rb.Next(); body == nil {
+				c.unadmit(&l, now)
+				c.skipped(c.bodySkip(), 0)
+				return resp, err
+			}
+		}
 		// Superseded, now that the retry is on its way. Drained in the
 		// background, unless the retry took over its bulkhead slot: it
 		// is then closed at once, so that the bulkhead's bound holds.
@@ -204,14 +227,13 @@ func (c *call) run() (*http.Response, error) {
 
 // round makes one logical attempt whose first leg l has been admitted: a
 // single leg, or, when the chain hedges and the request may be sent twice,
-// a hedged round. The first round sends the caller's own body; later ones
-// a replayed body.
+// a hedged round. The first round sends the caller's own body (or a reader
+// of it that keeps a copy); later ones a replayed body.
 func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
-	replay := kind != policy.AttemptFirst
 	if threshold, wait, ok := c.hedgeAfter(now); ok {
-		return c.hedged(l, kind, body, replay, threshold, wait)
+		return c.hedged(l, kind, body, threshold, wait)
 	}
-	c.prepare(l, kind, body, replay, false)
+	c.prepare(l, kind, body, false)
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
 	c.attemptDone(l)
@@ -234,8 +256,14 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	if err != nil && httpx.Unsent(err) {
 		c.why = policy.RetryUnsent
 	}
-	if !httpx.Rewindable(c.req) ||
-		c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+	if c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+		return 0, policy.SkipNotReplayable
+	}
+	if c.rb != nil {
+		if !c.rb.Replayable() {
+			return 0, c.bodySkip()
+		}
+	} else if !httpx.Rewindable(c.req) {
 		return 0, policy.SkipNotReplayable
 	}
 	if err != nil && httpx.Permanent(err) {
@@ -266,7 +294,36 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	return d, 0
 }
 
-// newBody returns a fresh copy of the request body for a replay.
+// buffers reports whether the call keeps a copy of the request's body as
+// its first attempt reads it: the body has no GetBody, the chain's
+// ReplayBuffer is on, and the call could send it again, as a retry (of an
+// attempt that never left, whatever the method) or a hedge.
+func (c *call) buffers() bool {
+	b := c.req.Body
+	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.chain.replay < 0 {
+		return false
+	}
+	return c.mayRetry || c.mayHedge && httpx.Repeatable(c.req, markedRepeatable(c.ctx))
+}
+
+// bodySkip says why the buffered body cannot be replayed.
+func (c *call) bodySkip() policy.SkipReason {
+	if c.rb.Err() != nil {
+		return policy.SkipBodyError
+	}
+	return policy.SkipNotReplayable
+}
+
+// releaseBody ends the buffered body's use by the call: see
+// httpx.Replay.Release. It runs when RoundTrip returns or panics.
+func (c *call) releaseBody() {
+	if c.rb != nil {
+		c.rb.Release(c.answered)
+	}
+}
+
+// newBody returns a fresh copy of the request body for a replay, from
+// GetBody.
 func (c *call) newBody() (io.ReadCloser, error) {
 	if c.req.GetBody == nil {
 		return c.req.Body, nil // nil or http.NoBody, as Replayable checked
@@ -276,7 +333,8 @@ func (c *call) newBody() (io.ReadCloser, error) {
 
 func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire})
+		tooLarge := why == policy.SkipNotReplayable && c.rb != nil && c.rb.TooLarge()
+		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: tooLarge})
 	}
 }
 

@@ -61,7 +61,7 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
 // gets a cancellable context.
-func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
+func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
 	if kind == policy.AttemptRetry {
@@ -79,7 +79,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 	case kind == policy.AttemptHedge:
 		l.req = c.req.Clone(l.ctx)
 		l.req.Body = body
-	case l.ctx != c.ctx || replay:
+	case l.ctx != c.ctx || body != c.req.Body:
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	}

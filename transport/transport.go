@@ -13,12 +13,16 @@
 //
 //   - RoundTrip returns a response or an error, never both, never neither,
 //     and never modifies the caller's request. The request's body is
-//     closed; it is only ever replayed through GetBody.
+//     closed; it is only ever replayed through GetBody or, for a body
+//     without GetBody, from the copy of at most policy.Set.ReplayBuffer
+//     bytes kept as the first attempt read it.
 //   - A request is sent more than once (retried or hedged) only when that
 //     is safe: an idempotent method, an Idempotency-Key header, or a context
-//     marked with MarkRepeatable, and a body that GetBody can re-create;
-//     or, for a retry, when the attempt before it provably never reached
-//     the server (see "What never left", below).
+//     marked with MarkRepeatable, and a body that can be sent again:
+//     none, one GetBody re-creates, or one that fits in
+//     policy.Set.ReplayBuffer; or, for a retry, when the attempt before
+//     it provably never reached the server (see "What never left",
+//     below).
 //   - Every response resilix throws away (a superseded retry, the loser of
 //     a hedge) is closed. A superseded one is drained first, in the
 //     background, at most 4 KiB for at most 100 ms, so that its connection
@@ -575,8 +579,9 @@ type repeatableKey struct{}
 
 // MarkRepeatable returns a copy of ctx under which requests may be retried
 // and hedged whatever their method: the caller asserts that sending the
-// request twice is safe. The body must still be replayable (GetBody, or no
-// body); http.NewRequest sets GetBody for the usual body types.
+// request twice is safe. The body must still be replayable (no body,
+// GetBody, or a body that fits in policy.Set.ReplayBuffer); http.NewRequest
+// sets GetBody for the usual body types.
 func MarkRepeatable(ctx context.Context) context.Context {
 	return context.WithValue(ctx, repeatableKey{}, true)
 }
