@@ -118,6 +118,8 @@ func TestEnumNames(t *testing.T) {
 		{GateRateLimit.String(), "rate_limit"},
 		{Gate(0).String(), "gate(0)"},
 		{HedgeBodyError.String(), "body_error"},
+		{HedgeBodyPending.String(), "body_pending"},
+		{HedgeBodyTooLarge.String(), "body_too_large"},
 		{SuppressReason(99).String(), "suppress_reason(99)"},
 		{AttemptHedge.String(), "hedge"},
 		{AttemptKind(0).String(), "attempt_kind(0)"},

@@ -125,11 +125,19 @@ const (
 	// HedgeRejected: an admission gate (breaker, bulkhead, rate limit, ...)
 	// refused the hedge leg.
 	HedgeRejected
-	// HedgeBodyError: Request.GetBody failed for the hedge leg.
+	// HedgeBodyError: Request.GetBody failed for the hedge leg, or the
+	// caller's body (one without GetBody, kept for replay) failed as it
+	// was read.
 	HedgeBodyError
+	// HedgeBodyPending: the request's body has no GetBody and the first
+	// leg was still sending it, so there was no copy of it to send yet.
+	HedgeBodyPending
+	// HedgeBodyTooLarge: the request's body has no GetBody and was larger
+	// than Set.ReplayBuffer, so no copy of it was kept.
+	HedgeBodyTooLarge
 )
 
-var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected", "body_error"}
+var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected", "body_error", "body_pending", "body_too_large"}
 
 // String returns the reason's name as it appears in metrics.
 func (r SuppressReason) String() string {

@@ -240,9 +240,17 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	return l.resp, l.err
 }
 
-// replayable reports whether the request may be sent more than once.
+// replayable reports whether the request may be sent more than once: its
+// method (or key, or mark) allows it, and its body can be sent again, or,
+// kept by the replay buffer, may still be.
 func (c *call) replayable() bool {
-	return httpx.Replayable(c.req, markedRepeatable(c.ctx))
+	if !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+		return false
+	}
+	if c.rb != nil {
+		return c.rb.Replayable()
+	}
+	return httpx.Rewindable(c.req)
 }
 
 // backoff returns the wait before the next round, or why there is none.

@@ -144,14 +144,11 @@ func (r *round) fire() {
 		c.suppress(policy.HedgeRejected)
 		return
 	}
-	var body io.ReadCloser
-	if r.getBody != nil {
-		var err error
-		if body, err = r.getBody(); err != nil {
-			c.unadmit(l, now)
-			c.suppress(policy.HedgeBodyError)
-			return
-		}
+	body, why := r.body()
+	if why != 0 {
+		c.unadmit(l, now)
+		c.suppress(why)
+		return
 	}
 
 	// The budget is charged last, under the round's lock, so that a token
@@ -184,6 +181,32 @@ func (r *round) fire() {
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
 		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 	}
+}
+
+// body returns a hedge leg's body, or why it has none: GetBody failed, or
+// a body without GetBody is not yet, or cannot be, replayed from its copy.
+// A hedge never waits for the first leg to finish sending the body: it is
+// suppressed, HedgeBodyPending, and the first leg goes on.
+func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
+	switch rb := r.c.rb; {
+	case r.getBody != nil:
+		b, err := r.getBody()
+		if err != nil {
+			return nil, policy.HedgeBodyError
+		}
+		return b, 0
+	case rb == nil:
+		return r.c.req.Body, 0 // none, or http.NoBody
+	case rb.Err() != nil:
+		return nil, policy.HedgeBodyError
+	case rb.TooLarge():
+		return nil, policy.HedgeBodyTooLarge
+	case !rb.Complete():
+		return nil, policy.HedgeBodyPending
+	}
+	// Complete: the hedge replays the copy alone, and never reads on
+	// from the caller's body.
+	return r.c.rb.Next(), 0
 }
 
 // gate asks the hedging gates, in their order (see hedge.State.Gate);

@@ -291,3 +291,133 @@ func TestBufferedBodyIsClosedOnEveryPath(t *testing.T) {
 type neverCloses struct{}
 
 func (neverCloses) RoundTrip(*http.Request) (*http.Response, error) { return nil, errRefused }
+
+// legBase is a base for hedging tests: every call reads its request body
+// to the end (keeping it), then answers 200 after latency(i), i counting
+// calls from 0, unless its context ends first.
+type legBase struct {
+	latency func(i int) time.Duration
+	mu      sync.Mutex
+	calls   int
+	bodies  map[int][]byte
+}
+
+func (b *legBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	i := b.calls
+	b.calls++
+	b.mu.Unlock()
+	var got []byte
+	if r.Body != nil {
+		got, _ = io.ReadAll(r.Body)
+		r.Body.Close()
+	}
+	b.mu.Lock()
+	if b.bodies == nil {
+		b.bodies = map[int][]byte{}
+	}
+	b.bodies[i] = got
+	b.mu.Unlock()
+	t := time.NewTimer(b.latency(i))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return respond(r, 200), nil
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+}
+
+// hedgedPut warms a hedging transport over base with 30 GETs of 10ms, then
+// makes one PUT with body, which has no GetBody.
+func hedgedPut(t *testing.T, base *legBase, set policy.Set, body io.Reader) (*hedgeEvents, int, error) {
+	t.Helper()
+	ev := &hedgeEvents{}
+	tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+	warm(t, tr, 30)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://up.test/", body)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return ev, 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return ev, resp.StatusCode, nil
+}
+
+// TestHedgeSendsTheBufferedBody: a PUT whose body has no GetBody is hedged
+// once the first leg has sent its body, and the hedge sends the same
+// bytes.
+func TestHedgeSendsTheBufferedBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		payload := randomBytes(1 << 10)
+		base := &legBase{latency: func(i int) time.Duration {
+			if i == 30 {
+				return 300 * time.Millisecond // the first leg is slow: hedged
+			}
+			return 10 * time.Millisecond
+		}}
+		ev, code, err := hedgedPut(t, base, hedgeSet(), io.NopCloser(bytes.NewReader(payload)))
+		if err != nil || code != 200 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		if started, won := ev.counts(); started != 1 || won != 1 {
+			t.Fatalf("hedges started %d, won %d; want 1 and 1", started, won)
+		}
+		synctest.Wait()
+		if !bytes.Equal(base.bodies[30], payload) || !bytes.Equal(base.bodies[31], payload) {
+			t.Fatalf("the legs sent %d and %d bytes; want the body, byte for byte, twice", len(base.bodies[30]), len(base.bodies[31]))
+		}
+	})
+}
+
+// TestHedgeWithTheBodyStillSending: a hedge due while the first leg is
+// still sending a body without GetBody (it trickles in) has no body to
+// send: it is suppressed with the reason body_pending, and the first leg
+// goes on.
+func TestHedgeWithTheBodyStillSending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		payload := randomBytes(4 << 10)
+		pr, pw := io.Pipe()
+		go func() {
+			for chunk := range slices.Chunk(payload, 512) {
+				time.Sleep(10 * time.Millisecond) // 80ms in all, past the 10ms threshold
+				pw.Write(chunk)
+			}
+			pw.Close()
+		}()
+		base := &legBase{latency: func(int) time.Duration { return 10 * time.Millisecond }}
+		ev, code, err := hedgedPut(t, base, hedgeSet(), pr)
+		if err != nil || code != 200 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyPending) != 1 {
+			t.Fatalf("hedges started %d, suppressed as body_pending %d; want 0 and 1", started, ev.reason(policy.HedgeBodyPending))
+		}
+		if !bytes.Equal(base.bodies[30], payload) {
+			t.Fatal("the first leg did not send the body")
+		}
+	})
+}
+
+// TestHedgeWithABodyTooLarge: a body without GetBody beyond ReplayBuffer
+// cannot be sent by a hedge: it is suppressed with body_too_large.
+func TestHedgeWithABodyTooLarge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &legBase{latency: func(i int) time.Duration {
+			if i == 30 {
+				return 300 * time.Millisecond
+			}
+			return 10 * time.Millisecond
+		}}
+		set := hedgeSet()
+		set.ReplayBuffer = 1 << 10
+		ev, code, err := hedgedPut(t, base, set, io.NopCloser(bytes.NewReader(randomBytes(1<<10+1))))
+		if err != nil || code != 200 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyTooLarge) != 1 {
+			t.Fatalf("hedges started %d, suppressed as body_too_large %d; want 0 and 1", started, ev.reason(policy.HedgeBodyTooLarge))
+		}
+	})
+}
