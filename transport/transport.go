@@ -101,7 +101,9 @@
 //
 // An idle Transport holds no goroutine or timer: state moves lazily,
 // from the time of the calls that read it. The timers and goroutines a call
-// needs (a per-attempt timeout, a hedge) end with it.
+// needs (a per-attempt timeout, a hedge) end with it, except Timeout.Idle's
+// one timer per response body, which ends when the body is read to its
+// end, fails or is closed.
 package transport
 
 import (
@@ -116,6 +118,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -218,6 +221,7 @@ type Transport struct {
 	def            *chain
 	perKey         map[string]*chain
 	scopes         registry
+	watchdogs      atomic.Int64 // idle watchdogs armed on response bodies, not yet stopped
 }
 
 // New validates cfg and returns a Transport. Every invalid field is
