@@ -20,15 +20,17 @@ type Timeout struct {
 	// Idle bounds a stalled response body: a Read of the body that has
 	// waited Idle for the next bytes (and at most a quarter more) fails
 	// with an error that matches ErrAttemptTimeout and
-	// context.DeadlineExceeded and is a net.Error whose Timeout is true;
-	// the attempt's context is cancelled, which makes net/http release
-	// the connection, and the attempt's bulkhead slot is freed. Only a
-	// Read that waits counts: a caller that pauses between reads is
-	// never cut, nor a slow stream whose bytes keep coming. The call is
-	// not retried: its response, partly read, is already the caller's.
-	// A 101 Switching Protocols body is never bounded. If zero, there is
-	// no bound: a body that stalls waits for the caller's context. It
-	// must not be negative.
+	// context.DeadlineExceeded and is a net.Error whose Timeout is true.
+	// The attempt's context is cancelled, which makes net/http end the
+	// Read and release the connection, and as the Read fails the
+	// attempt's bulkhead slot is freed; a base that ignores cancellation
+	// cannot be hurried, and keeps its slot until the body is closed.
+	// Only a Read that waits counts: a caller that pauses between reads
+	// is never cut, nor a slow stream whose bytes keep coming. The call
+	// is not retried: its response, partly read, is already the
+	// caller's. A 101 Switching Protocols body is never bounded. If zero,
+	// there is no bound: a body that stalls waits for the caller's
+	// context. It must not be negative.
 	//
 	// It costs one timer per response body, woken four times per Idle
 	// while the body is open, and two atomic adds per Read.

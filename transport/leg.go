@@ -333,10 +333,11 @@ const idleChecks = 4
 // timer wakes every Idle/idleChecks; a wake that finds the same waiting
 // Read (the same odd count) as the last idleChecks wakes before it knows
 // that Read has waited at least Idle, and at most Idle/idleChecks more,
-// and fires: it cancels the attempt's context with the idle error (net/http
-// then ends the Read and drops the connection) and releases what the
-// attempt held. Otherwise it re-arms. A wake after the body is released
-// does nothing, and nothing re-arms it: the timer ends with the body.
+// and fires: it cancels the attempt's context with the idle error, which
+// makes net/http end the Read and drop the connection, and stops for good;
+// the Read's error releases what the attempt held. Otherwise it re-arms. A
+// wake after the body is released does nothing, and nothing re-arms it:
+// the timer ends with the body.
 type watchdog struct {
 	d     time.Duration
 	r     *releaser
@@ -378,18 +379,26 @@ func (w *watchdog) wake() {
 		w.mu.Unlock()
 		return
 	}
+	// Fired: the watchdog's work ends here. What the attempt holds is
+	// released as the Read fails, which cancelling makes net/http's do
+	// at once; a base deaf to cancellation keeps its slot until the
+	// caller closes the body, so the bulkhead still bounds its exchanges.
 	w.fired.Store(true)
+	w.stopLocked()
 	w.mu.Unlock()
 	if w.r.cancel != nil {
 		w.r.cancel(&idleTimeoutError{after: w.d})
 	}
-	w.r.release()
 }
 
 // stop ends the watchdog, once.
 func (w *watchdog) stop() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.stopLocked()
+	w.mu.Unlock()
+}
+
+func (w *watchdog) stopLocked() {
 	if !w.stopped {
 		w.stopped = true
 		w.timer.Stop()
