@@ -53,9 +53,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
 	}
-	defer c.releaseBody()
 	resp, err := c.run()
-	c.answered = resp != nil
 	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
 		err = &attemptsError{n: c.wire, err: err}
 	}
@@ -131,8 +129,7 @@ type call struct {
 
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.
-	rb       *httpx.Replay
-	answered bool // run returned a response (rb's attempt may still be sending)
+	rb *httpx.Replay
 
 	wire    int                // wire attempts made; guarded by the round's lock while hedges run
 	retries int                // retries sent
@@ -141,11 +138,9 @@ type call struct {
 	why     policy.RetryReason // why the next round is a retry, once backoff has said
 }
 
-// run is the retry loop: rounds until one asks for no retry (see
-// leg.again), attempts or budget run out, or the next one could not start
-// before the deadline. The response a retry would supersede is kept until
-// the retry is admitted: when a gate refuses it, the caller gets that
-// response, intact.
+// run admits the call's first attempt, has a copy of its body kept when
+// the body has no GetBody and the call may send it again (see buffers),
+// and runs the retry loop.
 func (c *call) run() (*http.Response, error) {
 	c.s.budget.Deposit(c.start)
 	var l leg
@@ -157,12 +152,27 @@ func (c *call) run() (*http.Response, error) {
 		}
 		return nil, err
 	}
-	body := c.req.Body
-	if c.buffers() {
-		c.rb = httpx.NewReplay(body, c.s.chain.replay, c.req.ContentLength)
-		body = c.rb.Next()
+	if !c.buffers() {
+		return c.retry(&l, c.req.Body)
 	}
-	resp, err := c.round(&l, policy.AttemptFirst, body, c.start)
+	// The call is over for the buffered body when run returns, or when
+	// a base's panic passes through it (see httpx.Replay.Release).
+	c.rb = httpx.NewReplay(c.req.Body, c.s.chain.replay, c.req.ContentLength)
+	answered := false
+	defer func() { c.rb.Release(answered) }()
+	resp, err := c.retry(&l, c.rb.Next())
+	answered = resp != nil
+	return resp, err
+}
+
+// retry is the retry loop: it sends the first round, whose leg l is
+// admitted, with body, then rounds until one asks for no retry (see
+// leg.again), attempts or budget run out, or the next one could not start
+// before the deadline; l is reused for each. The response a retry would
+// supersede is kept until the retry is admitted: when a gate refuses it,
+// the caller gets that response, intact.
+func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
+	resp, err := c.round(l, policy.AttemptFirst, body, c.start)
 	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
@@ -189,8 +199,8 @@ func (c *call) run() (*http.Response, error) {
 		}
 		c.retries++
 		now = time.Now()
-		l = leg{}
-		if aerr := c.admit(&l, policy.AttemptRetry, now, true, resp); aerr != nil {
+		*l = leg{}
+		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
 				c.skipped(policy.SkipGate, rej.Gate)
@@ -206,7 +216,7 @@ func (c *call) run() (*http.Response, error) {
 			// sending it, for the response the caller would get. It may
 			// have passed the bound meanwhile.
 			if body = c.rb.Next(); body == nil {
-				c.unadmit(&l, now)
+				c.unadmit(l, now)
 				c.skipped(c.bodySkip(), 0)
 				return resp, err
 			}
@@ -220,7 +230,7 @@ func (c *call) run() (*http.Response, error) {
 		} else {
 			httpx.Discard(resp)
 		}
-		resp, err = c.round(&l, policy.AttemptRetry, body, now)
+		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
 }
@@ -320,14 +330,6 @@ func (c *call) bodySkip() policy.SkipReason {
 		return policy.SkipBodyError
 	}
 	return policy.SkipNotReplayable
-}
-
-// releaseBody ends the buffered body's use by the call: see
-// httpx.Replay.Release. It runs when RoundTrip returns or panics.
-func (c *call) releaseBody() {
-	if c.rb != nil {
-		c.rb.Release(c.answered)
-	}
 }
 
 // newBody returns a fresh copy of the request body for a replay, from
