@@ -44,7 +44,11 @@ type Replay struct {
 	released bool          // the call is over
 	answered bool          // and returned a response (see Release)
 	src      io.ReadCloser // the caller's body; nil once closed
-	pull     sync.Mutex    // held while reading src, which is not safe for concurrent reads
+	// pulling is true while a reader reads src, which is not safe for
+	// concurrent reads; a reader that must wait for it waits on pulled.
+	pulling bool
+	pulled  sync.Cond    // on mu
+	first   replayReader // Next's first reader, allocated with the Replay
 }
 
 // The errors a reader returns when it may not go on.
@@ -63,6 +67,7 @@ var (
 // ContentLength), which sizes the buffer at once.
 func NewReplay(body io.ReadCloser, limit int, sizeHint int64) *Replay {
 	r := &Replay{src: body, limit: limit}
+	r.pulled.L = &r.mu
 	if sizeHint > 0 {
 		r.hint = int(min(sizeHint, int64(limit)))
 	}
@@ -75,10 +80,16 @@ func NewReplay(body io.ReadCloser, limit int, sizeHint int64) *Replay {
 func (r *Replay) Next() io.ReadCloser {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.owner != nil && !r.replayableLocked() {
+	var rd *replayReader
+	switch {
+	case r.owner == nil:
+		rd = &r.first
+	case !r.replayableLocked():
 		return nil
+	default:
+		rd = new(replayReader)
 	}
-	rd := &replayReader{r: r}
+	rd.r = r
 	r.owner = rd
 	r.open++
 	return rd
@@ -200,8 +211,8 @@ type replayReader struct {
 
 func (rd *replayReader) Read(p []byte) (int, error) {
 	r := rd.r
+	r.mu.Lock()
 	for {
-		r.mu.Lock()
 		switch {
 		case rd.closed:
 			r.mu.Unlock()
@@ -230,41 +241,38 @@ func (rd *replayReader) Read(p []byte) (int, error) {
 		case r.src == nil:
 			r.mu.Unlock()
 			return 0, errReadClosed // the call ended with no attempt sending it
-		}
-		r.mu.Unlock()
-
-		// rd is at the front and may read on, once no other reader is
-		// reading (a superseded one may still be, blocked on a slow
-		// body); then the state is looked at again.
-		r.pull.Lock()
-		r.mu.Lock()
-		src := r.src
-		ok := rd == r.owner && rd.off == r.n && !rd.closed && !r.eof && r.err == nil && src != nil
-		r.mu.Unlock()
-		if !ok {
-			r.pull.Unlock()
+		case r.pulling:
+			// A superseded reader is still reading on, blocked on a
+			// slow body: wait for it, then look again.
+			r.pulled.Wait()
 			continue
 		}
-		n, err := src.Read(p)
-		r.mu.Lock()
-		if n > 0 {
-			r.keepLocked(p[:n])
-			rd.off += n
-		}
-		done := false
-		switch {
-		case err == io.EOF:
-			r.eof, done = true, true
-		case err != nil:
-			r.err, done = err, true
-		}
-		r.mu.Unlock()
-		r.pull.Unlock()
-		if done {
-			r.closeSrc()
-		}
-		return n, err
+		break
 	}
+	// rd is at the front and may read on.
+	r.pulling = true
+	src := r.src
+	r.mu.Unlock()
+	n, err := src.Read(p)
+	r.mu.Lock()
+	r.pulling = false
+	r.pulled.Broadcast()
+	if n > 0 {
+		r.keepLocked(p[:n])
+		rd.off += n
+	}
+	done := false
+	switch {
+	case err == io.EOF:
+		r.eof, done = true, true
+	case err != nil:
+		r.err, done = err, true
+	}
+	r.mu.Unlock()
+	if done {
+		r.closeSrc()
+	}
+	return n, err
 }
 
 // Close lets go of the reader. It does not close the caller's body, which
