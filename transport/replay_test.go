@@ -421,3 +421,32 @@ func TestHedgeWithABodyTooLarge(t *testing.T) {
 		}
 	})
 }
+
+// TestBufferedPutAllocations: a 1 KiB PUT without GetBody on the retry
+// path costs two allocations of resilix's own: the Replay (with the first
+// attempt's reader of it) and the attempt's request copy that carries the
+// reader. The buffer comes from a pool.
+func TestBufferedPutAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop buffers")
+	}
+	resp := &http.Response{StatusCode: 200, Body: http.NoBody}
+	p := make([]byte, 512)
+	base := fakeRT(func(r *http.Request) (*http.Response, error) {
+		for {
+			if _, err := r.Body.Read(p); err != nil {
+				return resp, nil
+			}
+		}
+	})
+	tr := mustNew(t, Config{Base: base, Policies: retrySet()})
+	payload := randomBytes(1 << 10)
+	body := new(rewound)
+	req, _ := http.NewRequest(http.MethodPut, "http://a.test/", body)
+	if n := testing.AllocsPerRun(1000, func() {
+		body.Reset(payload)
+		_, _ = tr.RoundTrip(req)
+	}); n != 2 {
+		t.Errorf("%v allocations per call, want 2", n)
+	}
+}
