@@ -76,12 +76,6 @@ func drain(b io.ReadCloser) {
 	}
 }
 
-// Replayable reports whether req may be sent more than once: it is
-// Repeatable and its body Rewindable.
-func Replayable(req *http.Request, marked bool) bool {
-	return Rewindable(req) && Repeatable(req, marked)
-}
-
 // Repeatable reports whether sending req twice is safe: its method is
 // idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or it carries an
 // Idempotency-Key or X-Idempotency-Key header, which is net/http's own
