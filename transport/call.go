@@ -130,6 +130,9 @@ type call struct {
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.
 	rb *httpx.Replay
+	// tooLarge: the retry not sent was not sent because rb's body outgrew
+	// the buffer (RetrySkip.BodyTooLarge).
+	tooLarge bool
 
 	wire    int                // wire attempts made; guarded by the round's lock while hedges run
 	retries int                // retries sent
@@ -329,6 +332,7 @@ func (c *call) bodySkip() policy.SkipReason {
 	if c.rb.Err() != nil {
 		return policy.SkipBodyError
 	}
+	c.tooLarge = c.rb.TooLarge()
 	return policy.SkipNotReplayable
 }
 
@@ -343,8 +347,7 @@ func (c *call) newBody() (io.ReadCloser, error) {
 
 func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		tooLarge := why == policy.SkipNotReplayable && c.rb != nil && c.rb.TooLarge()
-		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: tooLarge})
+		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
 	}
 }
 

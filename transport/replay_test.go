@@ -136,22 +136,27 @@ func TestBufferedBodyIsReplayed(t *testing.T) {
 
 // TestBufferingNeverMakesAPostRepeatable: a plain POST's body is kept only
 // for a retry of an attempt that never reached the server; after a 503 it
-// is not sent again, and the skip is for the method, not the body.
+// is not sent again, and the skip is for the method, not the body, whether
+// the body fitted the buffer or not.
 func TestBufferingNeverMakesAPostRepeatable(t *testing.T) {
-	base := &recorder{codes: []int{503, 200}}
-	obs, skips := skipLog()
-	tr := mustNew(t, Config{Base: base, Policies: retrySet(), Observer: obs})
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://a.test/", noGetBody([]byte("charge=1")))
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if base.n() != 1 || resp.StatusCode != 503 {
-		t.Fatalf("%d wire calls, %d; want one and its 503", base.n(), resp.StatusCode)
-	}
-	if s := skips(); len(s) != 1 || s[0].Reason != policy.SkipNotReplayable || s[0].BodyTooLarge {
-		t.Fatalf("skips %+v; want not_replayable for the method", s)
+	for _, size := range []int{8, 100} {
+		base := &recorder{codes: []int{503, 200}}
+		obs, skips := skipLog()
+		set := retrySet()
+		set.ReplayBuffer = 64
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: obs})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://a.test/", noGetBody(randomBytes(size)))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.n() != 1 || resp.StatusCode != 503 {
+			t.Fatalf("%d bytes: %d wire calls, %d; want one and its 503", size, base.n(), resp.StatusCode)
+		}
+		if s := skips(); len(s) != 1 || s[0].Reason != policy.SkipNotReplayable || s[0].BodyTooLarge {
+			t.Fatalf("%d bytes: skips %+v; want not_replayable for the method, not the body", size, s)
+		}
 	}
 }
 
