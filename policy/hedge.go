@@ -14,7 +14,11 @@ import (
 // option, on purpose.
 //
 // Hedge follows Retry's rule for what may be sent twice: a plain POST is
-// never hedged.
+// never hedged (the exception Retry makes for an attempt that never reached
+// the server does not apply: a hedge is sent while the first leg may be
+// on the server). A body without GetBody is hedged from the copy
+// Set.ReplayBuffer keeps, once the first leg has sent all of it; a hedge
+// due before then is not sent (HedgeBodyPending).
 type Hedge struct {
 	// Quantile of recent attempt latency after which a hedge is
 	// considered, in (0, 1). If zero, 0.95 is used.
