@@ -189,7 +189,9 @@ func TestIdleWatchdogEndsWithTheBody(t *testing.T) {
 // request's context end (the connection is released), and a slow but
 // steady stream is not cut.
 func TestLoopbackIdle(t *testing.T) {
-	const idle = 200 * time.Millisecond
+	// Real time: the steady stream's gaps are a tenth of Idle, so that
+	// only a scheduler stall of nine tenths of Idle could cut it.
+	const idle = 250 * time.Millisecond
 	base := cleanhttp.DefaultPooledTransport()
 	defer base.CloseIdleConnections()
 	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Timeout: &policy.Timeout{Idle: idle}}})
@@ -222,9 +224,9 @@ func TestLoopbackIdle(t *testing.T) {
 	t.Run("steady", func(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rc := http.NewResponseController(w)
-			for i := range 8 {
+			for i := range 20 { // 2 Idles in all
 				if i > 0 {
-					time.Sleep(idle / 4)
+					time.Sleep(idle / 10)
 				}
 				io.WriteString(w, "x")
 				rc.Flush()
@@ -237,7 +239,7 @@ func TestLoopbackIdle(t *testing.T) {
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if err != nil || string(b) != "xxxxxxxx" {
+		if err != nil || string(b) != strings.Repeat("x", 20) {
 			t.Fatalf("read %q, %v; want the whole steady body", b, err)
 		}
 	})
