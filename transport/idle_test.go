@@ -37,16 +37,16 @@ func (h *halfThenStall) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.cancelled <- struct{}{}
 }
 
-// readUntilError reads body in small reads and returns what it read and
-// the first error, and when it came.
-func readUntilError(body io.Reader) (string, error, time.Time) {
+// readUntilError reads body in small reads and returns what it read,
+// when the first error came, and the error.
+func readUntilError(body io.Reader) (string, time.Time, error) {
 	var got strings.Builder
 	p := make([]byte, 3)
 	for {
 		n, err := body.Read(p)
 		got.Write(p[:n])
 		if err != nil {
-			return got.String(), err, time.Now()
+			return got.String(), time.Now(), err
 		}
 	}
 }
@@ -81,7 +81,7 @@ func TestIdleCutsAStalledBody(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		start := time.Now()
-		got, err, at := readUntilError(resp.Body)
+		got, at, err := readUntilError(resp.Body)
 		if got != "half" {
 			t.Fatalf("read %q before the error, want the half sent", got)
 		}
@@ -207,7 +207,7 @@ func TestLoopbackIdle(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		start := time.Now()
-		got, err, at := readUntilError(resp.Body)
+		got, at, err := readUntilError(resp.Body)
 		if got != "half" {
 			t.Fatalf("read %q, want the half sent", got)
 		}
