@@ -22,8 +22,9 @@ import (
 // and a body is then replayable only while no reader has read from it.
 //
 // Memory: one buffer per Replay, grown as the body is read and never
-// holding more than limit, taken from a pool and returned to it once the call is over and
-// every reader is closed (or at once when the body passes the bound).
+// holding more than limit, taken from a pool and returned to it once the
+// call is over and every reader is closed (or at once when the body passes
+// the bound).
 //
 // The caller's body is closed exactly once: at its end or at a read error;
 // or, by Release, when the call is over and no attempt still sends it.
@@ -42,7 +43,6 @@ type Replay struct {
 	owner    *replayReader // the reader that may read on from src
 	open     int           // readers not closed
 	released bool          // the call is over
-	answered bool          // and returned a response (see Release)
 	src      io.ReadCloser // the caller's body; nil once closed
 	// pulling is true while a reader reads src, which is not safe for
 	// concurrent reads; a reader that must wait for it waits on pulled.
@@ -56,10 +56,10 @@ var (
 	// errTakenOver is a superseded reader's, once the body has moved on
 	// to a later attempt.
 	errTakenOver = errors.New("resilix: request body taken over by a later attempt")
-	// ErrBodyTooLarge is a reader's that needs bytes that were read by an
+	// errTooLarge is a reader's that needs bytes that were read by an
 	// earlier reader past the replay bound, and not kept.
-	ErrBodyTooLarge = errors.New("resilix: request body outgrew the replay buffer")
-	errReadClosed   = errors.New("resilix: read of a closed request body")
+	errTooLarge   = errors.New("resilix: request body outgrew the replay buffer")
+	errReadClosed = errors.New("resilix: read of a closed request body")
 )
 
 // NewReplay returns a Replay of body keeping up to limit bytes (limit >= 0).
@@ -142,7 +142,7 @@ func (r *Replay) Release(answered bool) {
 		r.mu.Unlock()
 		return
 	}
-	r.released, r.answered = true, answered
+	r.released = true
 	closeNow := !answered || r.owner == nil || r.owner.closed
 	r.recycleLocked()
 	r.mu.Unlock()
@@ -227,7 +227,7 @@ func (rd *replayReader) Read(p []byte) (int, error) {
 			return n, nil
 		case rd.off < r.n:
 			r.mu.Unlock()
-			return 0, ErrBodyTooLarge
+			return 0, errTooLarge
 		case r.err != nil:
 			err := r.err
 			r.mu.Unlock()
