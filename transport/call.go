@@ -340,7 +340,7 @@ func (c *call) bodySkip() policy.SkipReason {
 // GetBody.
 func (c *call) newBody() (io.ReadCloser, error) {
 	if c.req.GetBody == nil {
-		return c.req.Body, nil // nil or http.NoBody, as Replayable checked
+		return c.req.Body, nil // nil or http.NoBody, as backoff checked
 	}
 	return c.req.GetBody()
 }
