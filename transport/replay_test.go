@@ -366,10 +366,10 @@ func TestHedgeSendsTheBufferedBody(t *testing.T) {
 		if err != nil || code != 200 {
 			t.Fatalf("got %d, %v", code, err)
 		}
+		synctest.Wait() // the winning hedge's goroutine reports after the caller has its answer
 		if started, won := ev.counts(); started != 1 || won != 1 {
 			t.Fatalf("hedges started %d, won %d; want 1 and 1", started, won)
 		}
-		synctest.Wait()
 		if !bytes.Equal(base.bodies[30], payload) || !bytes.Equal(base.bodies[31], payload) {
 			t.Fatalf("the legs sent %d and %d bytes; want the body, byte for byte, twice", len(base.bodies[30]), len(base.bodies[31]))
 		}
