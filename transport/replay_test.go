@@ -396,6 +396,7 @@ func TestHedgeWithTheBodyStillSending(t *testing.T) {
 		if err != nil || code != 200 {
 			t.Fatalf("got %d, %v", code, err)
 		}
+		synctest.Wait()
 		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyPending) != 1 {
 			t.Fatalf("hedges started %d, suppressed as body_pending %d; want 0 and 1", started, ev.reason(policy.HedgeBodyPending))
 		}
@@ -421,6 +422,7 @@ func TestHedgeWithABodyTooLarge(t *testing.T) {
 		if err != nil || code != 200 {
 			t.Fatalf("got %d, %v", code, err)
 		}
+		synctest.Wait()
 		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyTooLarge) != 1 {
 			t.Fatalf("hedges started %d, suppressed as body_too_large %d; want 0 and 1", started, ev.reason(policy.HedgeBodyTooLarge))
 		}
