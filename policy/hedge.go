@@ -14,7 +14,11 @@ import (
 // option, on purpose.
 //
 // Hedge follows Retry's rule for what may be sent twice: a plain POST is
-// never hedged.
+// never hedged (the exception Retry makes for an attempt that never reached
+// the server does not apply: a hedge is sent while the first leg may be
+// on the server). A body without GetBody is hedged from the copy
+// Set.ReplayBuffer keeps, once the first leg has sent all of it; a hedge
+// due before then is not sent (HedgeBodyPending).
 type Hedge struct {
 	// Quantile of recent attempt latency after which a hedge is
 	// considered, in (0, 1). If zero, 0.95 is used.
@@ -125,11 +129,19 @@ const (
 	// HedgeRejected: an admission gate (breaker, bulkhead, rate limit, ...)
 	// refused the hedge leg.
 	HedgeRejected
-	// HedgeBodyError: Request.GetBody failed for the hedge leg.
+	// HedgeBodyError: Request.GetBody failed for the hedge leg, or the
+	// caller's body (one without GetBody, kept for replay) failed as it
+	// was read.
 	HedgeBodyError
+	// HedgeBodyPending: the request's body has no GetBody and the first
+	// leg was still sending it, so there was no copy of it to send yet.
+	HedgeBodyPending
+	// HedgeBodyTooLarge: the request's body has no GetBody and was larger
+	// than Set.ReplayBuffer, so no copy of it was kept.
+	HedgeBodyTooLarge
 )
 
-var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected", "body_error"}
+var suppressReasonNames = [...]string{"", "warming", "deadline", "concurrency", "priority", "health", "value", "budget", "rejected", "body_error", "body_pending", "body_too_large"}
 
 // String returns the reason's name as it appears in metrics.
 func (r SuppressReason) String() string {

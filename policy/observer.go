@@ -152,7 +152,34 @@ type AttemptInfo struct {
 	Latency    time.Duration
 	StatusCode int
 	Err        error
+	// Reason says why a retry (Kind AttemptRetry) was sent: RetryAsked,
+	// or RetryUnsent when the attempt before it provably never reached
+	// the server. It is zero for other kinds.
+	Reason RetryReason
 }
+
+// RetryReason says why a retry was sent.
+type RetryReason uint8
+
+const (
+	// RetryAsked: the attempt before it asked for a retry (Retry.If
+	// said so or, with no If, Classify called it a Failure), and the
+	// request may be sent twice (its method, an idempotency key, or
+	// MarkRepeatable).
+	RetryAsked RetryReason = iota + 1
+	// RetryUnsent: the attempt before it failed in a way that proves
+	// the request never reached the server (a refused connection, a
+	// failed TLS handshake, an HTTP/2 stream refused or never
+	// processed), so it was retried whatever its method; see
+	// transport's package doc for the exact rule.
+	RetryUnsent
+)
+
+var retryReasonNames = [...]string{"", "asked", "unsent"}
+
+// String returns the reason's name as it appears in metrics: "asked" or
+// "unsent".
+func (r RetryReason) String() string { return enumName(retryReasonNames[:], int(r), "retry_reason") }
 
 // Refusal describes a gate's refusal of one attempt.
 type Refusal struct {
@@ -191,7 +218,8 @@ const (
 	// SkipRetryAfter: the response asked for a longer wait than
 	// Retry.MaxRetryAfter.
 	SkipRetryAfter
-	// SkipBodyError: Request.GetBody failed.
+	// SkipBodyError: Request.GetBody failed, or the caller's body failed
+	// as it was read and kept for replay.
 	SkipBodyError
 	// SkipPermanent: the error will not go away by sending again (the
 	// server's TLS certificate was not trusted).
@@ -219,6 +247,10 @@ type RetrySkip struct {
 	Gate Gate
 	// Attempt is the number of the failed attempt that was not retried.
 	Attempt int
+	// BodyTooLarge, with SkipNotReplayable, says that the request's body
+	// had no GetBody and was larger than Set.ReplayBuffer, so no copy of
+	// it could be kept.
+	BodyTooLarge bool
 }
 
 // BreakerTransition describes a breaker's change of state.

@@ -12,9 +12,16 @@ import (
 // GET, HEAD, OPTIONS, TRACE, PUT or DELETE, or that carries an
 // Idempotency-Key or X-Idempotency-Key header (net/http's own convention),
 // or whose context was marked with transport.MarkRepeatable; and only when
-// its body can be replayed, through Request.GetBody, or there is none. It
-// never reads the caller's body itself. It does not retry an error that
-// sending again cannot fix: a server certificate that was not trusted.
+// its body can be replayed: there is none, Request.GetBody re-creates it,
+// or it has no GetBody and fits in Set.ReplayBuffer, in which case a copy
+// is kept as the first attempt reads it (the body is read only by the
+// attempts that send it). It does not retry an error that sending again
+// cannot fix: a server certificate that was not trusted.
+// One exception to the method rule: an attempt whose error proves that the
+// request never reached the server (a refused connection, a failed TLS
+// handshake, an HTTP/2 stream the server refused or never processed) may
+// be retried whatever the method; package transport documents the exact
+// rule, under "What never left".
 //
 // Between attempts it sleeps an exponential backoff with full jitter (a
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number

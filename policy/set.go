@@ -36,6 +36,26 @@ type Set struct {
 	// only applies when Retry or Hedge is set.
 	Budget Budget
 
+	// ReplayBuffer bounds, in bytes, the copy kept of a request body that
+	// has no GetBody (an io.NopCloser, an io.Pipe), so that the request
+	// can be retried or hedged like one that has. As the first attempt
+	// reads the caller's body, up to ReplayBuffer bytes of it are kept; a
+	// body that fits, exactly ReplayBuffer bytes included, is then sent
+	// again from the copy, and one that does not is sent once
+	// (Observer.RetrySkipped reports SkipNotReplayable with BodyTooLarge).
+	// Buffering changes nothing of what may be repeated: a plain POST's
+	// body is kept only so that an attempt that never reached the server
+	// can be retried (see package transport), never to repeat a POST
+	// that did. The caller's request is never modified.
+	//
+	// Memory is at most one buffer of ReplayBuffer bytes (rounded up to a
+	// power of two) per call in flight, pooled up to 64 KiB, and returned
+	// when the call is over; a request without a body, or with GetBody,
+	// costs nothing. It only applies when Retry or Hedge is set. If zero,
+	// DefaultReplayBuffer (64 KiB) is used. If negative, no copy is kept
+	// and a body without GetBody is never sent twice.
+	ReplayBuffer int
+
 	Retry     *Retry
 	Hedge     *Hedge
 	Throttler *Throttler
@@ -44,6 +64,21 @@ type Set struct {
 	Bulkhead  *Bulkhead
 	RateLimit *RateLimit
 	Timeout   *Timeout
+}
+
+// DefaultReplayBuffer is the ReplayBuffer used when the field is zero.
+const DefaultReplayBuffer = 64 << 10
+
+// ReplayBytes returns the bound on the copy of a body without GetBody:
+// ReplayBuffer with its default applied, or -1 when it is off.
+func (s *Set) ReplayBytes() int {
+	switch {
+	case s.ReplayBuffer < 0:
+		return -1
+	case s.ReplayBuffer == 0:
+		return DefaultReplayBuffer
+	}
+	return s.ReplayBuffer
 }
 
 // Amplifies reports whether the set may send more than one wire call per

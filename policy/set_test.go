@@ -77,3 +77,23 @@ func TestRejectedErrorMatchesBothSentinels(t *testing.T) {
 		t.Fatalf("Error() = %q, want %q", got, want)
 	}
 }
+
+// TestReplayBytes: ReplayBuffer's zero is the 64 KiB default and any
+// negative value turns buffering off; every value is valid.
+func TestReplayBytes(t *testing.T) {
+	for _, tc := range []struct{ in, want int }{
+		{0, 64 << 10},
+		{-1, -1},
+		{-1 << 40, -1},
+		{1, 1},
+		{1 << 20, 1 << 20},
+	} {
+		s := Set{ReplayBuffer: tc.in, Retry: &Retry{}}
+		if got := s.ReplayBytes(); got != tc.want {
+			t.Errorf("ReplayBuffer %d: ReplayBytes() = %d, want %d", tc.in, got, tc.want)
+		}
+		if err := s.Validate(); err != nil {
+			t.Errorf("ReplayBuffer %d: %v", tc.in, err)
+		}
+	}
+}

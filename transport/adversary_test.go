@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -24,11 +25,18 @@ import (
 // while hedges fail at once, bodies that stall, a base that panics (the
 // caller recovers, as net/http's server does), a caller that reuses its
 // request the moment it has closed the body (-race is the judge), more
-// hosts than MaxKeys, and a base deaf to cancellation on odd seeds. Every
-// call is checked as the contract test checks it, and at the end:
+// hosts than MaxKeys, a base deaf to cancellation on odd seeds, attempts
+// that never reach the server (a refused dial before the body is read, an
+// HTTP/2 stream refused after half of it), bodies without GetBody of every
+// size around a small replay buffer, and an idle bound on response bodies.
+// Every call is checked as the contract test checks it, every body the
+// base reads is checked byte for byte against what the caller sent, and at
+// the end:
 //
 //   - no goroutine outlives the calls (the bubble refuses to end, naming
-//     the goroutines left, if one does);
+//     the goroutines left, if one does), and no idle watchdog's timer;
+//   - no plain POST was processed more than once: it was re-sent only
+//     after attempts that never reached the server;
 //   - every response body the base handed out is closed;
 //   - no host ever had more exchanges in flight than its bulkhead allows,
 //     eviction or not;
@@ -73,6 +81,15 @@ func adversarySet(rng *rand.Rand) policy.Set {
 	}
 	// The bulkhead is always on: it is the invariant eviction must keep.
 	set.Bulkhead = &policy.Bulkhead{MaxConcurrent: 1 + rng.IntN(3), MaxWait: time.Duration(rng.IntN(50)) * time.Millisecond}
+	// Replay buffers below, at and above the callers' body sizes (0 to
+	// 80 bytes), or the default.
+	set.ReplayBuffer = []int{0, 16, 40, 80}[rng.IntN(4)]
+	if maybe() {
+		if set.Timeout == nil {
+			set.Timeout = &policy.Timeout{}
+		}
+		set.Timeout.Idle = time.Duration(20+rng.IntN(100)) * time.Millisecond
+	}
 	return set
 }
 
@@ -101,6 +118,12 @@ func describe(s policy.Set) string {
 	if s.Bulkhead != nil {
 		fmt.Fprintf(&b, ", Bulkhead{%d, wait %v}", s.Bulkhead.MaxConcurrent, s.Bulkhead.MaxWait)
 	}
+	if s.ReplayBuffer != 0 {
+		fmt.Fprintf(&b, ", ReplayBuffer %d", s.ReplayBuffer)
+	}
+	if s.Timeout != nil && s.Timeout.Idle > 0 {
+		fmt.Fprintf(&b, ", Idle %v", s.Timeout.Idle)
+	}
 	return b.String()
 }
 
@@ -115,6 +138,10 @@ type adversary struct {
 	closed   atomic.Int64 // and closed
 	panics   atomic.Int64
 	calls    atomic.Int64
+
+	processed map[string]int // wire attempts per call that reached the "server"
+	posts     map[string]bool
+	wrong     []string // bodies that were not what the caller sent, and why
 }
 
 type move struct {
@@ -122,6 +149,9 @@ type move struct {
 	status  int
 	stall   bool // the body never ends until closed
 	panic   bool
+	dial    bool // connection refused, before the body is read: unsent
+	refused bool // HTTP/2 REFUSED_STREAM after half the body: unsent
+	reset   bool // reset after the whole body: ambiguous
 }
 
 func (a *adversary) draw() move {
@@ -136,6 +166,12 @@ func (a *adversary) draw() move {
 		m.latency, m.status = 0, 503
 	case r < 0.38:
 		m.panic = true
+	case r < 0.46:
+		m.dial = true
+	case r < 0.50:
+		m.refused = true
+	case r < 0.53:
+		m.reset = true
 	}
 	if m.status != 200 && a.rng.IntN(2) == 0 {
 		m.stall = true
@@ -156,15 +192,66 @@ func (a *adversary) leave(host string) {
 	a.mu.Unlock()
 }
 
+// errRefusedStream is net/http's error for an HTTP/2 stream the server
+// refused, when the request's body has no GetBody.
+var errRefusedStream = errors.New("http2: Transport: cannot retry err [stream error: stream ID 1; REFUSED_STREAM; received from peer] after Request.Body was written; define Request.GetBody to avoid this error")
+
+// body reads n bytes of the request's body (all of it when n < 0), closes
+// it, and records it if it is not the caller's payload, which the
+// request's X-Payload header holds.
+func (a *adversary) body(r *http.Request, n int) {
+	if r.Body == nil {
+		return
+	}
+	want := r.Header.Get("X-Payload")
+	var got []byte
+	var err error
+	if n < 0 {
+		got, err = io.ReadAll(r.Body)
+	} else {
+		got = make([]byte, min(n, len(want)))
+		_, err = io.ReadFull(r.Body, got)
+		want = want[:len(got)]
+	}
+	r.Body.Close()
+	if err != nil || string(got) != want {
+		a.mu.Lock()
+		a.wrong = append(a.wrong, fmt.Sprintf("call %s: read %q, %v; want %q", r.Header.Get("X-Call"), got, err, want))
+		a.mu.Unlock()
+	}
+}
+
+// reached records an attempt that reached the server.
+func (a *adversary) reached(r *http.Request) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := r.Header.Get("X-Call")
+	a.processed[id]++
+	if r.Method == http.MethodPost {
+		a.posts[id] = true
+	}
+}
+
 func (a *adversary) RoundTrip(r *http.Request) (*http.Response, error) {
 	a.calls.Add(1)
-	if r.Body != nil {
-		_, _ = io.Copy(io.Discard, r.Body)
-		r.Body.Close()
+	m := a.draw()
+	switch {
+	case m.dial:
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, errRefused
+	case m.refused:
+		a.body(r, len(r.Header.Get("X-Payload"))/2)
+		return nil, errRefusedStream
+	}
+	a.body(r, -1)
+	a.reached(r)
+	if m.reset {
+		return nil, errReset
 	}
 	host := r.URL.Host
 	a.enter(host)
-	m := a.draw()
 	if m.panic {
 		a.leave(host)
 		a.panics.Add(1)
@@ -220,7 +307,7 @@ func adversaryScenario(t *testing.T, seed uint64, workers, calls int) {
 	hosts := 2 + rng.IntN(4)
 	maxKeys := 1 + rng.IntN(hosts)
 	base := &adversary{rng: rand.New(rand.NewPCG(seed, 8)), deaf: seed%2 == 1,
-		inFlight: map[string]int{}, peak: map[string]int{}}
+		inFlight: map[string]int{}, peak: map[string]int{}, processed: map[string]int{}, posts: map[string]bool{}}
 	tr := mustNew(t, Config{Base: base, Policies: set, MaxKeys: maxKeys})
 	desc := fmt.Sprintf("seed %d: %d hosts, MaxKeys %d, deaf %v, %s", seed, hosts, maxKeys, base.deaf, describe(set))
 
@@ -270,6 +357,19 @@ func adversaryScenario(t *testing.T, seed uint64, workers, calls int) {
 	if base.panics.Load() != recovered.Load() {
 		t.Errorf("%s: the base panicked %d times, callers recovered %d", desc, base.panics.Load(), recovered.Load())
 	}
+	if n := tr.watchdogs.Load(); n != 0 {
+		t.Errorf("%s: %d idle watchdogs left after every call", desc, n)
+	}
+	base.mu.Lock()
+	defer base.mu.Unlock()
+	for _, w := range base.wrong {
+		t.Errorf("%s: %s", desc, w)
+	}
+	for id := range base.posts {
+		if n := base.processed[id]; n > 1 {
+			t.Errorf("%s: POST %s reached the server %d times", desc, id, n)
+		}
+	}
 }
 
 // adversaryCall makes one call as a demanding caller would: a deadline, a
@@ -283,11 +383,17 @@ func adversaryCall(tr *Transport, w, i, hosts int, checkDeadline bool) (panicked
 		ctx = shedding.WithPriority(ctx, shedding.Priority(i%8/2))
 	}
 	method := []string{http.MethodGet, http.MethodPut, http.MethodPost}[(w+i)%3]
-	const payload = "payload"
+	// A body of 0 to 80 bytes, its own; every other call's has no
+	// GetBody, so that only the replay buffer can send it twice.
+	payload := strings.Repeat(fmt.Sprintf("<%d.%d>", w, i), 20)[:(w*31+i*17)%81]
 	reqBody := &trackedReq{Reader: strings.NewReader(payload)}
 	req, _ := http.NewRequestWithContext(ctx, method, fmt.Sprintf("http://h%d.test/", (w+i)%hosts), reqBody)
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	req.GetBody = nil
+	if i%2 == 0 {
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	}
 	req.Header.Set("X-Call", fmt.Sprint(w, i))
+	req.Header.Set("X-Payload", payload)
 	start := time.Now()
 
 	resp, rerr := func() (resp *http.Response, err error) {

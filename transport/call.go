@@ -127,17 +127,23 @@ type call struct {
 	mayRetry bool
 	mayHedge bool
 
-	wire    int            // wire attempts made; guarded by the round's lock while hedges run
-	retries int            // retries sent
-	outcome policy.Outcome // of what the call returns
-	again   bool           // what the call returns asks for a retry (see leg.again)
+	// rb keeps a copy of a body without GetBody for replay; nil when the
+	// request has GetBody or no body, or the call would never replay it.
+	rb *httpx.Replay
+	// tooLarge: the retry not sent was not sent because rb's body outgrew
+	// the buffer (RetrySkip.BodyTooLarge).
+	tooLarge bool
+
+	wire    int                // wire attempts made; guarded by the round's lock while hedges run
+	retries int                // retries sent
+	outcome policy.Outcome     // of what the call returns
+	again   bool               // what the call returns asks for a retry (see leg.again)
+	why     policy.RetryReason // why the next round is a retry, once backoff has said
 }
 
-// run is the retry loop: rounds until one asks for no retry (see
-// leg.again), attempts or budget run out, or the next one could not start
-// before the deadline. The response a retry would supersede is kept until
-// the retry is admitted: when a gate refuses it, the caller gets that
-// response, intact.
+// run admits the call's first attempt, has a copy of its body kept when
+// the body has no GetBody and the call may send it again (see buffers),
+// and runs the retry loop.
 func (c *call) run() (*http.Response, error) {
 	c.s.budget.Deposit(c.start)
 	var l leg
@@ -149,12 +155,32 @@ func (c *call) run() (*http.Response, error) {
 		}
 		return nil, err
 	}
-	resp, err := c.round(&l, policy.AttemptFirst, c.req.Body, c.start)
+	if !c.buffers() {
+		return c.retry(&l, c.req.Body)
+	}
+	// The call is over for the buffered body when run returns, or when
+	// a base's panic passes through it (see httpx.Replay.Release).
+	c.rb = httpx.NewReplay(c.req.Body, c.s.chain.replay, c.req.ContentLength)
+	answered := false
+	defer func() { c.rb.Release(answered) }()
+	resp, err := c.retry(&l, c.rb.Next())
+	answered = resp != nil
+	return resp, err
+}
+
+// retry is the retry loop: it sends the first round, whose leg l is
+// admitted, with body, then rounds until one asks for no retry (see
+// leg.again), attempts or budget run out, or the next one could not start
+// before the deadline; l is reused for each. The response a retry would
+// supersede is kept until the retry is admitted: when a gate refuses it,
+// the caller gets that response, intact.
+func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
+	resp, err := c.round(l, policy.AttemptFirst, body, c.start)
 	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
-		var body io.ReadCloser // the replayed body of the next round
-		if why == 0 {
+		body = nil // the replayed body of the next round
+		if why == 0 && c.rb == nil {
 			var gerr error
 			if body, gerr = c.newBody(); gerr != nil {
 				why = policy.SkipBodyError
@@ -176,8 +202,8 @@ func (c *call) run() (*http.Response, error) {
 		}
 		c.retries++
 		now = time.Now()
-		l = leg{}
-		if aerr := c.admit(&l, policy.AttemptRetry, now, true, resp); aerr != nil {
+		*l = leg{}
+		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
 				c.skipped(policy.SkipGate, rej.Gate)
@@ -186,6 +212,17 @@ func (c *call) run() (*http.Response, error) {
 			httpx.Discard(resp)
 			c.outcome = policy.Canceled
 			return nil, aerr
+		}
+		if c.rb != nil {
+			// The buffered body is taken over only now that the retry
+			// is admitted: until then the attempt before may still be
+			// sending it, for the response the caller would get. It may
+			// have passed the bound meanwhile.
+			if body = c.rb.Next(); body == nil {
+				c.unadmit(l, now)
+				c.skipped(c.bodySkip(), 0)
+				return resp, err
+			}
 		}
 		// Superseded, now that the retry is on its way. Drained in the
 		// background, unless the retry took over its bulkhead slot: it
@@ -196,36 +233,58 @@ func (c *call) run() (*http.Response, error) {
 		} else {
 			httpx.Discard(resp)
 		}
-		resp, err = c.round(&l, policy.AttemptRetry, body, now)
+		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
 }
 
 // round makes one logical attempt whose first leg l has been admitted: a
 // single leg, or, when the chain hedges and the request may be sent twice,
-// a hedged round. The first round sends the caller's own body; later ones
-// a replayed body.
+// a hedged round. The first round sends the caller's own body (or a reader
+// of it that keeps a copy); later ones a replayed body.
 func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
-	replay := kind != policy.AttemptFirst
 	if threshold, wait, ok := c.hedgeAfter(now); ok {
-		return c.hedged(l, kind, body, replay, threshold, wait)
+		return c.hedged(l, kind, body, threshold, wait)
 	}
-	c.prepare(l, kind, body, replay, false)
+	c.prepare(l, kind, body, false)
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
 	c.attemptDone(l)
 	return l.resp, l.err
 }
 
-// replayable reports whether the request may be sent more than once.
+// replayable reports whether the request may be sent more than once: its
+// method (or key, or mark) allows it, and its body can be sent again, or,
+// kept by the replay buffer, may still be.
 func (c *call) replayable() bool {
-	return httpx.Replayable(c.req, markedRepeatable(c.ctx))
+	if !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+		return false
+	}
+	if c.rb != nil {
+		return c.rb.Replayable()
+	}
+	return httpx.Rewindable(c.req)
 }
 
 // backoff returns the wait before the next round, or why there is none.
+// It sets c.why, why the retry would be sent: an attempt whose error
+// proves the request unsent (httpx.Unsent) may be retried whatever the
+// method; any other only when the request may be sent twice. Either way
+// the body must be replayable.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
-	if !c.replayable() {
+	c.why = policy.RetryAsked
+	if err != nil && httpx.Unsent(err) {
+		c.why = policy.RetryUnsent
+	}
+	if c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+		return 0, policy.SkipNotReplayable
+	}
+	if c.rb != nil {
+		if !c.rb.Replayable() {
+			return 0, c.bodySkip()
+		}
+	} else if !httpx.Rewindable(c.req) {
 		return 0, policy.SkipNotReplayable
 	}
 	if err != nil && httpx.Permanent(err) {
@@ -256,17 +315,39 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	return d, 0
 }
 
-// newBody returns a fresh copy of the request body for a replay.
+// buffers reports whether the call keeps a copy of the request's body as
+// its first attempt reads it: the body has no GetBody, the chain's
+// ReplayBuffer is on, and the call could send it again, as a retry (of an
+// attempt that never left, whatever the method) or a hedge.
+func (c *call) buffers() bool {
+	b := c.req.Body
+	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.chain.replay < 0 {
+		return false
+	}
+	return c.mayRetry || c.mayHedge && httpx.Repeatable(c.req, markedRepeatable(c.ctx))
+}
+
+// bodySkip says why the buffered body cannot be replayed.
+func (c *call) bodySkip() policy.SkipReason {
+	if c.rb.Err() != nil {
+		return policy.SkipBodyError
+	}
+	c.tooLarge = c.rb.TooLarge()
+	return policy.SkipNotReplayable
+}
+
+// newBody returns a fresh copy of the request body for a replay, from
+// GetBody.
 func (c *call) newBody() (io.ReadCloser, error) {
 	if c.req.GetBody == nil {
-		return c.req.Body, nil // nil or http.NoBody, as Replayable checked
+		return c.req.Body, nil // nil or http.NoBody, as backoff checked
 	}
 	return c.req.GetBody()
 }
 
 func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire})
+		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
 	}
 }
 
@@ -423,6 +504,7 @@ func (c *call) attemptDone(l *leg) {
 			Outcome: l.outcome,
 			Latency: l.latency,
 			Err:     l.err,
+			Reason:  l.why,
 		}
 		if l.resp != nil {
 			info.StatusCode = l.resp.StatusCode

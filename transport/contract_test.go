@@ -21,14 +21,19 @@ import (
 // TestContractUnderRandomFaults drives random policy sets against an
 // upstream with random latencies and faults (503s with Retry-After, resets,
 // slow headers, slow bodies), many calls at once, each with a deadline and
-// a replayable body, and checks the RoundTripper contract on every call:
+// a replayable body (through GetBody on half the calls, through the replay
+// buffer on the others), and checks the RoundTripper contract on every
+// call:
 //
 //   - exactly one of the response and the error is set;
 //   - the call returns by its deadline (virtual time, exact);
 //   - the caller's request is not modified, and its body is closed;
+//   - every body the upstream receives is the caller's, byte for byte,
+//     replayed or not;
 //   - once the caller has closed what it got, every response body the
 //     upstream handed out is closed: retries, hedge losers, all of them;
-//   - nothing is left running (goleak, at the end of the package).
+//   - nothing is left running (goleak, at the end of the package), and no
+//     idle watchdog's timer (on seeds that set Timeout.Idle).
 //
 // Odd seeds put a stubborn RoundTripper under resilix, one that ignores
 // cancellation and answers when it is done: hedge losers and timed-out
@@ -92,7 +97,15 @@ func contractScenario(t *testing.T, seed uint64) {
 		BodySize: 64,
 		Capacity: 16,
 	})
-	var base http.RoundTripper = up.RoundTripper()
+	if maybe() {
+		if set.Timeout == nil {
+			set.Timeout = &policy.Timeout{}
+		}
+		set.Timeout.Idle = time.Duration(10+rng.IntN(100)) * time.Millisecond
+	}
+	set.ReplayBuffer = []int{0, 8, 32}[rng.IntN(3)]
+	checker := &bodyCheck{next: up.RoundTripper()}
+	var base http.RoundTripper = checker
 	stubborn := seed%2 == 1
 	if stubborn {
 		inner := base
@@ -148,6 +161,40 @@ func contractScenario(t *testing.T, seed uint64) {
 			break
 		}
 	}
+	for _, w := range checker.wrongs() {
+		t.Errorf("%+v: %s", set, w)
+	}
+	if n := tr.watchdogs.Load(); n != 0 {
+		t.Errorf("%+v: %d idle watchdogs left after every call", set, n)
+	}
+}
+
+// bodyCheck is a base that reads each request's body and records it when
+// it is not the payload the request's X-Payload header holds, then passes
+// the request on with the body it read.
+type bodyCheck struct {
+	next  http.RoundTripper
+	mu    sync.Mutex
+	wrong []string
+}
+
+func (b *bodyCheck) RoundTrip(r *http.Request) (*http.Response, error) {
+	got, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if want := r.Header.Get("X-Payload"); err != nil || string(got) != want {
+		b.mu.Lock()
+		b.wrong = append(b.wrong, fmt.Sprintf("the upstream received %q, %v; want %q", got, err, want))
+		b.mu.Unlock()
+	}
+	r2 := r.Clone(r.Context())
+	r2.Body = io.NopCloser(strings.NewReader(string(got)))
+	return b.next.RoundTrip(r2)
+}
+
+func (b *bodyCheck) wrongs() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.wrong
 }
 
 // trackedReq is a request body that records its Close.
@@ -167,10 +214,16 @@ func contractCall(tr *Transport, w, i int, checkDeadline bool) (*trackedReq, err
 	if i%3 == 0 {
 		ctx = shedding.WithPriority(ctx, shedding.Priority(i%4))
 	}
-	const payload = "payload"
+	// A body of its own, 0 to 40 bytes; half the calls' bodies have no
+	// GetBody, so that only the replay buffer can send them again.
+	payload := strings.Repeat(fmt.Sprintf("[%d.%d]", w, i), 10)[:(w*13+i*7)%41]
 	body := &trackedReq{Reader: strings.NewReader(payload)}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://up.test/", body)
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	req.GetBody = nil
+	if i%2 == 0 {
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	}
+	req.Header.Set("X-Payload", payload)
 	before := *req
 	start := time.Now()
 

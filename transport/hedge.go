@@ -76,13 +76,13 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 }
 
 // hedged runs a round whose first leg has passed the admission gates.
-func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, replay bool, threshold, wait time.Duration) (*http.Response, error) {
+func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
 	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
 	r.cond.L = &r.mu
 	l := &r.first
 	l.round = r
-	r.c.prepare(l, kind, body, replay, true)
+	r.c.prepare(l, kind, body, true)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
@@ -144,14 +144,11 @@ func (r *round) fire() {
 		c.suppress(policy.HedgeRejected)
 		return
 	}
-	var body io.ReadCloser
-	if r.getBody != nil {
-		var err error
-		if body, err = r.getBody(); err != nil {
-			c.unadmit(l, now)
-			c.suppress(policy.HedgeBodyError)
-			return
-		}
+	body, why := r.body()
+	if why != 0 {
+		c.unadmit(l, now)
+		c.suppress(why)
+		return
 	}
 
 	// The budget is charged last, under the round's lock, so that a token
@@ -169,7 +166,7 @@ func (r *round) fire() {
 	}
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
-	c.prepare(l, policy.AttemptHedge, body, true, true)
+	c.prepare(l, policy.AttemptHedge, body, true)
 	l.round = r
 	r.legs = append(r.legs, l)
 	r.live++
@@ -187,6 +184,32 @@ func (r *round) fire() {
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
 		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 	}
+}
+
+// body returns a hedge leg's body, or why it has none: GetBody failed, or
+// a body without GetBody is not yet, or cannot be, replayed from its copy.
+// A hedge never waits for the first leg to finish sending the body: it is
+// suppressed, HedgeBodyPending, and the first leg goes on.
+func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
+	switch rb := r.c.rb; {
+	case r.getBody != nil:
+		b, err := r.getBody()
+		if err != nil {
+			return nil, policy.HedgeBodyError
+		}
+		return b, 0
+	case rb == nil:
+		return r.c.req.Body, 0 // none, or http.NoBody
+	case rb.Err() != nil:
+		return nil, policy.HedgeBodyError
+	case rb.TooLarge():
+		return nil, policy.HedgeBodyTooLarge
+	case !rb.Complete():
+		return nil, policy.HedgeBodyPending
+	}
+	// Complete: the hedge replays the copy alone, and never reads on
+	// from the caller's body.
+	return r.c.rb.Next(), 0
 }
 
 // gate asks the hedging gates, in their order (see hedge.State.Gate);
@@ -321,7 +344,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed)
 		}
-		c.attemptDone(&leg{n: o.n, kind: o.kind, outcome: policy.Discarded, latency: elapsed})
+		c.attemptDone(&leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 type leg struct {
 	n    int
 	kind policy.AttemptKind
+	why  policy.RetryReason // of a retry
 	req  *http.Request
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
@@ -60,10 +62,13 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
 // gets a cancellable context.
-func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, replay, discardable bool) {
+func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
-	if d := c.timeout; d > 0 || discardable {
+	if kind == policy.AttemptRetry {
+		l.why = c.why
+	}
+	if d := c.timeout; d > 0 || discardable || c.s.chain.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 		if d > 0 {
 			cancel := l.cancel
@@ -75,7 +80,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, repl
 	case kind == policy.AttemptHedge:
 		l.req = c.req.Clone(l.ctx)
 		l.req.Body = body
-	case l.ctx != c.ctx || replay:
+	case l.ctx != c.ctx || body != c.req.Body:
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	}
@@ -173,7 +178,13 @@ func (c *call) send(l *leg) {
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
-		resp.Body = wrapBody(resp.Body, &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead})
+		r := &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead}
+		// An upgraded stream may rightly be quiet; an empty body cannot
+		// stall.
+		if d := s.chain.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
+			watch(r, d, &c.t.watchdogs)
+		}
+		resp.Body = wrapBody(resp.Body, r)
 	}
 	l.resp, l.err = resp, err
 }
@@ -214,10 +225,14 @@ type releaser struct {
 	cancel   context.CancelCauseFunc
 	bulkhead *gate.Bulkhead // nil once a retry took the slot over
 	done     atomic.Bool
+	idle     *watchdog // Timeout.Idle's, or nil
 }
 
 func (r *releaser) release() {
 	if r.done.CompareAndSwap(false, true) {
+		if r.idle != nil {
+			r.idle.stop()
+		}
 		free(r.cancel, r.bulkhead)
 	}
 }
@@ -234,8 +249,21 @@ func free(cancel context.CancelCauseFunc, bulkhead *gate.Bulkhead) {
 }
 
 func (r *releaser) Read(p []byte) (int, error) {
+	w := r.idle
+	if w == nil {
+		n, err := r.rc.Read(p)
+		if err != nil {
+			r.release()
+		}
+		return n, err
+	}
+	w.reads.Add(1) // odd: a Read waits
 	n, err := r.rc.Read(p)
+	w.reads.Add(1)
 	if err != nil {
+		if err != io.EOF && w.fired.Load() {
+			err = &idleTimeoutError{after: w.d}
+		}
 		r.release()
 	}
 	return n, err
@@ -295,6 +323,104 @@ func heldSlot(resp *http.Response) *releaser {
 	}
 	return r
 }
+
+// idleChecks is how many times per Idle a watchdog looks at its body.
+const idleChecks = 4
+
+// watchdog bounds the waits of a response body's reads by Timeout.Idle
+// with one timer, and no timer work per Read. Each Read adds one to reads
+// as it starts and one as it ends, so reads is odd while a Read waits. The
+// timer wakes every Idle/idleChecks; a wake that finds the same waiting
+// Read (the same odd count) as the last idleChecks wakes before it knows
+// that Read has waited at least Idle, and at most Idle/idleChecks more,
+// and fires: it cancels the attempt's context with the idle error, which
+// makes net/http end the Read and drop the connection, and stops for good;
+// the Read's error releases what the attempt held. Otherwise it re-arms. A
+// wake after the body is released does nothing, and nothing re-arms it:
+// the timer ends with the body.
+type watchdog struct {
+	d     time.Duration
+	r     *releaser
+	reads atomic.Uint64
+	fired atomic.Bool
+	live  *atomic.Int64 // the transport's count of watchdogs not stopped
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	seen    uint64 // reads at the last wake
+	waited  int    // wakes in a row that found the same Read waiting
+	stopped bool
+}
+
+// watch starts a watchdog of Idle d over r's reads.
+func watch(r *releaser, d time.Duration, live *atomic.Int64) {
+	w := &watchdog{d: d, r: r, live: live}
+	live.Add(1)
+	r.idle = w
+	w.mu.Lock()
+	w.timer = time.AfterFunc(d/idleChecks, w.wake)
+	w.mu.Unlock()
+}
+
+func (w *watchdog) wake() {
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	switch v := w.reads.Load(); {
+	case v%2 == 0 || v != w.seen:
+		w.seen, w.waited = v, 0 // nothing waits, or a new Read does
+	default:
+		w.waited++
+	}
+	if w.waited < idleChecks {
+		w.timer.Reset(w.d / idleChecks)
+		w.mu.Unlock()
+		return
+	}
+	// Fired: the watchdog's work ends here. What the attempt holds is
+	// released as the Read fails, which cancelling makes net/http's do
+	// at once; a base deaf to cancellation keeps its slot until the
+	// caller closes the body, so the bulkhead still bounds its exchanges.
+	w.fired.Store(true)
+	w.stopLocked()
+	w.mu.Unlock()
+	if w.r.cancel != nil {
+		w.r.cancel(&idleTimeoutError{after: w.d})
+	}
+}
+
+// stop ends the watchdog, once.
+func (w *watchdog) stop() {
+	w.mu.Lock()
+	w.stopLocked()
+	w.mu.Unlock()
+}
+
+func (w *watchdog) stopLocked() {
+	if !w.stopped {
+		w.stopped = true
+		w.timer.Stop()
+		w.live.Add(-1)
+	}
+}
+
+// idleTimeoutError is the error of a response body read that waited
+// Timeout.Idle for its next bytes. It matches policy.ErrAttemptTimeout and
+// context.DeadlineExceeded, and is a net.Error whose Timeout is true.
+type idleTimeoutError struct{ after time.Duration }
+
+func (e *idleTimeoutError) Error() string {
+	return "resilix: attempt timed out: no response body bytes for " + e.after.String()
+}
+
+func (e *idleTimeoutError) Is(target error) bool {
+	return target == policy.ErrAttemptTimeout || target == context.DeadlineExceeded
+}
+
+func (e *idleTimeoutError) Timeout() bool   { return true }
+func (e *idleTimeoutError) Temporary() bool { return true }
 
 // attemptTimeoutError is the error of an attempt cut short by
 // Timeout.PerAttempt. It matches policy.ErrAttemptTimeout and

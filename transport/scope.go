@@ -28,6 +28,8 @@ type chain struct {
 	bulkhead  *policy.Bulkhead
 	rateLimit *policy.RateLimit
 	timeout   time.Duration // 0: off
+	idle      time.Duration // Timeout.Idle; 0: off
+	replay    int           // ReplayBuffer with its default; -1: off
 	budget    policy.Budget // used when amplifying
 	// timed is true when a policy learns from attempt latency or outcome
 	// times; otherwise the clock is not read around the wire call.
@@ -44,6 +46,7 @@ func compile(s policy.Set) (*chain, error) {
 	// constructors take their configs as they are.
 	c := &chain{
 		attempts:  s.MaxAttempts(),
+		replay:    s.ReplayBytes(),
 		classify:  s.Classify,
 		budget:    s.Budget.WithDefaults(),
 		retry:     defaulted(s.Retry, policy.Retry.WithDefaults),
@@ -59,6 +62,7 @@ func compile(s policy.Set) (*chain, error) {
 	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
+		c.idle = s.Timeout.Idle
 	}
 	c.timed = c.hedge != nil || c.breaker != nil || c.throttler != nil || c.limiter != nil
 	return c, nil

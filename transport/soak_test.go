@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,11 +33,15 @@ import (
 // Three upstreams, fewer keys than hosts, 16 callers with deadlines from
 // 50 to 500 ms, and a weather that changes every quarter second: calm,
 // a 5xx storm, resets, stalled bodies, slow headers; the base panics now
-// and then (the callers recover). It checks every call's contract as it
-// comes back (one of response and error; back by its deadline, with a
-// margin for a loaded machine, since real sockets run on real time), and
-// at the end that every response body is closed, every request body was
-// closed, every permit is back and no goroutine is left. It prints what it
+// and then (the callers recover). Half the callers' bodies have no
+// GetBody, so that net/http's write loop reads them through the replay
+// buffer, and response bodies that stall are cut by Timeout.Idle. It
+// checks every call's contract as it comes back (one of response and
+// error; back by its deadline, with a margin for a loaded machine, since
+// real sockets run on real time), every request body a server read whole
+// against what its caller sent, byte for byte, and at the end that every
+// response body is closed, every request body was closed, every permit is
+// back, no idle watchdog and no goroutine is left. It prints what it
 // checked.
 func TestSoak(t *testing.T) {
 	d := 2 * time.Second
@@ -72,6 +77,8 @@ type soak struct {
 
 	calls, ok, failed, refused, canceled, panics atomic.Int64
 	late                                         atomic.Int64
+	bodiesChecked                                atomic.Int64
+	wrongBodies                                  atomic.Int64
 	worstLate                                    atomic.Int64 // ns past the deadline
 	reqBodies                                    sync.Map     // *trackedReq → struct{}
 	byGate                                       [8]atomic.Int64
@@ -85,7 +92,7 @@ func newSoak(t *testing.T, hosts int) *soak {
 			Seed:     uint64(i),
 			BodySize: 512,
 		})
-		srv := httptest.NewServer(u)
+		srv := httptest.NewServer(s.checkBodies(u))
 		s.ups = append(s.ups, u)
 		s.urls = append(s.urls, srv.URL)
 		s.closers = append(s.closers, srv.Close)
@@ -96,7 +103,7 @@ func newSoak(t *testing.T, hosts int) *soak {
 		Attempts: 4,
 		Retry:    &policy.Retry{BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
 		Hedge:    &policy.Hedge{Quantile: 0.9, MaxConcurrent: 3, MinSamples: 10},
-		Timeout:  &policy.Timeout{PerAttempt: 200 * time.Millisecond},
+		Timeout:  &policy.Timeout{PerAttempt: 200 * time.Millisecond, Idle: 100 * time.Millisecond},
 		Breaker:  &policy.Breaker{OpenFor: 200 * time.Millisecond},
 		Limiter:  &policy.Limiter{},
 		Bulkhead: &policy.Bulkhead{MaxConcurrent: 8, MaxWait: 20 * time.Millisecond},
@@ -163,6 +170,23 @@ func (s *soak) run(t *testing.T, d time.Duration) {
 	wg.Wait()
 }
 
+// checkBodies reads each request's body and, when it arrived whole,
+// counts it wrong unless it is what the X-Payload header says, then serves
+// the request with it.
+func (s *soak) checkBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err == nil {
+			s.bodiesChecked.Add(1)
+			if string(b) != r.Header.Get("X-Payload") {
+				s.wrongBodies.Add(1)
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		next.ServeHTTP(w, r)
+	})
+}
+
 func (s *soak) call(rng *rand.Rand) (refused bool, err error) {
 	s.calls.Add(1)
 	deadline := time.Duration(50+rng.IntN(450)) * time.Millisecond
@@ -170,12 +194,16 @@ func (s *soak) call(rng *rand.Rand) (refused bool, err error) {
 	defer cancel()
 	ctx = shedding.WithPriority(ctx, shedding.Priority(rng.IntN(4)))
 	method := []string{http.MethodGet, http.MethodPut, http.MethodPost}[rng.IntN(3)]
-	const payload = "payload"
+	payload := strings.Repeat("payload.", rng.IntN(2000)) // up to 16 KB; a header value keeps no trailing space
 	body := &trackedReq{Reader: strings.NewReader(payload)}
 	s.reqBodies.Store(body, struct{}{})
 	req, _ := http.NewRequestWithContext(ctx, method, s.urls[rng.IntN(len(s.urls))], body)
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	req.GetBody = nil // the replay buffer's
+	if rng.IntN(2) == 0 {
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(payload)), nil }
+	}
 	req.Header.Set("X-Call", "1")
+	req.Header.Set("X-Payload", payload)
 	start := time.Now()
 
 	panicked := false
@@ -261,6 +289,12 @@ func (s *soak) check(t *testing.T) {
 			t.Errorf("%s holds bulkhead %d, limiter %d+%d queued after every call", u, m.BulkheadInFlight, m.LimiterInFlight, m.LimiterQueued)
 		}
 	}
+	if n := s.tr.watchdogs.Load(); n != 0 {
+		t.Errorf("%d idle watchdogs left", n)
+	}
+	if n := s.wrongBodies.Load(); n != 0 {
+		t.Errorf("%d of %d request bodies the servers read whole were not what their callers sent", n, s.bodiesChecked.Load())
+	}
 	if late := s.late.Load(); late > 0 {
 		t.Errorf("%d calls returned more than %v past their deadline (worst %v)", late, soakSlack, time.Duration(s.worstLate.Load()))
 	}
@@ -276,9 +310,9 @@ func (s *soak) check(t *testing.T) {
 	}
 	t.Logf("soak: %d calls (%d ok, %d failed, %d refused, %d ended by their deadline, %d base panics recovered), %d wire attempts, refusals by gate (attempts) %v; "+
 		"checked: one of response and error, back by the deadline (worst %v over, slack %v), "+
-		"every response and request body closed, every permit back, no goroutine left",
+		"%d request bodies byte for byte, every response and request body closed, every permit back, no watchdog or goroutine left",
 		s.calls.Load(), s.ok.Load(), s.failed.Load(), s.refused.Load(), s.canceled.Load(), s.panics.Load(), s.tracker.Requests(), gates,
-		time.Duration(s.worstLate.Load()), soakSlack)
+		time.Duration(s.worstLate.Load()), soakSlack, s.bodiesChecked.Load())
 }
 
 // waitFor polls cond for up to d: real sockets settle on real time.

@@ -13,10 +13,16 @@
 //
 //   - RoundTrip returns a response or an error, never both, never neither,
 //     and never modifies the caller's request. The request's body is
-//     closed; it is only ever replayed through GetBody.
+//     closed; it is only ever replayed through GetBody or, for a body
+//     without GetBody, from the copy of at most policy.Set.ReplayBuffer
+//     bytes kept as the first attempt read it.
 //   - A request is sent more than once (retried or hedged) only when that
 //     is safe: an idempotent method, an Idempotency-Key header, or a context
-//     marked with MarkRepeatable, and a body that GetBody can re-create.
+//     marked with MarkRepeatable, and a body that can be sent again:
+//     none, one GetBody re-creates, or one that fits in
+//     policy.Set.ReplayBuffer; or, for a retry, when the attempt before
+//     it provably never reached the server (see "What never left",
+//     below).
 //   - Every response resilix throws away (a superseded retry, the loser of
 //     a hedge) is closed. A superseded one is drained first, in the
 //     background, at most 4 KiB for at most 100 ms, so that its connection
@@ -55,9 +61,49 @@
 //     cancellation or deadline always comes back as the context's error
 //     itself, so that err == context.Canceled keeps working.
 //
+// # What never left
+//
+// An attempt whose error proves that the request never reached the server
+// may be retried whatever its method, a plain POST included: sending it
+// again cannot repeat anything the server did. The proof is the error the
+// base returned, and only these errors are proof (anywhere in the chain
+// errors.Unwrap follows):
+//
+//   - a failure to connect: a *net.OpError whose Op is "dial" (connection
+//     refused, no route to host, a failed DNS lookup, a dial timeout) or
+//     "proxyconnect" (net/http's, for a proxy it could not reach);
+//   - a refused TLS handshake: a TLS alert that only answers handshake
+//     messages (handshake_failure, protocol_version,
+//     insufficient_security, unrecognized_name, no_application_protocol,
+//     the certificate alerts, ...), a first record that is not TLS, an
+//     ECH rejection, net/http's "TLS handshake timeout", or a
+//     certificate the client did not trust, which is never retried since
+//     sending again only repeats the handshake;
+//   - over HTTP/2, a stream the server refused (RST_STREAM with
+//     REFUSED_STREAM) or did not process (a GOAWAY whose last stream id is
+//     below the stream's), and a connection that could take no stream, as
+//     net/http words these errors: it exports no type for them, so they
+//     are told by their whole messages (including net/http's "cannot
+//     retry err [...] after Request.Body was written", which it returns
+//     for a body without GetBody).
+//
+// Anything else is ambiguous and is not retried for a request that may
+// not be sent twice: a reset or a timeout after the request was written,
+// an EOF on a reused connection, a GOAWAY that may cover the stream. When
+// in doubt, resilix does not repeat.
+//
+// Such a retry is a retry like any other: it is a wire attempt counted
+// against Attempts, it needs Retry (and Retry.If, when set, to ask for
+// it), it draws a token from the budget, passes the gates, waits the
+// backoff, and needs a body it can replay. Observer.AttemptDone reports
+// it with Kind AttemptRetry and Reason RetryUnsent. Hedges are unchanged:
+// a request that may not be sent twice is never hedged.
+//
 // An idle Transport holds no goroutine or timer: state moves lazily,
 // from the time of the calls that read it. The timers and goroutines a call
-// needs (a per-attempt timeout, a hedge) end with it.
+// needs (a per-attempt timeout, a hedge) end with it, except Timeout.Idle's
+// one timer per response body, which ends when the body is read to its
+// end, fails or is closed.
 package transport
 
 import (
@@ -72,6 +118,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -174,6 +221,7 @@ type Transport struct {
 	def            *chain
 	perKey         map[string]*chain
 	scopes         registry
+	watchdogs      atomic.Int64 // idle watchdogs armed on response bodies, not yet stopped
 }
 
 // New validates cfg and returns a Transport. Every invalid field is
@@ -535,8 +583,9 @@ type repeatableKey struct{}
 
 // MarkRepeatable returns a copy of ctx under which requests may be retried
 // and hedged whatever their method: the caller asserts that sending the
-// request twice is safe. The body must still be replayable (GetBody, or no
-// body); http.NewRequest sets GetBody for the usual body types.
+// request twice is safe. The body must still be replayable (no body,
+// GetBody, or a body that fits in policy.Set.ReplayBuffer); http.NewRequest
+// sets GetBody for the usual body types.
 func MarkRepeatable(ctx context.Context) context.Context {
 	return context.WithValue(ctx, repeatableKey{}, true)
 }

@@ -294,9 +294,14 @@ func TestRepeatablePostIsRetriedWithItsWholeBody(t *testing.T) {
 	}
 }
 
+// TestBodyWithoutGetBodyIsNotRetried: with the replay buffer off, a body
+// without GetBody cannot be sent again. (With it on, see
+// TestBufferedBodyIsReplayed.)
 func TestBodyWithoutGetBodyIsNotRetried(t *testing.T) {
 	base := &script{codes: []int{503}}
-	tr := mustNew(t, Config{Base: base, Policies: retrySet()})
+	set := retrySet()
+	set.ReplayBuffer = -1
+	tr := mustNew(t, Config{Base: base, Policies: set})
 	req, _ := http.NewRequest(http.MethodPut, "http://a.test/", io.NopCloser(strings.NewReader("x")))
 	resp, err := tr.RoundTrip(req)
 	if err != nil {

@@ -1,5 +1,6 @@
 // Package httpx holds the HTTP mechanics the transport shares: Retry-After
-// parsing, draining superseded responses, and the replayability rules.
+// parsing, draining superseded responses, the replayability rules, and
+// which errors prove that a request never reached the server.
 package httpx
 
 import (
@@ -75,15 +76,11 @@ func drain(b io.ReadCloser) {
 	}
 }
 
-// Replayable reports whether req may be sent more than once: its method is
+// Repeatable reports whether sending req twice is safe: its method is
 // idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or it carries an
 // Idempotency-Key or X-Idempotency-Key header, which is net/http's own
-// rule, or marked is true; and its body can be re-created, through GetBody,
-// or it has none.
-func Replayable(req *http.Request, marked bool) bool {
-	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
-		return false
-	}
+// rule, or marked is true.
+func Repeatable(req *http.Request, marked bool) bool {
 	if marked {
 		return true
 	}
@@ -96,6 +93,12 @@ func Replayable(req *http.Request, marked bool) bool {
 	}
 	_, ok := req.Header["X-Idempotency-Key"]
 	return ok
+}
+
+// Rewindable reports whether req's body can be sent again as it was:
+// it has none, or GetBody re-creates it.
+func Rewindable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 }
 
 // Permanent reports whether a transport error will not go away by sending

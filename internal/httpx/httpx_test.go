@@ -64,6 +64,8 @@ func FuzzParseRetryAfter(f *testing.F) {
 	})
 }
 
+// TestReplayable: a request may be sent again when it is Repeatable and
+// its body Rewindable.
 func TestReplayable(t *testing.T) {
 	body := func() io.ReadCloser { return io.NopCloser(strings.NewReader("x")) }
 	for _, tc := range []struct {
@@ -99,8 +101,8 @@ func TestReplayable(t *testing.T) {
 			if tc.get {
 				r.GetBody = func() (io.ReadCloser, error) { return body(), nil }
 			}
-			if got := Replayable(r, tc.marked); got != tc.want {
-				t.Errorf("Replayable = %v, want %v", got, tc.want)
+			if got := Repeatable(r, tc.marked) && Rewindable(r); got != tc.want {
+				t.Errorf("Repeatable && Rewindable = %v, want %v", got, tc.want)
 			}
 		})
 	}
