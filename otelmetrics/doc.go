@@ -41,7 +41,8 @@
 //     loser of a hedge race, counted when it is cancelled);
 //   - outcome on hedges: started, won or suppressed, and, only on
 //     suppressed, reason: warming, deadline, concurrency, priority,
-//     health, value, budget, rejected or body_error
+//     health, value, budget, rejected, body_error, body_pending or
+//     body_too_large
 //     (policy.SuppressReason). The hedge win rate is
 //     hedges{outcome="won"} / hedges{outcome="started"};
 //   - gate and priority on shed: every refusal of an attempt by an
