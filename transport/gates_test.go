@@ -72,7 +72,7 @@ func TestAnOpenBreakerIsNotRetried(t *testing.T) {
 			t.Fatalf("got %v, %v; want the last 503", resp, err)
 		}
 		defer resp.Body.Close()
-		if b, _ := io.ReadAll(resp.Body); string(b) != http.StatusText(503) {
+		if b, _ := io.ReadAll(resp.Body); string(b) != http.StatusText(http.StatusServiceUnavailable) {
 			t.Fatalf("body %q, want it intact", b)
 		}
 		synctest.Wait() // the superseded response is drained in the background
