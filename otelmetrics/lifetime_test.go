@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/tenant"
 	"github.com/resilix/resilix/transport"
 )
 
@@ -22,7 +23,8 @@ func (instantBase) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // build returns a Transport reporting to obs, with every gauge's policy on
 // and a scope for each key, created by a few calls. The hedge's latency
-// window and the limiter make each scope weigh some kilobytes.
+// window and the limiter's tenant tracker (allocated because the calls name
+// a tenant) make each scope weigh some kilobytes.
 func build(t *testing.T, obs *policy.Observer, keys ...string) *transport.Transport {
 	t.Helper()
 	tr, err := transport.New(transport.Config{
@@ -40,7 +42,8 @@ func build(t *testing.T, obs *policy.Observer, keys ...string) *transport.Transp
 	}
 	for _, k := range keys {
 		for range 3 {
-			req, err := http.NewRequest(http.MethodGet, "http://"+k+"/", nil)
+			ctx := tenant.With(context.Background(), "acme")
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+k+"/", nil)
 			if err != nil {
 				t.Fatal(err)
 			}

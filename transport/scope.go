@@ -137,11 +137,15 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 	if c.breaker != nil {
 		s.breaker = gate.NewBreaker(*c.breaker, now, rand.Uint64())
 	}
+	var tenants *gate.Tenants // one tracker for both gates, allocated by the first call naming a tenant
+	if c.throttler != nil || c.limiter != nil {
+		tenants = new(gate.Tenants)
+	}
 	if c.throttler != nil {
-		s.throttle = gate.NewThrottler(*c.throttler, now, rand.Uint64())
+		s.throttle = gate.NewThrottler(*c.throttler, now, rand.Uint64(), tenants)
 	}
 	if c.limiter != nil {
-		s.limiter = gate.NewLimiter(*c.limiter, now)
+		s.limiter = gate.NewLimiter(*c.limiter, now, tenants)
 	}
 	if c.bulkhead != nil {
 		s.bulkhead = gate.NewBulkhead(*c.bulkhead)

@@ -10,7 +10,6 @@ import (
 	"github.com/resilix/resilix/estimator"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
-	"github.com/resilix/resilix/tenant"
 )
 
 // The limit's control law; see Limiter.
@@ -30,8 +29,6 @@ const (
 	// limLightSlack is how many sheds a bucket may owe while it spares
 	// the tenants below their fair share.
 	limLightSlack = 4
-	// limTenantWindow is the history of tenant admissions.
-	limTenantWindow = 30 * time.Second
 )
 
 // Limiter is the runtime state of a Limiter, one per scope: a
@@ -269,7 +266,9 @@ const (
 // # Tenants
 //
 // Tenant admissions are tracked over 30 s by a tenant.Tracker of default
-// capacity (fixed memory, whatever the number of ids). A waiter's tenant
+// capacity (fixed memory, whatever the number of ids), the scope's, shared
+// with the throttler and allocated by the first call that names a tenant
+// (see Tenants). A waiter's tenant
 // excess is taken when it starts waiting and orders evictions as above.
 //
 // # Using it
@@ -297,7 +296,7 @@ type Limiter struct {
 	minLimit, maxLimit float64
 	queueFactor        float64
 	mix                *estimator.Counters
-	tenants            *tenant.Tracker
+	tenants            *Tenants
 
 	mu       sync.Mutex
 	limit    float64
@@ -327,13 +326,14 @@ type Limiter struct {
 
 // NewLimiter returns the runtime state of cfg at its InitialLimit,
 // with nothing in flight. cfg must be valid (Set.Validate checks it).
-func NewLimiter(cfg policy.Limiter, now time.Time) *Limiter {
+// tenants is the scope's tenant tracker, shared with its throttler.
+func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 	return &Limiter{
 		minLimit:    float64(cfg.MinLimit),
 		maxLimit:    float64(cfg.MaxLimit),
 		queueFactor: cfg.QueueFactor,
 		mix:         estimator.NewCounters(limMixWindow, shedding.NumPriorities, now),
-		tenants:     tenant.NewTracker(0, limTenantWindow, now),
+		tenants:     tenants,
 		limit:       float64(cfg.InitialLimit),
 	}
 }
@@ -431,7 +431,7 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 		p := LimiterPermit{held: true, epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
-			l.tenants.Add(now, tenantID)
+			l.tenants.tracker(now).Add(now, tenantID)
 		}
 		return p, LimiterDecision{OK: true}
 	}
@@ -443,7 +443,7 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priority, tenantID string) (LimiterPermit, LimiterDecision) {
 	excess := 0.0 // no tenant: neutral
 	if tenantID != "" {
-		excess = l.tenants.Excess(now, tenantID)
+		excess = l.tenants.tracker(now).Excess(now, tenantID)
 	}
 	refuse := LimiterDecision{HeavyTenant: excess > 0}
 	if l.trial && l.inflight < int(l.trialFrom) {
@@ -503,7 +503,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		return LimiterPermit{}, refuse
 	}
 	if tenantID != "" {
-		l.tenants.Add(now, tenantID)
+		l.tenants.tracker(now).Add(now, tenantID)
 	}
 	return LimiterPermit{held: true, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }

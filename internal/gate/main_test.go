@@ -19,11 +19,11 @@ func newBreaker(cfg policy.Breaker, now time.Time, seed uint64) *Breaker {
 }
 
 func newLimiter(cfg policy.Limiter, now time.Time) *Limiter {
-	return NewLimiter(cfg.WithDefaults(), now)
+	return NewLimiter(cfg.WithDefaults(), now, new(Tenants))
 }
 
 func newThrottler(cfg policy.Throttler, now time.Time, seed uint64) *Throttler {
-	return NewThrottler(cfg.WithDefaults(), now, seed)
+	return NewThrottler(cfg.WithDefaults(), now, seed, new(Tenants))
 }
 
 func newBulkhead(cfg policy.Bulkhead) *Bulkhead { return NewBulkhead(cfg) }

@@ -9,7 +9,6 @@ import (
 	"github.com/resilix/resilix/estimator"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
-	"github.com/resilix/resilix/tenant"
 )
 
 // Counter indexes in Throttler.win.
@@ -34,8 +33,6 @@ const (
 	// of tenants the tracker does not follow (new ones, or ids that change
 	// with every request) is still shed: its weights are all equal.
 	thrMinShare = 0.1
-	// thrTenantWindow is the history of tenant admissions.
-	thrTenantWindow = 30 * time.Second
 )
 
 // Throttler is the runtime state of a Throttler, one per scope:
@@ -114,7 +111,9 @@ const (
 // the shedding: with one tenant at ten times another, the light one is
 // refused about 1/100 as often as the heavy one. Tenant admissions are
 // tracked over 30 seconds by a tenant.Tracker of default capacity, so memory
-// does not grow with the number of tenant ids.
+// does not grow with the number of tenant ids; it is the scope's, shared
+// with the limiter, and allocated by the first attempt that names a tenant
+// (see Tenants).
 //
 // # Using it
 //
@@ -132,7 +131,7 @@ type Throttler struct {
 	minReq  uint64  // the floor on requests; 0 for none
 	maxRej  float64 // the ceiling on p, in (0, 1]
 	win     *estimator.Counters
-	tenants *tenant.Tracker
+	tenants *Tenants
 
 	mu  sync.Mutex
 	rng rand.PCG
@@ -140,14 +139,15 @@ type Throttler struct {
 
 // NewThrottler returns the runtime state of cfg, with an empty
 // window starting at now. cfg must be valid (Set.Validate checks it). seed
-// seeds the random draws; give each throttler its own.
-func NewThrottler(cfg policy.Throttler, now time.Time, seed uint64) *Throttler {
+// seeds the random draws; give each throttler its own. tenants is the
+// scope's tenant tracker, shared with its limiter.
+func NewThrottler(cfg policy.Throttler, now time.Time, seed uint64, tenants *Tenants) *Throttler {
 	t := &Throttler{
 		k:       max(cfg.K, 1),
 		minReq:  uint64(max(cfg.MinRequests, 0)),
 		maxRej:  cfg.MaxRejection,
 		win:     estimator.NewCounters(cfg.Window, thrCounters, now),
-		tenants: tenant.NewTracker(0, thrTenantWindow, now),
+		tenants: tenants,
 	}
 	t.rng.Seed(seed, seed^0x9e3779b97f4a7c15)
 	return t
@@ -189,7 +189,7 @@ func (t *Throttler) Admit(now time.Time, prio shedding.Priority, tenantID string
 		d = t.shed(now, p, prio, tenantID, &sums)
 	}
 	if d.OK && tenantID != "" {
-		t.tenants.Add(now, tenantID)
+		t.tenants.tracker(now).Add(now, tenantID)
 	}
 	return d
 }
@@ -211,7 +211,7 @@ func (t *Throttler) shed(now time.Time, p float64, prio shedding.Priority, tenan
 	}
 	w := 1.0 // no tenant: neutral
 	if tenantID != "" {
-		e := t.tenants.Excess(now, tenantID)
+		e := t.tenants.tracker(now).Excess(now, tenantID)
 		d.HeavyTenant = e > 0
 		s := max(1+e, thrMinShare)
 		w = min(s*s, thrMaxWeight)
