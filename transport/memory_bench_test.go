@@ -94,3 +94,24 @@ func BenchmarkScopeMemory(b *testing.B) {
 		})
 	}
 }
+
+// TestScopeMemoryBudget holds a scope to its memory budget: at most 8 KB
+// with every policy on and 1 KB with retry alone, calls naming no tenant
+// (BenchmarkScopeMemory reports every case).
+func TestScopeMemoryBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates tens of thousands of scopes")
+	}
+	budgets := map[string]float64{"all": 8 << 10, "retry": 1 << 10}
+	for _, c := range memorySets() {
+		budget, ok := budgets[c.name]
+		if !ok {
+			continue
+		}
+		if got := scopeBytes(t, c.set, 20_000); got > budget {
+			t.Errorf("%s: %.0f B per scope, want at most %.0f", c.name, got, budget)
+		} else {
+			t.Logf("%s: %.0f B per scope (budget %.0f)", c.name, got, budget)
+		}
+	}
+}
