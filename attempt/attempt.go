@@ -4,8 +4,8 @@
 //
 // It exists so that retries do not multiply across tiers. The Google SRE
 // book (chapter 22, "Addressing Cascading Failures") counts what independent
-// retries do: three attempts at each of three layers make up to 3³ = 27
-// calls on the bottom one for one user request. A request that is itself a
+// retries do: a first try and three retries at each of three layers make
+// up to 4³ = 64 calls on the bottom one for one user request. A request that is itself a
 // retry or a hedge has a caller that is already repeating the work, so the
 // service serving it should not repeat its own calls as well: a resilix
 // transport that finds a number above 1 in the call's context sends each of
