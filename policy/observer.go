@@ -49,7 +49,9 @@ type Observer struct {
 
 	// MalformedHeader is called when a header resilix reads cannot be
 	// parsed: a priority (the call goes on as Critical) or a Retry-After
-	// (the backoff alone decides the wait).
+	// (the backoff alone decides the wait); or when a tenant id that
+	// Set.Propagate would write is not a valid header value (it is then
+	// not written).
 	MalformedHeader func(MalformedHeader)
 
 	// LimitTransition is called when a scope's adaptive concurrency limit

@@ -56,6 +56,24 @@ type Set struct {
 	// and a body without GetBody is never sent twice.
 	ReplayBuffer int
 
+	// Propagate, when true, makes every wire attempt to the set's keys
+	// (the first, each retry, each hedge leg) carry what the next service
+	// needs to take its part in the call: the call's priority and tenant,
+	// the time the attempt may still take, and the attempt's number, in
+	// the headers transport.Config names (Resilix-Priority,
+	// Resilix-Tenant, Resilix-Timeout-Ms and Resilix-Attempt unless set).
+	// Package admission reads them back on the server. A header is
+	// written only when there is a value to write, and only on the
+	// attempt's own copy of the request; see package transport, "Across
+	// services", for what each one carries.
+	//
+	// It is off by default because a third-party API should not see
+	// internal headers: they tell it how the caller ranks its traffic
+	// and who its tenants are, and it has no use for them. Internal
+	// services turn it on for their keys, in transport.Config.PerKey (or
+	// in Policies, for a client that only calls internal services).
+	Propagate bool
+
 	Retry     *Retry
 	Hedge     *Hedge
 	Throttler *Throttler

@@ -67,6 +67,8 @@ type Snapshot struct {
 	Pressure float64
 
 	// MalformedHeaders counts priority headers on requests and
-	// Retry-After headers on responses that could not be parsed.
+	// Retry-After headers on responses that could not be parsed, and
+	// tenant ids that Set.Propagate could not write (see
+	// Observer.MalformedHeader).
 	MalformedHeaders uint64
 }

@@ -84,6 +84,9 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	}
+	if c.s.chain.propagate {
+		c.stamp(l)
+	}
 	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
 		l.dispatch = time.Now()
 	}

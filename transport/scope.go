@@ -34,6 +34,9 @@ type chain struct {
 	// timed is true when a policy learns from attempt latency or outcome
 	// times; otherwise the clock is not read around the wire call.
 	timed bool
+	// propagate is Set.Propagate: the wire attempts carry the call's
+	// priority, tenant, time left and attempt number (see stamp).
+	propagate bool
 }
 
 func compile(s policy.Set) (*chain, error) {
@@ -56,6 +59,7 @@ func compile(s policy.Set) (*chain, error) {
 		limiter:   defaulted(s.Limiter, policy.Limiter.WithDefaults),
 		bulkhead:  defaulted(s.Bulkhead, func(b policy.Bulkhead) policy.Bulkhead { return b }),
 		rateLimit: defaulted(s.RateLimit, policy.RateLimit.WithDefaults),
+		propagate: s.Propagate,
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify

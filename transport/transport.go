@@ -104,6 +104,39 @@
 // needs (a per-attempt timeout, a hedge) end with it, except Timeout.Idle's
 // one timer per response body, which ends when the body is read to its
 // end, fails or is closed.
+//
+// # Across services
+//
+// A key whose policy.Set has Propagate on sends, with each wire attempt
+// (the first, each retry, each hedge leg), what the service it calls needs
+// to take its part in the call's overload handling; package admission
+// reads it back on the server. The headers go on the attempt's own copy of
+// the request, never on the caller's, and each only when there is a value
+// to write:
+//
+//   - Config.PriorityHeader: the priority in the call's context
+//     (shedding.WithPriority), as Priority.String spells it, which
+//     shedding.ParsePriority reads. Without one in the context the
+//     request's own header, if any, goes as it is. A call that names no
+//     priority at all sends none, rather than Critical, this transport's
+//     default: the upstream then applies its own default
+//     (admission.Config.DefaultPriority), which is its decision to make.
+//   - Config.TenantHeader: the tenant in the call's context (tenant.With),
+//     likewise. An empty id is none. An id that cannot be a header value
+//     (a control character) would fail the attempt in net/http: it is not
+//     written, and is reported to Observer.MalformedHeader.
+//   - Config.TimeoutHeader: how long the attempt may still take, in whole
+//     milliseconds rounded down: the time left before the caller's
+//     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
+//     the call's Override narrows it) when that is shorter. It is never
+//     more than the caller has left, and 0 when that is less than a
+//     millisecond. It is written only when there is a deadline or a
+//     per-attempt timeout.
+//   - Config.AttemptHeader: the attempt's number among the call's wire
+//     attempts: 1 for the first, then each retry and hedge leg its own
+//     next number, as Envoy's x-envoy-attempt-count counts them. The
+//     number is this hop's: it says nothing of the attempts of the
+//     callers above.
 package transport
 
 import (
@@ -194,16 +227,30 @@ type Config struct {
 	Observer *policy.Observer
 
 	// PriorityHeader is the request header a priority is read from when
-	// the context carries none (shedding.WithPriority wins). If empty,
-	// "Resilix-Priority" is used. An unparsable value is tolerated: the
-	// call goes on as Critical and the header is reported to
-	// Observer.MalformedHeader and counted in Measured.
+	// the context carries none (shedding.WithPriority wins), and written
+	// to on the wire attempts of keys whose set has Propagate on. If
+	// empty, "Resilix-Priority" is used. An unparsable value is
+	// tolerated: the call goes on as Critical and the header is reported
+	// to Observer.MalformedHeader and counted in Measured.
 	PriorityHeader string
 
 	// TenantHeader is the request header a tenant id is read from when the
-	// context carries none (tenant.With wins). If empty, "Resilix-Tenant"
-	// is used.
+	// context carries none (tenant.With wins), and written to on the wire
+	// attempts of keys whose set has Propagate on. If empty,
+	// "Resilix-Tenant" is used.
 	TenantHeader string
+
+	// TimeoutHeader is the request header that tells the upstream, on the
+	// wire attempts of keys whose set has Propagate on, how long the
+	// attempt may still take, in whole milliseconds. If empty,
+	// "Resilix-Timeout-Ms" is used.
+	TimeoutHeader string
+
+	// AttemptHeader is the request header that tells the upstream, on the
+	// wire attempts of keys whose set has Propagate on, which of the
+	// call's wire attempts this is: 1 for the first, 2 and up for each
+	// retry and hedge leg. If empty, "Resilix-Attempt" is used.
+	AttemptHeader string
 }
 
 // DefaultMaxKeys is the MaxKeys used when the field is zero.
@@ -218,6 +265,8 @@ type Transport struct {
 	obs            *policy.Observer
 	priorityHeader string
 	tenantHeader   string
+	timeoutHeader  string
+	attemptHeader  string
 	def            *chain
 	perKey         map[string]*chain
 	scopes         registry
@@ -243,6 +292,13 @@ func New(cfg Config) (*Transport, error) {
 	errs = append(errs, err)
 	th, err := headerName("TenantHeader", cfg.TenantHeader, "Resilix-Tenant")
 	errs = append(errs, err)
+	toh, err := headerName("TimeoutHeader", cfg.TimeoutHeader, "Resilix-Timeout-Ms")
+	errs = append(errs, err)
+	ah, err := headerName("AttemptHeader", cfg.AttemptHeader, "Resilix-Attempt")
+	errs = append(errs, err)
+	errs = append(errs, distinctHeaders(
+		[]string{"PriorityHeader", "TenantHeader", "TimeoutHeader", "AttemptHeader"},
+		[]string{ph, th, toh, ah})...)
 	def, err := compile(cfg.Policies)
 	errs = append(errs, prefixed("transport: Policies", err)...)
 	var perKey map[string]*chain
@@ -273,6 +329,8 @@ func New(cfg Config) (*Transport, error) {
 		key:            cfg.Key,
 		priorityHeader: ph,
 		tenantHeader:   th,
+		timeoutHeader:  toh,
+		attemptHeader:  ah,
 		def:            def,
 		perKey:         perKey,
 	}

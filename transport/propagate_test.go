@@ -1,0 +1,574 @@
+package transport
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
+)
+
+// The propagated headers under their default names.
+const (
+	hPriority = "Resilix-Priority"
+	hTenant   = "Resilix-Tenant"
+	hTimeout  = "Resilix-Timeout-Ms"
+	hAttempt  = "Resilix-Attempt"
+)
+
+// wire is what one wire attempt looked like as the base received it.
+type wire struct {
+	req      *http.Request
+	header   http.Header // a copy, taken on arrival
+	at       time.Time
+	deadline time.Time // the attempt context's; zero: none
+}
+
+// wireLog is a base that records each wire attempt, then has next answer
+// it.
+type wireLog struct {
+	next  http.RoundTripper
+	mu    sync.Mutex
+	wires []wire
+}
+
+func (r *wireLog) RoundTrip(req *http.Request) (*http.Response, error) {
+	w := wire{req: req, header: req.Header.Clone(), at: time.Now()}
+	w.deadline, _ = req.Context().Deadline()
+	r.mu.Lock()
+	r.wires = append(r.wires, w)
+	r.mu.Unlock()
+	return r.next.RoundTrip(req)
+}
+
+func (r *wireLog) sent() []wire {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.wires)
+}
+
+var ok200 = fakeRT(func(r *http.Request) (*http.Response, error) { return respond(r, 200), nil })
+
+// ours returns the propagated headers h carries, by name, each with its
+// first value.
+func ours(h http.Header) map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{hPriority, hTenant, hTimeout, hAttempt} {
+		if vs := h[k]; len(vs) > 0 {
+			m[k] = vs[0]
+		}
+	}
+	return m
+}
+
+// TestPropagateWritesOnlyWhereOnAndOnlyWithValues: a key with Propagate on
+// gets the context's priority and tenant, the time left and the attempt
+// number, each only when there is one; a key without it gets nothing
+// resilix added, and either way the request's own headers go as they are
+// unless the context overrides them on a propagating key.
+func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
+	type ctxf = func(context.Context) context.Context
+	for _, tc := range []struct {
+		name     string
+		ctx      ctxf
+		deadline time.Duration     // the caller's; 0: none
+		own      map[string]string // the request's own headers
+		timeout  time.Duration     // Timeout.PerAttempt of the propagating key
+		want     map[string]string // on the propagating key
+		bad      uint64            // MalformedHeaders on the propagating key
+	}{
+		{
+			name: "nothing named",
+			want: map[string]string{hAttempt: "1"},
+		},
+		{
+			name: "all in the context",
+			ctx: func(ctx context.Context) context.Context {
+				ctx = shedding.WithPriority(ctx, shedding.BestEffort)
+				return tenant.With(ctx, "acme")
+			},
+			deadline: 2 * time.Second,
+			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "2000", hAttempt: "1"},
+		},
+		{
+			name: "the request's own headers",
+			own:  map[string]string{hPriority: "Degraded", hTenant: "beta"},
+			want: map[string]string{hPriority: "Degraded", hTenant: "beta", hAttempt: "1"},
+		},
+		{
+			name: "the context wins over the request's headers",
+			ctx: func(ctx context.Context) context.Context {
+				return tenant.With(shedding.WithPriority(ctx, shedding.Critical), "acme")
+			},
+			own:  map[string]string{hPriority: "bulk", hTenant: "beta", hAttempt: "7", hTimeout: "99999"},
+			want: map[string]string{hPriority: "critical", hTenant: "acme", hTimeout: "99999", hAttempt: "1"},
+		},
+		{
+			name:    "a per-attempt timeout and no deadline",
+			timeout: 1500 * time.Millisecond,
+			want:    map[string]string{hTimeout: "1500", hAttempt: "1"},
+		},
+		{
+			name: "an empty tenant and an invalid priority are no values",
+			ctx: func(ctx context.Context) context.Context {
+				return tenant.With(shedding.WithPriority(ctx, shedding.Priority(9)), "")
+			},
+			want: map[string]string{hAttempt: "1"},
+		},
+		{
+			name: "a tenant that cannot be a header value is counted, not written",
+			ctx:  func(ctx context.Context) context.Context { return tenant.With(ctx, "a\r\nX-Evil: 1") },
+			want: map[string]string{hAttempt: "1"},
+			bad:  1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &wireLog{next: ok200}
+				in := policy.Set{Propagate: true}
+				if tc.timeout > 0 {
+					in.Timeout = &policy.Timeout{PerAttempt: tc.timeout}
+				}
+				tr := mustNew(t, Config{Base: rec, PerKey: map[string]policy.Set{"in.test": in}})
+				ctx := t.Context()
+				if tc.ctx != nil {
+					ctx = tc.ctx(ctx)
+				}
+				if tc.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+					defer cancel()
+				}
+				for _, host := range []string{"in.test", "out.test"} {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/", nil)
+					for k, v := range tc.own {
+						req.Header.Set(k, v)
+					}
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+				}
+				w := rec.sent()
+				if diff := cmp.Diff(tc.want, ours(w[0].header)); diff != "" {
+					t.Errorf("propagating key's headers (-want +got):\n%s", diff)
+				}
+				own := tc.own
+				if own == nil {
+					own = map[string]string{}
+				}
+				if diff := cmp.Diff(own, ours(w[1].header)); diff != "" {
+					t.Errorf("other key's headers, want the request's own (-want +got):\n%s", diff)
+				}
+				if got := tr.Measured("in.test").MalformedHeaders; got != tc.bad {
+					t.Errorf("MalformedHeaders = %d, want %d", got, tc.bad)
+				}
+			})
+		})
+	}
+}
+
+// TestPropagateUsesTheConfiguredNames: the four headers go under the
+// names Config gives, in canonical form.
+func TestPropagateUsesTheConfiguredNames(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &wireLog{next: ok200}
+		tr := mustNew(t, Config{
+			Base:           rec,
+			Policies:       policy.Set{Propagate: true},
+			PriorityHeader: "x-crit", TenantHeader: "X-Customer",
+			TimeoutHeader: "x-deadline-ms", AttemptHeader: "X-TRY",
+		})
+		ctx, cancel := context.WithTimeout(tenant.With(shedding.WithPriority(t.Context(), shedding.Bulk), "acme"), time.Second)
+		defer cancel()
+		resp, err := get(t, ctx, tr, "http://a.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := http.Header{"X-Crit": {"bulk"}, "X-Customer": {"acme"}, "X-Deadline-Ms": {"1000"}, "X-Try": {"1"}}
+		if diff := cmp.Diff(want, rec.sent()[0].header); diff != "" {
+			t.Errorf("headers (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestNewValidatesThePropagationHeaders: the new names are checked as
+// PriorityHeader is, and no two of the four may name one header.
+func TestNewValidatesThePropagationHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{TimeoutHeader: "Time Left"}, `transport: TimeoutHeader "Time Left" is not a valid header name`},
+		{Config{AttemptHeader: "a:b"}, `transport: AttemptHeader "a:b" is not a valid header name`},
+		{Config{TimeoutHeader: "resilix-priority"}, `transport: PriorityHeader and TimeoutHeader are both the header "Resilix-Priority"`},
+		{Config{TenantHeader: "X-A", AttemptHeader: "x-a"}, `transport: TenantHeader and AttemptHeader are both the header "X-A"`},
+	} {
+		_, err := New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) error = %v, want it to contain %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+// checkLeft checks a wire attempt's timeout header against its own
+// arrival: whole milliseconds, rounded down, of the time left before the
+// caller's deadline or of the per-attempt timeout, whichever is smaller.
+// The attempt context's deadline is the caller's (a per-attempt timeout
+// is a timer, not a deadline), and synctest's clock does not move between
+// the header being written and the base receiving it.
+func checkLeft(t *testing.T, w wire, perAttempt time.Duration) {
+	t.Helper()
+	left, bounded := perAttempt, perAttempt > 0
+	if !w.deadline.IsZero() {
+		if d := w.deadline.Sub(w.at); !bounded || d < left {
+			left = d
+		}
+		bounded = true
+	}
+	got, has := w.header[hTimeout]
+	if !bounded {
+		if has {
+			t.Errorf("attempt %s: %s %q with no deadline and no per-attempt timeout", w.header.Get(hAttempt), hTimeout, got)
+		}
+		return
+	}
+	ms, err := strconv.ParseInt(w.header.Get(hTimeout), 10, 64)
+	if err != nil {
+		t.Fatalf("attempt %s: %s %q: %v", w.header.Get(hAttempt), hTimeout, got, err)
+	}
+	if want := int64(max(left, 0) / time.Millisecond); ms != want {
+		t.Errorf("attempt %s: %s = %d, want %d (%v left)", w.header.Get(hAttempt), hTimeout, ms, want, left)
+	}
+	if !w.deadline.IsZero() && time.Duration(ms)*time.Millisecond > w.deadline.Sub(w.at) {
+		t.Errorf("attempt %s: %s = %d, more than the caller's %v", w.header.Get(hAttempt), hTimeout, ms, w.deadline.Sub(w.at))
+	}
+}
+
+// TestPropagatedTimeoutNeverExceedsTheCallersTime: the timeout header is
+// the time left before the caller's deadline, rounded down to the
+// millisecond, or the per-attempt timeout when that is shorter; a retry
+// after a slow attempt and a backoff carries what is left then.
+func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // 0: none
+		set      time.Duration // Timeout.PerAttempt; 0: no Timeout
+		override time.Duration // Override.PerAttempt
+		want     string        // "": no header
+	}{
+		{"no deadline, no timeout", 0, 0, 0, ""},
+		{"deadline", 1500 * time.Millisecond, 0, 0, "1500"},
+		{"deadline rounded down", 1500*time.Millisecond + 999*time.Microsecond, 0, 0, "1500"},
+		{"less than a millisecond left", 400 * time.Microsecond, 0, 0, "0"},
+		{"per-attempt shorter", 1500 * time.Millisecond, 300 * time.Millisecond, 0, "300"},
+		{"deadline shorter", 250 * time.Millisecond, time.Second, 0, "250"},
+		{"override shorter", time.Second, 2 * time.Second, 200 * time.Millisecond, "200"},
+		{"per-attempt, no deadline", 0, 2 * time.Second, 0, "2000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &wireLog{next: ok200}
+				set := policy.Set{Propagate: true}
+				if tc.set > 0 {
+					set.Timeout = &policy.Timeout{PerAttempt: tc.set}
+				}
+				tr := mustNew(t, Config{Base: rec, Policies: set})
+				ctx := WithOverride(t.Context(), Override{PerAttempt: tc.override})
+				if tc.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+					defer cancel()
+				}
+				resp, err := get(t, ctx, tr, "http://a.test/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				got, has := rec.sent()[0].header[hTimeout]
+				switch {
+				case tc.want == "" && has:
+					t.Errorf("%s = %q, want none", hTimeout, got)
+				case tc.want != "" && (len(got) != 1 || got[0] != tc.want):
+					t.Errorf("%s = %q, want %q", hTimeout, got, tc.want)
+				}
+			})
+		})
+	}
+
+	t.Run("a retry carries what is left", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var n int
+			slow503 := fakeRT(func(r *http.Request) (*http.Response, error) {
+				n++
+				if n == 1 {
+					time.Sleep(50 * time.Millisecond)
+					return respond(r, 503), nil
+				}
+				return respond(r, 200), nil
+			})
+			rec := &wireLog{next: slow503}
+			tr := mustNew(t, Config{Base: rec, Policies: policy.Set{
+				Propagate: true,
+				Retry:     &policy.Retry{Delay: func(int) time.Duration { return 100 * time.Millisecond }},
+			}})
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			resp, err := get(t, ctx, tr, "http://a.test/")
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("got %v, %v", resp, err)
+			}
+			resp.Body.Close()
+			var got []string
+			for _, w := range rec.sent() {
+				got = append(got, w.header.Get(hTimeout))
+			}
+			// 1s, then 1s less the first attempt's 50ms and the 100ms backoff.
+			if want := []string{"1000", "850"}; !slices.Equal(got, want) {
+				t.Errorf("%s = %q, want %q", hTimeout, got, want)
+			}
+		})
+	})
+}
+
+// TestPropagateNumbersEachAttempt: each wire attempt carries its own
+// number, retries and hedge legs alike, and a timeout header no larger
+// than what the caller has left when it is sent.
+func TestPropagateNumbersEachAttempt(t *testing.T) {
+	numbers := func(ws []wire) []string {
+		var ns []string
+		for _, w := range ws {
+			ns = append(ns, w.header.Get(hAttempt))
+		}
+		return ns
+	}
+
+	t.Run("retries", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			rec := &wireLog{next: &script{codes: []int{503, 502, 200}}}
+			set := retrySet()
+			set.Propagate = true
+			tr := mustNew(t, Config{Base: rec, Policies: set})
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			if code, err := do(t, ctx, tr); err != nil || code != 200 {
+				t.Fatalf("got %d, %v", code, err)
+			}
+			ws := rec.sent()
+			if got, want := numbers(ws), []string{"1", "2", "3"}; !slices.Equal(got, want) {
+				t.Errorf("attempt numbers %q, want %q", got, want)
+			}
+			for _, w := range ws {
+				checkLeft(t, w, 0)
+			}
+		})
+	})
+
+	t.Run("a hedge", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &slowRT{latency: steady(10 * time.Millisecond)}
+			rec := &wireLog{next: base}
+			ev := &hedgeEvents{}
+			tr := mustNew(t, Config{Base: rec, Policies: policy.Set{Propagate: true, Hedge: &policy.Hedge{},
+				Timeout: &policy.Timeout{PerAttempt: 500 * time.Millisecond}}, Observer: ev.observer()})
+			warm(t, tr, 30)
+			base.slowOnce(time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			defer cancel()
+			if code, err := do(t, ctx, tr); err != nil || code != 200 {
+				t.Fatalf("got %d, %v", code, err)
+			}
+			if started, won := ev.counts(); started != 1 || won != 1 {
+				t.Fatalf("%d hedges started, %d won; want 1, 1", started, won)
+			}
+			ws := rec.sent()[30:]
+			if got, want := numbers(ws), []string{"1", "2"}; !slices.Equal(got, want) {
+				t.Errorf("attempt numbers %q, want %q", got, want)
+			}
+			for _, w := range ws {
+				checkLeft(t, w, 500*time.Millisecond)
+			}
+			if ws[1].header.Get(hTimeout) == "300" {
+				t.Errorf("the hedge leg, sent after the threshold, claims the whole 300ms")
+			}
+		})
+	})
+
+	t.Run("retries of hedged rounds", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			rec := &wireLog{next: &slowRT{latency: warmThenFailSlowly}}
+			tr := mustNew(t, Config{Base: rec, Policies: policy.Set{Propagate: true, Attempts: 4,
+				Retry: &policy.Retry{}, Hedge: &policy.Hedge{}}})
+			warm(t, tr, 30)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if code, err := do(t, ctx, tr); err != nil || code != 503 {
+				t.Fatalf("got %d, %v", code, err)
+			}
+			ws := rec.sent()[30:]
+			got := numbers(ws)
+			slices.Sort(got)
+			if want := []string{"1", "2", "3", "4"}; !slices.Equal(got, want) {
+				t.Errorf("attempt numbers %q, want each of %q once", got, want)
+			}
+			for _, w := range ws {
+				checkLeft(t, w, 0)
+			}
+		})
+	})
+}
+
+// requestView is what a caller can see of its request after RoundTrip.
+type requestView struct {
+	Method        string
+	URL           url.URL
+	Host          string
+	Header        http.Header
+	Trailer       http.Header
+	ContentLength int64
+	Close         bool
+}
+
+func viewOf(r *http.Request) requestView {
+	return requestView{r.Method, *r.URL, r.Host, r.Header.Clone(), r.Trailer.Clone(), r.ContentLength, r.Close}
+}
+
+// TestPropagateLeavesTheCallersRequestAlone: the headers go on each
+// attempt's own copy: the caller's request, its Header map included, is
+// as it was, whether the attempt is the caller's request itself, a
+// shallow copy with its own context, a retry, or a hedge leg; and the
+// copy keeps what the caller's Header says, a suppressed header (a nil
+// value) included.
+func TestPropagateLeavesTheCallersRequestAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  policy.Set
+		base func() http.RoundTripper
+		warm int
+	}{
+		{"one attempt", policy.Set{}, func() http.RoundTripper { return ok200 }, 0},
+		{"a per-attempt timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}, func() http.RoundTripper { return ok200 }, 0},
+		{"a retry", retrySet(), func() http.RoundTripper { return &script{codes: []int{503, 200}} }, 0},
+		{"a hedge", policy.Set{Hedge: &policy.Hedge{}}, func() http.RoundTripper {
+			base := &slowRT{latency: func(i int64, _ *http.Request) (time.Duration, int) {
+				if i == 30 {
+					return time.Second, 200
+				}
+				return 10 * time.Millisecond, 200
+			}}
+			return base
+		}, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &wireLog{next: tc.base()}
+				set := tc.set
+				set.Propagate = true
+				tr := mustNew(t, Config{Base: rec, Policies: set})
+				warm(t, tr, tc.warm)
+				var perAttempt time.Duration
+				if set.Timeout != nil {
+					perAttempt = set.Timeout.PerAttempt
+				}
+
+				ctx, cancel := context.WithTimeout(tenant.With(shedding.WithPriority(t.Context(), shedding.Degraded), "acme"), 5*time.Second)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://up.test/x?y=1", nil)
+				req.Header = http.Header{
+					hPriority:    {"bulk"},
+					"X-Other":    {"a", "b"},
+					"User-Agent": nil, // suppressed: net/http sends none
+				}
+				headerBefore := req.Header
+				before := viewOf(req)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				synctest.Wait() // a losing leg has ended
+
+				if diff := cmp.Diff(before, viewOf(req)); diff != "" {
+					t.Errorf("the caller's request changed (-before +after):\n%s", diff)
+				}
+				if req.Context() != ctx {
+					t.Error("the caller's request has another context")
+				}
+				if req.Header["User-Agent"] != nil || headerBefore[hAttempt] != nil {
+					t.Error("the caller's Header map was written to")
+				}
+				ws := rec.sent()[tc.warm:]
+				if len(ws) < 2 && tc.name != "one attempt" && tc.name != "a per-attempt timeout" {
+					t.Fatalf("%d wire attempts, want more than one", len(ws))
+				}
+				for i, w := range ws {
+					if w.req == req {
+						t.Errorf("attempt %d sent the caller's own request", i+1)
+					}
+					want := http.Header{
+						hPriority: {"degraded"}, hTenant: {"acme"}, hAttempt: {strconv.Itoa(i + 1)},
+						hTimeout: w.header[hTimeout], "X-Other": {"a", "b"}, "User-Agent": nil,
+					}
+					if diff := cmp.Diff(want, w.header); diff != "" {
+						t.Errorf("attempt %d's headers (-want +got):\n%s", i+1, diff)
+					}
+					checkLeft(t, w, perAttempt)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRoundTripPropagate is BenchmarkRoundTrip's retry chain with
+// Propagate on: "off" is the same chain without it, for comparison in
+// one run; "bare" writes the attempt number alone; "named" writes all
+// four headers, the priority, tenant and deadline coming from the
+// context; "timeout" adds a per-attempt timeout, so that the attempt
+// already has a request of its own.
+func BenchmarkRoundTripPropagate(b *testing.B) {
+	named, cancel := context.WithTimeout(tenant.With(shedding.WithPriority(context.Background(), shedding.Degraded), "acme"), time.Hour)
+	defer cancel()
+	on := retrySet()
+	on.Propagate = true
+	onTimeout := on
+	onTimeout.Timeout = &policy.Timeout{PerAttempt: time.Second}
+	for _, bc := range []struct {
+		name string
+		set  policy.Set
+		ctx  context.Context
+	}{
+		{"off", retrySet(), context.Background()},
+		{"bare", on, context.Background()},
+		{"named", on, named},
+		{"timeout", onTimeout, named},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			tr := mustNew(b, Config{Base: okBase{}, Policies: bc.set})
+			req, _ := http.NewRequestWithContext(bc.ctx, http.MethodGet, "http://a.test/", nil)
+			req.Header.Set("Accept", "application/json")
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
