@@ -10,12 +10,16 @@
 // service serving it should not repeat its own calls as well: a resilix
 // transport that finds a number above 1 in the call's context sends each of
 // its calls once, neither retried nor hedged, and leaves its retry budget
-// untouched. Envoy carries the same number in x-envoy-attempt-count and
-// gRPC in grpc-previous-rpc-attempts.
+// untouched. It does so on every key, whether or not the key propagates:
+// what counts is how the request being served arrived. Envoy carries the
+// same number in x-envoy-attempt-count and gRPC in
+// grpc-previous-rpc-attempts.
 //
-// The admission package puts the number a request arrived with into its
-// context; a transport with policy.Set.Propagate on writes it on each wire
-// attempt. A server that uses neither can call With itself.
+// The number is one hop's. A transport with policy.Set.Propagate on writes
+// on each wire attempt its own number, 1 for the first, so a call sent once
+// for a retry arrives downstream as a first attempt; the admission package
+// puts the number a request arrived with into its context. A server that
+// uses neither can call With itself.
 package attempt
 
 import "context"

@@ -71,4 +71,10 @@ type Snapshot struct {
 	// tenant ids that Set.Propagate could not write (see
 	// Observer.MalformedHeader).
 	MalformedHeaders uint64
+
+	// RepeatsSentOnce counts the calls sent once, neither retried nor
+	// hedged and with the budget untouched, because the request they
+	// were made for was itself a retry or a hedge of its caller's call
+	// (attempt.Repeated). Only keys that retry or hedge count them.
+	RepeatsSentOnce uint64
 }

@@ -126,6 +126,7 @@ type call struct {
 	timeout  time.Duration // per attempt; 0: none
 	mayRetry bool
 	mayHedge bool
+	repeat   bool // made for a request that is itself a repeat: no deposit
 
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.
@@ -145,7 +146,9 @@ type call struct {
 // the body has no GetBody and the call may send it again (see buffers),
 // and runs the retry loop.
 func (c *call) run() (*http.Response, error) {
-	c.s.budget.Deposit(c.start)
+	if !c.repeat {
+		c.s.budget.Deposit(c.start)
+	}
 	var l leg
 	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
 		closeBody(c.req.Body)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/resilix/resilix/attempt"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -531,6 +532,98 @@ func TestPropagateLeavesTheCallersRequestAlone(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestARepeatIsSentOnce: a call made while serving a request that was
+// itself a retry or a hedge (attempt.Repeated) goes on the wire once
+// against a failing upstream whose set would retry and hedge it, leaves
+// the budget as it was, and is counted; a first attempt, marked or not,
+// is retried and hedged as usual. The rule holds whether or not the key
+// propagates.
+func TestARepeatIsSentOnce(t *testing.T) {
+	for _, propagate := range []bool{false, true} {
+		t.Run("Propagate "+strconv.FormatBool(propagate), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &wireLog{next: &slowRT{latency: warmThenFailSlowly}}
+				ev := &hedgeEvents{}
+				var skipped int
+				obs := ev.observer()
+				obs.RetrySkipped = func(policy.RetrySkip) { skipped++ }
+				tr := mustNew(t, Config{Base: rec, Observer: obs, Policies: policy.Set{
+					Propagate: propagate,
+					Attempts:  4, // the first and three more
+					Retry:     &policy.Retry{},
+					Hedge:     &policy.Hedge{},
+					// No floor, so that the balance moves only with calls.
+					Budget: policy.Budget{MinPerSecond: -1},
+				}})
+				warm(t, tr, 30)
+				balance := func() float64 { return tr.Measured("up.test").BudgetBalance }
+				call := func(ctx context.Context) (wires int, spent float64) {
+					t.Helper()
+					n, b := len(rec.sent()), balance()
+					if code, err := do(t, ctx, tr); err != nil || code != 503 {
+						t.Fatalf("got %d, %v", code, err)
+					}
+					synctest.Wait()
+					return len(rec.sent()) - n, b - balance()
+				}
+
+				// A first attempt: hedged and retried, spending the budget.
+				if wires, spent := call(t.Context()); wires != 4 || spent <= 0 {
+					t.Fatalf("a first attempt: %d wire calls, %v tokens spent; want 4, and some", wires, spent)
+				}
+				started, _ := ev.counts()
+				quiet := suppressions(ev)
+
+				// A retry arriving: sent once, the budget untouched.
+				wires, spent := call(attempt.With(t.Context(), 2))
+				if wires != 1 || spent != 0 {
+					t.Errorf("a request that is a retry: %d wire calls, %v tokens moved; want 1 and none", wires, spent)
+				}
+				if s, _ := ev.counts(); s != started || suppressions(ev) != quiet || skipped != 0 {
+					t.Errorf("a request that is a retry: hedges started %d, suppressed %d, retries skipped %d; want none reported",
+						s-started, suppressions(ev)-quiet, skipped)
+				}
+				if got := tr.Measured("up.test").RepeatsSentOnce; got != 1 {
+					t.Errorf("RepeatsSentOnce = %d, want 1", got)
+				}
+				if propagate {
+					if got := rec.sent()[len(rec.sent())-1].header.Get(hAttempt); got != "1" {
+						t.Errorf("the call sent once carries %s %q, want its own number, 1", hAttempt, got)
+					}
+				}
+
+				// A hedge arriving, too.
+				if wires, spent := call(attempt.With(t.Context(), 3)); wires != 1 || spent != 0 {
+					t.Errorf("a request that is a hedge: %d wire calls, %v tokens moved; want 1 and none", wires, spent)
+				}
+
+				// A first attempt marked as one: as usual.
+				if wires, spent := call(attempt.With(t.Context(), 1)); wires < 2 || spent <= 0 {
+					t.Errorf("a request that is a first attempt: %d wire calls, %v tokens spent; want retries and hedges", wires, spent)
+				}
+				if got := tr.Measured("up.test").RepeatsSentOnce; got != 2 {
+					t.Errorf("RepeatsSentOnce = %d, want 2", got)
+				}
+			})
+		})
+	}
+}
+
+// TestARepeatAllocatesNothingOfItsOwn: the attempt rule is a context
+// lookup and a counter.
+func TestARepeatAllocatesNothingOfItsOwn(t *testing.T) {
+	resp := &http.Response{StatusCode: 200, Body: http.NoBody}
+	base := fakeRT(func(r *http.Request) (*http.Response, error) { return resp, nil })
+	tr := mustNew(t, Config{Base: base, Policies: retrySet()})
+	req, _ := http.NewRequestWithContext(attempt.With(context.Background(), 2), http.MethodGet, "http://a.test/", nil)
+	if n := testing.AllocsPerRun(1000, func() { _, _ = tr.RoundTrip(req) }); n != 0 {
+		t.Errorf("%v allocations per call, want 0", n)
+	}
+	if got := tr.Measured("a.test").RepeatsSentOnce; got < 1000 {
+		t.Errorf("RepeatsSentOnce = %d, want every call", got)
 	}
 }
 

@@ -98,6 +98,7 @@ type scope struct {
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave
 	malformed atomic.Uint64
+	repeats   atomic.Uint64 // calls sent once for a request that was a repeat (see call.narrow)
 }
 
 // leave ends a call that registry.enter counted.
@@ -167,6 +168,7 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 	m := policy.Snapshot{
 		Known:            true,
 		MalformedHeaders: s.malformed.Load(),
+		RepeatsSentOnce:  s.repeats.Load(),
 	}
 	if s.hedge != nil {
 		m.HasHedge = true

@@ -137,6 +137,21 @@
 //     next number, as Envoy's x-envoy-attempt-count counts them. The
 //     number is this hop's: it says nothing of the attempts of the
 //     callers above.
+//
+// The other half of the exchange holds on every key, Propagate or not: a
+// call made for a request that was itself a retry or a hedge of its
+// caller's call (attempt.Repeated on the call's context; admission puts
+// the number there) is sent once, neither retried nor hedged, as if its
+// context carried Override{Attempts: 1}, and neither deposits in its key's
+// budget nor draws from it. What decides is how the request being served
+// arrived, not where this call goes: its caller is already repeating the
+// work, and retries here would multiply with its own, whichever upstream
+// this call reaches (three tiers that each try four times make 4³ = 64
+// calls on the last, as the Google SRE book counts in chapter 22). Left
+// out of the budget, such calls do not let the callers' retries pay for
+// this key's. As with an Override, the Observer hears of no retry or
+// hedge the rule leaves out; Measured counts the calls it narrowed, on
+// keys that retry or hedge, in RepeatsSentOnce.
 package transport
 
 import (
