@@ -36,7 +36,10 @@ func (c *call) stamp(l *leg) {
 		if validHeaderValue(v) {
 			id = v
 			n++
-		} else {
+		} else if l.n == 1 {
+			// Reported once a call, with its first attempt: a hedge leg
+			// is prepared under its round's lock, where no observer may
+			// be called.
 			t.malformed(c.ctx, c.s, t.tenantHeader, v)
 		}
 	}

@@ -182,6 +182,36 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 	}
 }
 
+// TestAnUnwritableTenantIsReportedOncePerCall: a tenant id that cannot be
+// a header value goes on no attempt, and is reported once for the call,
+// however many attempts it makes.
+func TestAnUnwritableTenantIsReportedOncePerCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &wireLog{next: &script{codes: []int{503, 502, 200}}}
+		var reported []policy.MalformedHeader
+		set := retrySet()
+		set.Propagate = true
+		tr := mustNew(t, Config{Base: rec, Policies: set, Observer: &policy.Observer{
+			MalformedHeader: func(m policy.MalformedHeader) { reported = append(reported, m) },
+		}})
+		if code, err := do(t, tenant.With(t.Context(), "acme\x00"), tr); err != nil || code != 200 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		for _, w := range rec.sent() {
+			if vs, has := w.header[hTenant]; has {
+				t.Errorf("attempt %s carries %s %q", w.header.Get(hAttempt), hTenant, vs)
+			}
+		}
+		if len(reported) != 1 || reported[0].Header != hTenant || reported[0].Value != "acme\x00" ||
+			tr.Measured("up.test").MalformedHeaders != 1 {
+			t.Errorf("reported %+v, counted %d; want the tenant once", reported, tr.Measured("up.test").MalformedHeaders)
+		}
+		if n := len(rec.sent()); n != 3 {
+			t.Errorf("%d wire attempts, want 3", n)
+		}
+	})
+}
+
 // TestPropagateUsesTheConfiguredNames: the four headers go under the
 // names Config gives, in canonical form.
 func TestPropagateUsesTheConfiguredNames(t *testing.T) {

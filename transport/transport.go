@@ -124,7 +124,7 @@
 //   - Config.TenantHeader: the tenant in the call's context (tenant.With),
 //     likewise. An empty id is none. An id that cannot be a header value
 //     (a control character) would fail the attempt in net/http: it is not
-//     written, and is reported to Observer.MalformedHeader.
+//     written, and is reported to Observer.MalformedHeader, once a call.
 //   - Config.TimeoutHeader: how long the attempt may still take, in whole
 //     milliseconds rounded down: the time left before the caller's
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
