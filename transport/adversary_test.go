@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,7 @@ func adversarySet(rng *rand.Rand) policy.Set {
 		}
 		set.Timeout.Idle = time.Duration(20+rng.IntN(100)) * time.Millisecond
 	}
+	set.Propagate = maybe()
 	return set
 }
 
@@ -123,6 +125,9 @@ func describe(s policy.Set) string {
 	}
 	if s.Timeout != nil && s.Timeout.Idle > 0 {
 		fmt.Fprintf(&b, ", Idle %v", s.Timeout.Idle)
+	}
+	if s.Propagate {
+		b.WriteString(", Propagate")
 	}
 	return b.String()
 }
@@ -234,6 +239,7 @@ func (a *adversary) reached(r *http.Request) {
 
 func (a *adversary) RoundTrip(r *http.Request) (*http.Response, error) {
 	a.calls.Add(1)
+	a.propagated(r)
 	m := a.draw()
 	switch {
 	case m.dial:
@@ -275,6 +281,30 @@ func (a *adversary) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp := &http.Response{StatusCode: m.status, Header: http.Header{}, Request: r,
 		Body: &countedBody{ReadCloser: b, end: func() { a.leave(host) }, closed: func() { a.closed.Add(1) }}}
 	return resp, nil
+}
+
+// propagated checks what a propagating key wrote: an attempt number, and
+// never more time than the caller has left. The bubble's clock stands
+// still between the header being written and the attempt reaching here.
+func (a *adversary) propagated(r *http.Request) {
+	n := r.Header.Get("Resilix-Attempt")
+	v, has := r.Header["Resilix-Timeout-Ms"]
+	if n == "" {
+		if has {
+			a.mu.Lock()
+			a.wrong = append(a.wrong, fmt.Sprintf("call %s: a timeout header without an attempt number", r.Header.Get("X-Call")))
+			a.mu.Unlock()
+		}
+		return
+	}
+	dl, _ := r.Context().Deadline() // every call has one
+	ms, err := strconv.ParseInt(strings.Join(v, ","), 10, 64)
+	if err != nil || time.Duration(ms)*time.Millisecond > max(time.Until(dl), 0) {
+		a.mu.Lock()
+		a.wrong = append(a.wrong, fmt.Sprintf("call %s, attempt %s: Resilix-Timeout-Ms %q with %v left",
+			r.Header.Get("X-Call"), n, v, time.Until(dl)))
+		a.mu.Unlock()
+	}
 }
 
 // countedBody calls end once, at the exchange's end: EOF, a read error or
