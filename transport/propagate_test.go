@@ -2,7 +2,9 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -212,6 +214,70 @@ func TestAnUnwritableTenantIsReportedOncePerCall(t *testing.T) {
 	})
 }
 
+// TestValidHeaderValueAgreesWithNetHTTP: the tenant ids stamp refuses to
+// write are exactly those net/http's transport would refuse to send, byte
+// by byte. The transport dials nothing: its dialer fails, after the check.
+func TestValidHeaderValueAgreesWithNetHTTP(t *testing.T) {
+	errDial := errors.New("no dialing here")
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, errDial }}
+	defer tr.CloseIdleConnections()
+	for b := range 256 {
+		v := "a" + string([]byte{byte(b)}) + "b"
+		req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+		req.Header["X-Tenant"] = []string{v}
+		_, err := tr.RoundTrip(req)
+		refused := err != nil && !errors.Is(err, errDial)
+		if refused == validHeaderValue(v) {
+			t.Errorf("byte %#02x: net/http refuses it %v, validHeaderValue %v (%v)", b, refused, validHeaderValue(v), err)
+		}
+	}
+}
+
+// FuzzPropagate writes whatever a caller may put in its context, a tenant
+// id, a priority, a deadline, and any per-attempt timeout: nothing may
+// panic, the tenant header carries the id exactly when net/http can send
+// it, the timeout header never promises more than the caller has left,
+// and the caller's Header is never written to.
+func FuzzPropagate(f *testing.F) {
+	f.Add("acme", uint8(1), int64(time.Second), int64(0))
+	f.Add("a\r\nb", uint8(9), int64(-1), int64(time.Millisecond))
+	f.Add("", uint8(3), int64(500*time.Microsecond), int64(time.Hour))
+	f.Fuzz(func(t *testing.T, id string, prio uint8, deadline, perAttempt int64) {
+		synctest.Test(t, func(t *testing.T) {
+			rec := &wireLog{next: ok200}
+			set := policy.Set{Propagate: true}
+			if perAttempt > 0 {
+				set.Timeout = &policy.Timeout{PerAttempt: time.Duration(perAttempt)}
+			}
+			tr := mustNew(t, Config{Base: rec, Policies: set})
+			ctx := tenant.With(shedding.WithPriority(t.Context(), shedding.Priority(prio)), id)
+			if deadline != 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Duration(deadline)))
+				defer cancel()
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://a.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if len(req.Header) != 0 {
+				t.Fatalf("the caller's Header was written to: %v", req.Header)
+			}
+			w := rec.sent()[0]
+			got, has := w.header[hTenant]
+			if want := id != "" && validHeaderValue(id); has != want || has && got[0] != id {
+				t.Errorf("tenant %q: header %q, want written %v", id, got, want)
+			}
+			if p := shedding.Priority(prio); w.header.Get(hPriority) != map[bool]string{true: p.String()}[p.Valid()] {
+				t.Errorf("priority %d: header %q", prio, w.header.Get(hPriority))
+			}
+			checkLeft(t, w, max(time.Duration(perAttempt), 0))
+		})
+	})
+}
+
 // TestPropagateUsesTheConfiguredNames: the four headers go under the
 // names Config gives, in canonical form.
 func TestPropagateUsesTheConfiguredNames(t *testing.T) {
@@ -285,7 +351,7 @@ func checkLeft(t *testing.T, w wire, perAttempt time.Duration) {
 	if want := int64(max(left, 0) / time.Millisecond); ms != want {
 		t.Errorf("attempt %s: %s = %d, want %d (%v left)", w.header.Get(hAttempt), hTimeout, ms, want, left)
 	}
-	if !w.deadline.IsZero() && time.Duration(ms)*time.Millisecond > w.deadline.Sub(w.at) {
+	if !w.deadline.IsZero() && time.Duration(ms)*time.Millisecond > max(w.deadline.Sub(w.at), 0) {
 		t.Errorf("attempt %s: %s = %d, more than the caller's %v", w.header.Get(hAttempt), hTimeout, ms, w.deadline.Sub(w.at))
 	}
 }
