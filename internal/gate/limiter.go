@@ -832,3 +832,20 @@ func (l *Limiter) learnedBaseline() (time.Duration, bool) {
 	defer l.mu.Unlock()
 	return time.Duration(l.baseline * float64(time.Second)), l.baseline > 0
 }
+
+// RetryAfter estimates how long a call refused now would wait for a slot:
+// the calls queued ahead of it and itself, served limit at a time at the
+// learned baseline latency (Little's law), (queued + 1) × baseline / limit.
+// It is zero until a baseline is learned. A server's refusal derives its
+// Retry-After from it.
+func (l *Limiter) RetryAfter() time.Duration {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.baseline == 0 {
+		return 0
+	}
+	return time.Duration(float64(l.waiting+1) * l.baseline / float64(l.current()) * float64(time.Second))
+}
