@@ -386,6 +386,11 @@ type LimiterDecision struct {
 	HeavyTenant bool
 }
 
+// Waited reports whether the call waited in the queue: when it did not,
+// it was admitted or refused at the now given to Acquire, and the caller
+// need not read the clock again.
+func (d LimiterDecision) Waited() bool { return d.waited }
+
 // LimitChange is a change of the limit made by Release, for the caller to
 // report. The zero value, like any value with From == To, is no change.
 type LimitChange struct {
