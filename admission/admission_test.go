@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -896,4 +897,32 @@ func TestAttachReportsTheServer(t *testing.T) {
 	if e.sources[0].States(func(string, policy.Snapshot) { t.Error("a dropped handler reported a state") }) {
 		t.Error("the source of a dropped handler is still alive")
 	}
+}
+
+// TestManyTenantsBoundedMemory: a trusted caller naming a new tenant on
+// every request, 100,000 of them, grows the server's memory by no more
+// than the tenant tracker's fixed size.
+func TestManyTenantsBoundedMemory(t *testing.T) {
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	h := mustHandler(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), Config{Trust: trustAll})
+	r := newRequest(context.Background())
+	w := &discard{h: http.Header{}}
+	id := func(i int) string { return "tenant-" + strconv.Itoa(i) + strings.Repeat("x", i%100) }
+	r.Header.Set("Resilix-Tenant", id(0))
+	h.ServeHTTP(w, r) // the tracker
+	before := heap()
+	for i := 1; i <= 100_000; i++ {
+		r.Header["Resilix-Tenant"][0] = id(i)
+		h.ServeHTTP(w, r)
+	}
+	r.Header["Resilix-Tenant"][0] = ""
+	if after := heap(); after > before+64<<10 {
+		t.Errorf("100,000 tenant ids grew the heap by %d bytes", after-before)
+	}
+	runtime.KeepAlive(h)
 }

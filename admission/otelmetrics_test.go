@@ -95,7 +95,7 @@ func TestOtelmetricsCountsTheServer(t *testing.T) {
 func name(metric string, set attribute.Set) string {
 	var kv []string
 	for _, a := range set.ToSlice() {
-		kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+		kv = append(kv, string(a.Key)+"="+a.Value.String())
 	}
 	return metric + "{" + strings.Join(kv, ",") + "}"
 }
