@@ -32,7 +32,7 @@ const (
 	numOutcomes   = int(policy.Rejected) + 1
 	numKinds      = int(policy.AttemptHedge) + 1
 	numReasons    = int(policy.HedgeBodyTooLarge) + 1
-	numGates      = int(policy.GateRateLimit) + 1
+	numGates      = int(policy.GateAdmission) + 1
 	numPriorities = 4 // shedding.NumPriorities
 	numSkips      = int(policy.SkipGate) + 1
 )

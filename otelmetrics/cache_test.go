@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 func TestCacheBound(t *testing.T) {
@@ -53,6 +54,12 @@ func TestEntrySlots(t *testing.T) {
 	}
 	if e.skipped(policy.SkipGate, policy.GateBreaker) == e.skipped(policy.SkipGate, policy.GateLimiter) {
 		t.Error("two gates share skip attrs")
+	}
+	// The server's gates (package admission) are cached like the client's.
+	for _, g := range []policy.Gate{policy.GateDeadline, policy.GateAdmission} {
+		if a, b := refusal(e, g, shedding.Bulk), refusal(e, g, shedding.Bulk); a != b {
+			t.Errorf("refusal attrs of gate %v not reused", g)
+		}
 	}
 	// Values this version does not know are built per event, not cached,
 	// and carry their String.

@@ -48,7 +48,10 @@
 //   - gate and priority on shed: every refusal of an attempt by an
 //     admission gate, whichever gate it was (throttler, breaker, limiter,
 //     bulkhead or rate_limit; policy.Gate) and the request's
-//     priority (critical, degraded, best_effort, bulk). Refused hedge legs
+//     priority (critical, degraded, best_effort, bulk). A server's
+//     refusals (package admission, with this Observer in its Config) are
+//     counted here too, with gate deadline or admission and the key
+//     admission.Config.Name. Refused hedge legs
 //     are included; they are also counted as hedges suppressed with reason
 //     rejected. A call whose first attempt or retry is refused ends there,
 //     as calls{outcome="rejected"};

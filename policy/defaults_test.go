@@ -116,6 +116,8 @@ func TestEnumNames(t *testing.T) {
 		{BreakerHalfOpen.String(), "half_open"},
 		{BreakerState(9).String(), "breaker_state(9)"},
 		{GateRateLimit.String(), "rate_limit"},
+		{GateAdmission.String(), "admission"},
+		{GateDeadline.String(), "deadline"},
 		{Gate(0).String(), "gate(0)"},
 		{HedgeBodyError.String(), "body_error"},
 		{HedgeBodyPending.String(), "body_pending"},

@@ -50,16 +50,25 @@ var ErrAttemptTimeout = errors.New("resilix: attempt timed out")
 // Gate names the admission gate that refused a call.
 type Gate uint8
 
-// The admission gates, in the order a wire attempt meets them.
+// The admission gates, in the order a wire attempt meets them, then the
+// server's, in the order a request meets them in package admission.
 const (
 	GateThrottler Gate = iota + 1
 	GateBreaker
 	GateLimiter
 	GateBulkhead
 	GateRateLimit
+	// GateDeadline: a server refused a request whose propagated deadline
+	// had passed, or left less than admission.Config.MinTimeout, before
+	// its handler ran. Its error matches context.DeadlineExceeded.
+	GateDeadline
+	// GateAdmission: a server's adaptive concurrency limiter (package
+	// admission) refused a request before its handler ran. Its error
+	// matches ErrShed.
+	GateAdmission
 )
 
-var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "rate_limit"}
+var gateNames = [...]string{"", "throttler", "breaker", "limiter", "bulkhead", "rate_limit", "deadline", "admission"}
 
 // String returns the gate's name as it appears in metrics: "breaker",
 // "rate_limit", ...

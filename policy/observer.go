@@ -27,7 +27,9 @@ type Observer struct {
 	// after the call's CallDone.
 	AttemptDone func(AttemptInfo)
 
-	// Refused is called when a gate refuses an attempt.
+	// Refused is called when a gate refuses an attempt, and, on a
+	// server, when package admission refuses a request (GateDeadline,
+	// GateAdmission).
 	Refused func(Refusal)
 
 	// RetrySkipped is called when a failed attempt is not retried for a
@@ -49,9 +51,10 @@ type Observer struct {
 
 	// MalformedHeader is called when a header resilix reads cannot be
 	// parsed: a priority (the call goes on as Critical) or a Retry-After
-	// (the backoff alone decides the wait); or when a tenant id that
+	// (the backoff alone decides the wait); when a tenant id that
 	// Set.Propagate would write is not a valid header value (it is then
-	// not written).
+	// not written); on a server, package admission's priority, timeout
+	// and attempt headers (treated as absent).
 	MalformedHeader func(MalformedHeader)
 
 	// LimitTransition is called when a scope's adaptive concurrency limit

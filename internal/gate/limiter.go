@@ -386,6 +386,11 @@ type LimiterDecision struct {
 	HeavyTenant bool
 }
 
+// Waited reports whether the call waited in the queue: when it did not,
+// it was admitted or refused at the now given to Acquire, and the caller
+// need not read the clock again.
+func (d LimiterDecision) Waited() bool { return d.waited }
+
 // LimitChange is a change of the limit made by Release, for the caller to
 // report. The zero value, like any value with From == To, is no change.
 type LimitChange struct {
@@ -831,4 +836,21 @@ func (l *Limiter) learnedBaseline() (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Duration(l.baseline * float64(time.Second)), l.baseline > 0
+}
+
+// RetryAfter estimates how long a call refused now would wait for a slot:
+// the calls queued ahead of it and itself, served limit at a time at the
+// learned baseline latency (Little's law), (queued + 1) × baseline / limit.
+// It is zero until a baseline is learned. A server's refusal derives its
+// Retry-After from it.
+func (l *Limiter) RetryAfter() time.Duration {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.baseline == 0 {
+		return 0
+	}
+	return time.Duration(float64(l.waiting+1) * l.baseline / float64(l.current()) * float64(time.Second))
 }

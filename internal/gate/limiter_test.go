@@ -921,3 +921,40 @@ func TestLimiterShedsHeavyTenantsFirstBeforeQueueing(t *testing.T) {
 		}
 	})
 }
+
+// TestLimiterRetryAfter: the wait a call refused now can expect is the
+// queue ahead of it and itself, served limit calls at a time at the
+// baseline latency; zero before a baseline is learned.
+func TestLimiterRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(policy.Limiter{InitialLimit: 4, MinLimit: 4, MaxLimit: 4, QueueFactor: 1}, time.Now())
+		if d := l.RetryAfter(); d != 0 {
+			t.Fatalf("RetryAfter before a baseline = %v, want 0", d)
+		}
+		now := time.Now()
+		for range 5 { // one round of 20 calls: the baseline
+			now, _ = lmWave(t, l, now, 4, 100*time.Millisecond, policy.Success)
+		}
+		if b, ok := l.learnedBaseline(); !ok || b != 100*time.Millisecond {
+			t.Fatalf("baseline %v, %v; want 100ms", b, ok)
+		}
+		if got, want := l.RetryAfter(), 25*time.Millisecond; got != want { // 1 × 100ms / 4
+			t.Errorf("RetryAfter with nothing queued = %v, want %v", got, want)
+		}
+		held := lmFill(t, l, time.Now(), 4)
+		out := make(chan lmResult, 4)
+		for i := range 3 {
+			lmGo(t.Context(), l, fmt.Sprint("waiter-", i), shedding.Critical, "", out)
+		}
+		if got, want := l.RetryAfter(), 100*time.Millisecond; got != want { // (3+1) × 100ms / 4
+			t.Errorf("RetryAfter with 3 queued = %v, want %v", got, want)
+		}
+		for _, p := range held {
+			l.Release(p, time.Now(), 0, policy.Canceled)
+		}
+		synctest.Wait()
+		for _, r := range lmTake(out) {
+			l.Release(r.p, time.Now(), 0, policy.Canceled)
+		}
+	})
+}

@@ -1,0 +1,465 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/resilix/resilix/attempt"
+	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
+)
+
+// Config configures Handler. The zero Config is valid: a server that
+// trusts no caller's priority or tenant (every request is Critical), honours
+// propagated deadlines and attempt numbers, and admits through a limiter
+// with policy.Limiter's defaults.
+type Config struct {
+	// Name is the key the server's events carry to the Observer
+	// (Refusal.Key, MalformedHeader.Key, LimitTransition.Key) and the key
+	// its state is reported under by Observer.Attach's source: the
+	// attribute key in otelmetrics. If empty, "admission" is used.
+	Name string
+
+	// Limiter configures the adaptive concurrency limiter requests are
+	// admitted through; see policy.Limiter. Its zero value is the
+	// recommended setting: an initial limit of 20 within [1, 1000] and a
+	// queue of half the limit. A negative QueueFactor makes nothing wait.
+	Limiter policy.Limiter
+
+	// Trust reports whether the caller of r may set its request's
+	// priority and name its tenant: another of your services, say, told
+	// by its network address or its client certificate. It is called at
+	// most once per request, and only for a request that carries a
+	// priority or a tenant header its context does not override. If nil,
+	// no caller is trusted: every request gets DefaultPriority and no
+	// tenant, whatever its headers say, which is the safe choice for a
+	// server reachable from outside.
+	Trust func(r *http.Request) bool
+
+	// DefaultPriority is the priority of a request from an untrusted
+	// caller, or from a trusted one that sends none (or one that cannot be
+	// parsed). Its zero value is shedding.Critical, Google's default
+	// criticality: a server that trusts nobody then runs a classic,
+	// priority-blind limiter. It must be one of the four priorities.
+	DefaultPriority shedding.Priority
+
+	// MinTimeout is the least time a request must have left for next to
+	// be called: one whose propagated deadline (or its context's own)
+	// leaves less, at arrival or once admitted from the queue, is refused
+	// with 504. If zero, only a request whose time has run out is refused.
+	// It must not be negative. A request with no deadline is never refused
+	// for time.
+	MinTimeout time.Duration
+
+	// Observer receives the server's refusals, malformed headers and
+	// limit moves, and a source of its state (Observer.Attach). It is
+	// copied. If nil, nothing is reported and nothing is paid.
+	Observer *policy.Observer
+
+	// PriorityHeader is the header a priority is read from. If empty,
+	// "Resilix-Priority" is used, as in transport.Config.
+	PriorityHeader string
+	// TenantHeader is the header a tenant id is read from. If empty,
+	// "Resilix-Tenant" is used.
+	TenantHeader string
+	// TimeoutHeader is the header the caller's time left is read from, in
+	// whole milliseconds. If empty, "Resilix-Timeout-Ms" is used.
+	TimeoutHeader string
+	// AttemptHeader is the header the caller's attempt number is read
+	// from. If empty, "Resilix-Attempt" is used.
+	AttemptHeader string
+}
+
+// DefaultName is the Name used when Config.Name is empty.
+const DefaultName = "admission"
+
+// Handler returns a handler that admits requests to next as the package
+// doc describes, or an error that names every invalid field of cfg, one per
+// line (an errors.Join):
+//
+//	admission: MinTimeout must be >= 0, got -1s
+//	admission: policy: Limiter.QueueFactor must be a number <= 100, got 200
+//
+// Handler copies what it keeps; editing cfg afterwards changes nothing.
+//
+// The ResponseWriter next gets records the status next sends and passes
+// everything through. It implements http.Flusher, http.Hijacker,
+// io.ReaderFrom and io.StringWriter, each passed on through
+// http.ResponseController (so Hijack returns its error where the server's
+// writer cannot hijack, as under HTTP/2), and unwraps to the server's
+// writer for the rest of what http.ResponseController offers.
+func Handler(next http.Handler, cfg Config) (http.Handler, error) {
+	var errs []error
+	if next == nil {
+		errs = append(errs, errors.New("admission: next is nil"))
+	}
+	headers := [...]struct{ field, value, def string }{
+		{"PriorityHeader", cfg.PriorityHeader, "Resilix-Priority"},
+		{"TenantHeader", cfg.TenantHeader, "Resilix-Tenant"},
+		{"TimeoutHeader", cfg.TimeoutHeader, "Resilix-Timeout-Ms"},
+		{"AttemptHeader", cfg.AttemptHeader, "Resilix-Attempt"},
+	}
+	var names [len(headers)]string
+	for i, h := range headers {
+		name, err := headerName(h.field, h.value, h.def)
+		errs = append(errs, err)
+		names[i] = name
+		for j := range i {
+			if name != "" && name == names[j] {
+				errs = append(errs, fmt.Errorf("admission: %s and %s are both %q", headers[j].field, h.field, name))
+			}
+		}
+	}
+	if !cfg.DefaultPriority.Valid() {
+		errs = append(errs, fmt.Errorf("admission: DefaultPriority must be one of critical, degraded, best_effort or bulk, got %v", cfg.DefaultPriority))
+	}
+	if cfg.MinTimeout < 0 {
+		errs = append(errs, fmt.Errorf("admission: MinTimeout must be >= 0, got %v", cfg.MinTimeout))
+	}
+	lim := cfg.Limiter
+	if err := (&policy.Set{Limiter: &lim}).Validate(); err != nil {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				errs = append(errs, fmt.Errorf("admission: %w", e))
+			}
+		} else {
+			errs = append(errs, fmt.Errorf("admission: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	s := &server{
+		next:       next,
+		name:       cfg.Name,
+		trust:      cfg.Trust,
+		def:        cfg.DefaultPriority,
+		minTimeout: cfg.MinTimeout,
+		prioHeader: names[0],
+		tenHeader:  names[1],
+		timeHeader: names[2],
+		attHeader:  names[3],
+		limiter:    gate.NewLimiter(lim.WithDefaults(), time.Now(), new(gate.Tenants)),
+	}
+	if s.name == "" {
+		s.name = DefaultName
+	}
+	if cfg.Observer != nil {
+		// A copy: the funcs are called concurrently, so a later edit of
+		// the caller's struct would be a data race.
+		o := *cfg.Observer
+		s.obs = &o
+		if o.Attach != nil {
+			o.Attach(source{weak.Make(s)})
+		}
+	}
+	return s, nil
+}
+
+// server is the handler Handler returns.
+type server struct {
+	next       http.Handler
+	name       string
+	trust      func(*http.Request) bool
+	def        shedding.Priority
+	minTimeout time.Duration
+	obs        *policy.Observer
+	prioHeader string // canonical
+	tenHeader  string
+	timeHeader string
+	attHeader  string
+	limiter    *gate.Limiter
+	malformed  atomic.Uint64
+}
+
+// request is what the server knows of one request before admitting it.
+type request struct {
+	ctx      context.Context // the request's, with priority, tenant and attempt
+	prio     shedding.Priority
+	tenant   string
+	attempt  int // 0: none
+	deadline time.Time
+	expires  bool // deadline is set
+	// propagated: deadline came from the timeout header and is earlier
+	// than the context's own, so next's context needs it.
+	propagated bool
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrival := time.Now()
+	q := s.read(r, arrival)
+	if q.expires && s.tooLate(q.deadline, arrival) {
+		s.refuseLate(w, &q)
+		return
+	}
+	ctx := q.ctx
+	if q.propagated {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, q.deadline)
+		defer cancel()
+	}
+	p, d := s.limiter.Acquire(ctx, arrival, q.prio, q.tenant)
+	if !d.OK {
+		switch {
+		case d.Reason != gate.LimiterCanceled:
+			s.refuseBusy(w, &q, d)
+		case q.expires && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(q.deadline)):
+			s.refuseLate(w, &q)
+		default:
+			// The client went away while it waited: not a refusal.
+			w.WriteHeader(statusClientClosed)
+		}
+		return
+	}
+	start := arrival
+	if d.Waited() {
+		start = time.Now()
+		if q.expires && s.tooLate(q.deadline, start) {
+			s.release(ctx, p, start, 0, policy.Canceled)
+			s.refuseLate(w, &q)
+			return
+		}
+	}
+	if ctx != r.Context() {
+		r = r.WithContext(ctx)
+	}
+	s.serve(&writer{ResponseWriter: w}, r, p, start)
+}
+
+// statusClientClosed answers a request whose client went away while it
+// waited: nginx's 499, "client closed request", for the access logs.
+const statusClientClosed = 499
+
+// tooLate reports whether a request with deadline has too little time left
+// at now to be started.
+func (s *server) tooLate(deadline, now time.Time) bool {
+	left := deadline.Sub(now)
+	return left <= 0 || left < s.minTimeout
+}
+
+// serve runs next and releases the permit p however next ends: returning,
+// or panicking, in which case the panic goes on once the permit is back.
+func (s *server) serve(w *writer, r *http.Request, p gate.LimiterPermit, start time.Time) {
+	defer s.done(w, r.Context(), p, start)
+	s.next.ServeHTTP(w, r)
+	w.returned = true
+}
+
+// done releases the permit of a request next has finished with, with its
+// latency and what it says about the handler.
+func (s *server) done(w *writer, ctx context.Context, p gate.LimiterPermit, start time.Time) {
+	now := time.Now()
+	s.release(ctx, p, now, now.Sub(start), outcome(w, ctx.Err()))
+}
+
+// outcome classifies a request next has finished with, given its context's
+// error at that moment; see the package doc.
+func outcome(w *writer, ctxErr error) policy.Outcome {
+	switch {
+	case !w.returned || w.hijacked:
+		return policy.Canceled
+	case ctxErr == nil:
+		status := w.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		resp := http.Response{StatusCode: status}
+		return policy.DefaultClassify(&resp, nil)
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		return policy.Failure
+	}
+	return policy.Canceled
+}
+
+func (s *server) release(ctx context.Context, p gate.LimiterPermit, now time.Time, latency time.Duration, o policy.Outcome) {
+	ch := s.limiter.Release(p, now, latency, o)
+	if !ch.Changed() {
+		return
+	}
+	if obs := s.obs; obs != nil && obs.LimitTransition != nil {
+		obs.LimitTransition(policy.LimitTransition{Context: ctx, Key: s.name, From: ch.From, To: ch.To})
+	}
+}
+
+// read reads what r says about itself, as of arrival, into a request: the
+// context's values, else the headers' (priority and tenant only from a
+// trusted caller), reporting malformed values.
+func (s *server) read(r *http.Request, arrival time.Time) request {
+	ctx := r.Context()
+	q := request{ctx: ctx, prio: s.def}
+	h := r.Header
+	prio, hasPrio := shedding.PriorityFrom(ctx)
+	hasPrio = hasPrio && prio.Valid()
+	id, hasTenant := tenant.From(ctx)
+	pv, sentPrio := first(h, s.prioHeader)
+	tv, sentTenant := first(h, s.tenHeader)
+	trusted := false
+	if (sentPrio && !hasPrio) || (sentTenant && !hasTenant) {
+		trusted = s.trust != nil && s.trust(r)
+	}
+
+	switch {
+	case hasPrio:
+		q.prio = prio
+	case sentPrio && trusted:
+		if p, ok := parsePriority(pv); ok {
+			q.prio = p
+		} else {
+			s.malformedHeader(ctx, s.prioHeader, pv)
+		}
+		fallthrough
+	default:
+		q.ctx = shedding.WithPriority(q.ctx, q.prio)
+	}
+
+	switch {
+	case hasTenant:
+		q.tenant = id
+	case sentTenant && trusted:
+		q.tenant = tv
+		q.ctx = tenant.With(q.ctx, tv)
+	case sentTenant:
+		q.ctx = tenant.With(q.ctx, "") // what a transport inside next reads
+	}
+
+	if n, ok := attempt.From(ctx); ok {
+		q.attempt = n
+	} else if v, sent := first(h, s.attHeader); sent {
+		if n, ok := parseAttempt(v); ok {
+			q.attempt = n
+			q.ctx = attempt.With(q.ctx, n)
+		} else {
+			s.malformedHeader(ctx, s.attHeader, v)
+		}
+	}
+
+	q.deadline, q.expires = ctx.Deadline()
+	if v, sent := first(h, s.timeHeader); sent {
+		if ms, ok := parseMillis(v); !ok {
+			s.malformedHeader(ctx, s.timeHeader, v)
+		} else if dl := arrival.Add(time.Duration(ms) * time.Millisecond); !q.expires || dl.Before(q.deadline) {
+			q.deadline, q.expires, q.propagated = dl, true, true
+		}
+	}
+	return q
+}
+
+// first returns the first value of the header name (canonical), and
+// whether there is one.
+func first(h http.Header, name string) (string, bool) {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0], true
+	}
+	return "", false
+}
+
+func (s *server) malformedHeader(ctx context.Context, header, value string) {
+	s.malformed.Add(1)
+	if o := s.obs; o != nil && o.MalformedHeader != nil {
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.name, Header: header, Value: reported(value)})
+	}
+}
+
+// The bodies of refusals, one line each.
+const (
+	bodyLate     = "resilix: deadline exceeded: the caller's time ran out or is too short to start the request\n"
+	bodyFull     = "resilix: overloaded: the server is at its concurrency limit and its queue is full\n"
+	bodyShed     = "resilix: overloaded: shed by priority\n"
+	bodyEvicted  = "resilix: overloaded: evicted from the queue by a request of higher priority\n"
+	bodyTenant   = "resilix: too many requests: the tenant is above its fair share\n"
+	contentType  = "text/plain; charset=utf-8"
+	headerRetry  = "Retry-After"
+	headerType   = "Content-Type"
+	headerSniff  = "X-Content-Type-Options"
+	valueNoSniff = "nosniff"
+)
+
+// refuseLate refuses a request whose time ran out, or is below MinTimeout.
+func (s *server) refuseLate(w http.ResponseWriter, q *request) {
+	s.refused(q, policy.GateDeadline, context.DeadlineExceeded, 0, false)
+	answer(w, http.StatusGatewayTimeout, 0, bodyLate)
+}
+
+// refuseBusy refuses a request the limiter did not admit, as d says.
+func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDecision) {
+	secs := retryAfterSeconds(s.limiter.RetryAfter())
+	s.refused(q, policy.GateAdmission, policy.ErrShed, time.Duration(secs)*time.Second, d.HeavyTenant)
+	status, body := http.StatusServiceUnavailable, bodyFull
+	switch {
+	case d.HeavyTenant:
+		status, body = http.StatusTooManyRequests, bodyTenant
+	case d.Reason == gate.LimiterShed:
+		body = bodyShed
+	case d.Reason == gate.LimiterEvicted:
+		body = bodyEvicted
+	}
+	answer(w, status, secs, body)
+}
+
+// retryAfterSeconds returns a Retry-After for an estimated wait d: whole
+// seconds rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+func (s *server) refused(q *request, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) {
+	o := s.obs
+	if o == nil || o.Refused == nil {
+		return
+	}
+	kind := policy.AttemptFirst
+	if q.attempt > 1 {
+		kind = policy.AttemptRetry
+	}
+	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: s.name, Priority: q.prio, RetryAfter: retryAfter}
+	o.Refused(policy.Refusal{Context: q.ctx, Key: s.name, Kind: kind, Gate: g, Priority: q.prio, HeavyTenant: heavy, Err: err})
+}
+
+// answer writes a refusal: status, Retry-After when retryAfter > 0, and a
+// one-line text body.
+func answer(w http.ResponseWriter, status int, retryAfter int64, body string) {
+	h := w.Header()
+	h.Set(headerType, contentType)
+	h.Set(headerSniff, valueNoSniff)
+	if retryAfter > 0 {
+		h.Set(headerRetry, strconv.FormatInt(retryAfter, 10))
+	}
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, body)
+}
+
+// source is the policy.StateSource a server gives Observer.Attach. It
+// holds the server weakly.
+type source struct{ s weak.Pointer[server] }
+
+func (src source) States(f func(key string, s policy.Snapshot)) (alive bool) {
+	s := src.s.Value()
+	if s == nil {
+		return false
+	}
+	f(s.name, s.snapshot())
+	return true
+}
+
+// snapshot reads the server's state. It allocates nothing.
+func (s *server) snapshot() policy.Snapshot {
+	return policy.Snapshot{
+		Known:            true,
+		HasLimiter:       true,
+		LimiterLimit:     s.limiter.Limit(),
+		LimiterInFlight:  s.limiter.InFlight(),
+		LimiterQueued:    s.limiter.Queued(),
+		Pressure:         s.limiter.Pressure(),
+		MalformedHeaders: s.malformed.Load(),
+	}
+}

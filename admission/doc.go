@@ -1,0 +1,154 @@
+// Package admission is resilix's server side: an http.Handler middleware
+// that reads what a resilix client sends about a request (its priority,
+// its tenant, the time its caller will still wait, which attempt it is)
+// into the request's context, refuses work that cannot finish before
+// starting it, and admits the rest through the same adaptive concurrency
+// limiter the client uses, with the same bottom-up shedding by priority
+// and the same fairness between tenants.
+//
+//	h, err := admission.Handler(mux, admission.Config{
+//		// Trust callers with a client certificate your tls.Config verified
+//		// against your internal CA (ClientCAs).
+//		Trust: func(r *http.Request) bool { return r.TLS != nil && len(r.TLS.VerifiedChains) > 0 },
+//	})
+//	if err != nil { ... }
+//	http.ListenAndServe(addr, h)
+//
+// Overload is a conversation between tiers (Google's SRE book, chapters 21
+// and 22): the caller says how much a request matters and how long it will
+// wait, and the server sheds what matters least and never starts what
+// nobody will wait for. A transport built with policy.Set.Propagate sends
+// the headers below on every wire attempt; admission reads them back, so
+// that next, and any resilix transport it calls through, inherits the
+// priority, the tenant and the deadline without a line of glue.
+//
+// # What it reads
+//
+//	header (default name)   read into                       from whom
+//	Resilix-Priority        shedding.WithPriority           trusted callers only
+//	Resilix-Tenant          tenant.With                     trusted callers only
+//	Resilix-Timeout-Ms      a context deadline for next     any caller
+//	Resilix-Attempt         attempt.With                    any caller
+//
+// Each name is configurable; the defaults are the transport's. A value
+// the request's context already carries (put there by a middleware in
+// front of admission, say from the caller's authenticated identity) wins
+// over the header, as it does in the transport. Only the first value of a
+// header is read.
+//
+// Priority and tenant are the caller's word about itself, honoured only
+// when Config.Trust says so: an untrusted caller cannot raise its own
+// priority, nor name a tenant (it could name a new one on every request
+// and always look light, or name another's and have it shed). Its
+// requests, and a trusted caller's that carry no priority, get
+// Config.DefaultPriority (Critical unless set). The priority is always put
+// in the context, and so is an empty tenant when an untrusted caller sent
+// one, so that a transport inside next never falls back to reading the
+// headers of an outgoing request that copied the incoming ones (a reverse
+// proxy). The timeout and the attempt number are honoured from anyone: a
+// caller can only shorten its own deadline, and only spare the server
+// retries.
+//
+// The timeout is a whole number of milliseconds the caller will still
+// wait, counted from the request's arrival (when ServeHTTP is called; the
+// transit time is the caller's to subtract). It becomes a deadline on
+// next's context, unless that context already has an earlier one. The
+// attempt number is 1 for a caller's first wire attempt and more for a
+// retry or a hedge; a resilix transport inside next that finds a number
+// above 1 sends each of its calls once, neither retried nor hedged, so
+// that retries do not multiply across tiers (see package attempt).
+//
+// A value that cannot be read is treated as absent and reported to
+// Observer.MalformedHeader (and counted in the Snapshot that
+// Observer.Attach's source gives): a trusted caller's priority that
+// shedding.ParsePriority rejects, or longer than 32 bytes (an untrusted
+// caller's is not read at all); a timeout that is not a whole number of
+// milliseconds (ASCII digits, surrounding white space ignored), or above
+// one day; an attempt number that is not a whole number from 1 to
+// 2³¹ − 1. Parsing allocates nothing, whatever a header holds: a 1 MB value
+// costs the time to scan it and no memory, and the value an Observer is
+// given is a copy of at most its first 64 bytes.
+//
+// # What it refuses
+//
+// A request whose time has run out at arrival (a timeout of 0, or an
+// earlier deadline on its context that has passed), or whose time left is
+// below Config.MinTimeout, is refused without calling next: work that
+// cannot finish is not started. So is one whose time runs out while it
+// waits in the limiter's queue (the wait ends then), or that leaves the
+// queue with less than MinTimeout left.
+//
+// Every other request passes the limiter a transport runs for a
+// policy.Limiter, configured by Config.Limiter: a
+// concurrency limit learned from the handler's own latency (gradient
+// family, with each shrink on trial), a priority queue of
+// ceil(QueueFactor × limit) places, shedding before queueing under
+// pressure, Bulk first, then BestEffort, then Degraded, and Critical only
+// when the queue is full; within a priority, the tenant furthest above its
+// fair share first. The limit is on requests inside next, the latency it
+// learns from is next's time to completion (from admission to ServeHTTP's
+// return, so the queue's wait is not learned, and a response written to a
+// slow reader is), and the outcome it learns is:
+//
+//   - next returned with its context still live: a Success, or a Failure
+//     when it answered with a status policy.DefaultClassify calls a
+//     failure (5xx but 501, 429, 408; nothing written is a 200);
+//   - its deadline passed first: a Failure, a slow sample (it took at
+//     least that long; the limiter takes it as at least its baseline), as
+//     a per-attempt timeout is on the client;
+//   - its context was cancelled (the client went away), it hijacked the
+//     connection, or it panicked: Canceled, which teaches nothing.
+//
+// A refusal is answered, without calling next, with a short text/plain
+// body naming the reason and reported to Observer.Refused with Key
+// Config.Name:
+//
+//	status  Retry-After  gate            when
+//	503     yes          GateAdmission   the limiter refused: full, shed or evicted
+//	429     yes          GateAdmission   the same, for a tenant above its fair share
+//	504     no           GateDeadline    the time ran out or is below MinTimeout
+//
+// 503 says the server is overloaded; 429 says that this tenant sends more
+// than its share, while lighter tenants are still admitted (a tenant is
+// only ever above its fair share when others are below it). A resilix
+// client takes both, with their Retry-After, as the server's pushback (see
+// policy.Throttler). Retry-After is the limiter's estimate of the
+// wait for a free slot: the queue ahead and the refused request, served
+// limit at a time at the handler's baseline latency, in whole seconds
+// rounded up (HTTP's unit), at least 1. A deadline refusal is 504 Gateway
+// Timeout, with no Retry-After: it says the caller's deadline is too
+// close, not that the server is overloaded, and arms no pushback. The
+// client has usually gone by then; if it has not, it learns why. A
+// request whose client went away while it waited in the queue is not a
+// refusal: it is answered 499, nginx's "client closed request", for the
+// access logs, and not reported.
+//
+// The RejectedError a Refusal carries matches policy.ErrRejected and, for
+// GateAdmission, policy.ErrShed; for GateDeadline, context.DeadlineExceeded.
+// Its Kind is AttemptFirst, or AttemptRetry for a request that arrived as
+// a repeat (an attempt number above 1, retry or hedge: the header does not
+// tell them apart).
+//
+// # What it holds
+//
+// A request holds a slot of the limit from admission until next returns,
+// panic included: a panic in next (http.ErrAbortHandler too) releases the
+// slot and goes on unrecovered, to net/http's own handling. Memory is
+// fixed whatever arrives: the limiter's per-priority mix and its tenant
+// tracker (a Space-Saving summary of fixed capacity, allocated on the
+// first request that names a tenant) do not grow with the number of
+// distinct tenant ids, and nothing is kept per request after it ends.
+//
+// Observer.LimitTransition hears each move of the limit, and
+// Observer.Attach receives a policy.StateSource that reports one key,
+// Config.Name, with the limiter's limit, in-flight count, queue and
+// pressure, and the malformed headers counted, so that otelmetrics reports
+// resilix.limiter.limit for the server as it does for a transport's keys.
+// The source does not keep the handler alive.
+//
+// The handler is safe for concurrent use and starts no goroutine. It
+// allocates three small objects per request (the priority's context, the
+// request copy next gets, the writer that records its status), one or two
+// more for each value it puts in the context, and a context and its timer
+// for a deadline.
+package admission
