@@ -27,9 +27,12 @@ test:
 soak:
 	RESILIX_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 0 ./transport/ | grep -v '^=== '
 
-## demo: the main job against a local upstream, printed as a table.
+## demo: the main job against a local upstream, printed as a table; then
+## three tiers overloaded and taken down, with and without resilix.
 demo:
 	$(GO) run ./examples/hedging
+	@echo
+	$(GO) run ./examples/fleet
 
 ## bench: every benchmark of resilix, with allocations; compare runs with
 ## benchstat. The comparison with peers: cd benchmarks && go test -bench .
