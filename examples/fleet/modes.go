@@ -164,7 +164,6 @@ func (resilixMode) build(n network, b *back, backURL string) (*fleet, error) {
 	// and starts no call that has less time left than its work takes.
 	cfg := admission.Config{Trust: internal, MinTimeout: backWork}
 	cfg.Name = "back"
-	cfg.Limiter.MaxLimit = 4 * backWorkers
 	if f.backHandler, err = admission.Handler(b, cfg); err != nil {
 		return nil, err
 	}

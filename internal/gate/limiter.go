@@ -103,27 +103,45 @@ const (
 // So a shrink is a hypothesis that the next round tests. That round is made
 // only of calls admitted after the shrink (those admitted before ran at
 // the old concurrency), and nothing else changes the limit until it ends.
-// With peak the most calls in flight during a round (for the trial round,
-// when one of its calls was admitted), the shrink stands if
+// A round's concurrency is measured two ways: peak, the most calls in
+// flight during it (for the trial round, when one of its calls was
+// admitted), which the latency of a dependency that shares itself among
+// its calls follows; and conc, the mean over its calls of the in-flight
+// count each found when admitted, itself included, which the latency of a
+// dependency that serves its calls in turn (a FIFO of workers) follows,
+// a call waiting for the work admitted before it. With
+//
+//	r     = (mean / mean(cause)) / (peak / peak(cause))
+//	rConc = (mean / mean(cause)) / (conc / conc(cause))
+//
+// the shrink stands if
 //
 //   - it bound: an arrival found the lower limit reached where the old one
 //     would have let it in (a shrink that holds nobody back changes nothing
 //     the dependency sees);
-//   - the latency fell: the round's mean is below the mean that caused the
-//     shrink;
-//   - and in proportion to the concurrency, within the tolerance:
-//     r = (mean / mean(cause)) / (peak / peak(cause)) is between 1/1.5 and
-//     1.5. A queue of ours moves latency with the concurrency; a fall far
+//   - and either the latency fell (the round's mean is below the mean that
+//     caused the shrink) in proportion to the peak, r between 1/1.5 and
+//     1.5; or the calls were admitted at a higher concurrency than the
+//     cause's, and the latency rose with it, rConc within the same bounds.
+//     A queue of ours moves latency with the concurrency; a fall far
 //     steeper than the concurrency's is the end of a stall (a GC pause, a
-//     descheduled process), not the shrink's work.
+//     descheduled process), not the shrink's work. The second case is a
+//     cause round that straddled the onset of an overload: its calls were
+//     admitted as the concurrency climbed to the old limit, so its mean is
+//     a ramp's, below the latency the old limit leads to, and its peak was
+//     reached only at its end. Calls admitted after the shrink find more
+//     in flight than the ramp's did, however much the shrink lowered the
+//     limit, and wait longer. Refused callers that come straight back do
+//     not produce this case: they keep the limit full in both rounds, so
+//     the trial's calls find fewer in flight than the cause's did.
 //
 // Then the round is an ordinary one, and may shrink the limit again, on a
 // new trial. Otherwise the shrink is undone, and the round teaches the
 // baseline what an ordinary round would, unless the evidence that its
-// latency is not a queue the limit can relieve is decisive: r above the
-// tolerance (the latency did not follow the concurrency, by far), or a
-// shrink that held nobody back while in-flight stayed below half the limit
-// restored. Then a round still above the tolerance becomes the baseline at
+// latency is not a queue the limit can relieve is decisive: r and rConc
+// both above the tolerance (the latency did not follow the concurrency,
+// by far, by either measure), or a shrink that held nobody back while
+// in-flight stayed below half the limit restored. Then a round still above the tolerance becomes the baseline at
 // once. A failed trial is not evidence by itself: near where the limit
 // settles under overload, its shrinks are small and the fall they buy is
 // within the noise, and taking those rounds as the baseline would walk the
@@ -145,6 +163,16 @@ const (
 //   - A queue the limit causes is shed as before: each shrink lowers the
 //     latency in proportion and stands; a trial adds one round per step on
 //     the way down.
+//   - A flood on a dependency with a FIFO queue is held near its knee. With
+//     r alone, the first shrink of a flood was judged against its onset's
+//     ramp: the latency rose from the ramp's mean as the peak fell, r was
+//     about 2, the congested latency became the baseline and the limit
+//     grew out of the flood (2 workers × 10 ms, 12 times their capacity:
+//     the limit at 30 and more, calls waiting 100 to 170 ms in the
+//     dependency's queue; TestLimiterHoldsAFloodNearTheKnee). Measured by
+//     conc, the trial's latency followed the concurrency (rConc 1.02): the
+//     shrink stands, and the limit comes down to 5 or 6 within half a
+//     second.
 //
 // The baseline is a moving average of round means with a 30 s time
 // constant, started by the first round; the first round changes nothing
@@ -304,12 +332,16 @@ type Limiter struct {
 	peak     int // the most in flight during the round
 	roundN   int
 	roundSum float64 // seconds
-	baseline float64 // seconds; 0 until the first round ends
-	learned  time.Time
+	// roundConc sums, over the round's samples, the in-flight count each
+	// call found when it was admitted, itself included.
+	roundConc float64
+	baseline  float64 // seconds; 0 until the first round ends
+	learned   time.Time
 	// A shrink on trial: its verdict is the next round of calls admitted
 	// after it (epoch counts shrinks). trialFrom is the limit before it;
-	// causeMean and causePeak are the mean latency and the peak in-flight
-	// of the round that caused it; trialPeak is the most in flight when a
+	// causeMean, causePeak and causeConc are the mean latency, the peak
+	// in-flight and the mean in-flight at admission of the round that
+	// caused it; trialPeak is the most in flight when a
 	// call of the trial round was admitted; bound records whether the
 	// lower limit held back an arrival the old one would have let in.
 	epoch     uint64
@@ -317,6 +349,7 @@ type Limiter struct {
 	trialFrom float64
 	causeMean float64 // seconds
 	causePeak int
+	causeConc float64
 	trialPeak int
 	bound     bool
 	queue     [shedding.NumPriorities]waitList
@@ -343,6 +376,7 @@ func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 // nothing and Release ignores it.
 type LimiterPermit struct {
 	held  bool
+	conc  int32  // in flight when it was admitted, itself included
 	epoch uint64 // the limiter's epoch when it was admitted
 }
 
@@ -405,6 +439,7 @@ type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
 	epoch      uint64  // the limiter's epoch when it was handed a slot
+	conc       int32   // in flight when it was handed a slot, itself included
 	ready      chan bool
 	prev, next *waiter
 	queued     bool
@@ -433,7 +468,7 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
-		p := LimiterPermit{held: true, epoch: l.epoch}
+		p := LimiterPermit{held: true, conc: int32(l.inflight), epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.tracker(now).Add(now, tenantID)
@@ -510,7 +545,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.tracker(now).Add(now, tenantID)
 	}
-	return LimiterPermit{held: true, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, conc: w.conc, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -576,24 +611,26 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 	}
 	l.roundN++
 	l.roundSum += x
+	l.roundConc += float64(p.conc)
 	if l.roundN < max(l.current(), limMinRound) {
 		return LimitChange{}
 	}
 	short := l.roundSum / float64(l.roundN)
+	conc := l.roundConc / float64(l.roundN)
 	used := 2*l.peak >= l.current()
 	from := l.current()
 	if l.trial {
-		l.judge(now, short, used)
+		l.judge(now, short, conc, used)
 	} else {
-		l.update(now, short, used)
+		l.update(now, short, conc, used)
 	}
-	l.roundN, l.roundSum, l.peak = 0, 0, l.inflight
+	l.roundN, l.roundSum, l.roundConc, l.peak = 0, 0, 0, l.inflight
 	return LimitChange{From: from, To: l.current()}
 }
 
 // update applies the control law at the end of a round whose mean latency
 // was short (seconds). A shrink is put on trial. l.mu is held.
-func (l *Limiter) update(now time.Time, short float64, used bool) {
+func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	if l.baseline == 0 {
 		l.baseline, l.learned = short, now
 		return
@@ -613,38 +650,45 @@ func (l *Limiter) update(now time.Time, short float64, used bool) {
 	}
 	if l.current() < int(from) {
 		l.epoch++
-		l.trial, l.trialFrom, l.causeMean, l.causePeak, l.trialPeak, l.bound = true, from, short, l.peak, 0, false
+		l.trial, l.trialFrom, l.bound = true, from, false
+		l.causeMean, l.causePeak, l.causeConc, l.trialPeak = short, l.peak, conc, 0
 	}
 }
 
 // judge ends the trial of a shrink with the round of calls admitted after
-// it, whose mean latency was short (seconds). Queueing the limit causes
-// moves latency with the concurrency, so with
+// it, whose mean latency was short (seconds) and mean concurrency at
+// admission conc. Queueing the limit causes moves latency with the
+// concurrency, so with
 //
-//	r = (short / causeMean) / (trialPeak / causePeak)
+//	r     = (short / causeMean) / (trialPeak / causePeak)
+//	rConc = (short / causeMean) / (conc / causeConc)
 //
-// the shrink stands if it held calls back, the latency fell, and r is
-// within the tolerance of 1: then the round is an ordinary one. Otherwise
-// it is undone, and a round still above the tolerance becomes the
-// baseline, as a latency the limit cannot relieve, if r is above the
-// tolerance (the latency did not follow the concurrency by far) or if the
+// the shrink stands if it held calls back and either the latency fell with
+// r within the tolerance of 1, or the concurrency at admission rose (the
+// cause round was a ramp) with rConc within it: then the round is an
+// ordinary one. Otherwise it is undone, and a round still above the
+// tolerance becomes the baseline, as a latency the limit cannot relieve,
+// if r and rConc are both above the tolerance (the latency did not follow
+// the concurrency by far, by either measure) or if the
 // shrink held nobody back with in-flight below half the limit restored
 // (the dependency is slow whatever we do). A latency that fell far more
 // steeply than the concurrency (the end of a stall), did not fall (noise
 // near where the limit settles, or more demand) or was not held back by a
 // limit in use teaches what an ordinary round would. l.mu is held.
-func (l *Limiter) judge(now time.Time, short float64, used bool) {
+func (l *Limiter) judge(now time.Time, short, conc float64, used bool) {
 	l.trial = false
 	r := (short / l.causeMean) / (float64(l.trialPeak) / float64(l.causePeak))
-	if l.bound && short < l.causeMean && r >= 1/limTolerance && r <= limTolerance {
-		l.update(now, short, used)
+	rConc := (short / l.causeMean) / (conc / l.causeConc)
+	within := func(r float64) bool { return r >= 1/limTolerance && r <= limTolerance }
+	if l.bound && (short < l.causeMean && within(r) || conc > l.causeConc && within(rConc)) {
+		l.update(now, short, conc, used)
 		return
 	}
 	l.limit = l.trialFrom
 	used = 2*l.peak >= l.current()
 	congested := short > limTolerance*l.baseline
 	switch {
-	case congested && (l.bound && r > limTolerance || !l.bound && !used):
+	case congested && (l.bound && r > limTolerance && rConc > limTolerance || !l.bound && !used):
 		l.baseline, l.learned = short, now
 	case congested && used:
 		l.learned = now
@@ -693,7 +737,7 @@ func (l *Limiter) dispatch() {
 		w := l.first()
 		l.unlink(w)
 		l.take()
-		w.epoch = l.epoch
+		w.epoch, w.conc = l.epoch, int32(l.inflight)
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {
