@@ -193,9 +193,9 @@ const (
 	storeBackoffMax = 500 * time.Millisecond
 )
 
-// minStoreRetry is the least a scope waits before asking again after the
-// store granted less than it asked for, whatever retry-after the store
-// gave: a store that says "none, ask again now" is not asked in a loop.
+// minStoreRetry is how long a scope waits before asking again when the
+// store granted nothing and gave no retry-after: a store that says "none,
+// ask again now" is not asked in a loop.
 const minStoreRetry = time.Millisecond
 
 // lease is the shared part of a RateLimiter: the tokens leased from the
@@ -422,8 +422,11 @@ func (l *RateLimiter) answer(now time.Time, granted int, retryAfter time.Duratio
 	s.state = policy.StoreUp
 	granted = max(0, min(granted, s.asked))
 	s.next = now
-	if granted < s.asked {
-		s.next = now.Add(max(retryAfter, minStoreRetry))
+	switch {
+	case granted < s.asked && retryAfter > 0:
+		s.next = now.Add(retryAfter)
+	case granted == 0:
+		s.next = now.Add(minStoreRetry)
 	}
 	if granted > 0 {
 		if !now.Before(s.expires) {

@@ -172,8 +172,9 @@ func TestLeaseFailure(t *testing.T) {
 }
 
 // TestLeaseBadAnswers: a grant beyond the ask counts as the ask, a
-// negative one as none, and a store that grants nothing with no
-// retry-after is not asked again for a millisecond.
+// negative one as none, a store that grants nothing with no retry-after
+// is not asked again for a millisecond, and one that grants part with no
+// retry-after may be asked again at once.
 func TestLeaseBadAnswers(t *testing.T) {
 	l := newShared(policy.RateLimit{PerSecond: 100, Lease: 4}, neverAsked{t}, nil)
 	now := rlStart
@@ -190,6 +191,14 @@ func TestLeaseBadAnswers(t *testing.T) {
 	}
 	if d := l.decide(now, time.Time{}, true); d.ask != 0 || d.retryAfter != time.Millisecond {
 		t.Fatalf("after a grant of none with no retry-after: %+v, want no ask and a 1ms hint", d)
+	}
+	// Part of an ask with no retry-after (a store that cuts asks to its
+	// burst): the scope may ask again at once.
+	l = newShared(policy.RateLimit{PerSecond: 100, Lease: 4}, neverAsked{t}, nil)
+	l.decide(now, time.Time{}, true)
+	l.answer(now, 1, 0, nil)
+	if d := l.decide(now, time.Time{}, true); d.verdict != leaseAdmit || d.ask != 4 {
+		t.Fatalf("after a grant of 1 of 4 with no retry-after: %+v, want admitted and the next ask", d)
 	}
 }
 
