@@ -19,11 +19,14 @@ import (
 //
 //   - A scope leases tokens from the store in batches of up to Lease, and a
 //     call spends a leased token from local memory: one lock, no allocation,
-//     no network. When half of a lease is spent the next one is asked for in
-//     the background, so a busy process does not wait for the store at all.
-//     Each ask is sized by the calls of the moment (what they would spend in
-//     half a LeaseTTL), from 1 to Lease, so a process that is nearly idle
-//     takes one token at a time rather than hoard the fleet's quota.
+//     no network. When half of a lease of two tokens or more is spent, the
+//     next one is asked for in the background, so a busy process does not
+//     wait for the store at all. The first ask is for Lease; later ones are
+//     sized by the calls of the moment (what they would spend in half a
+//     LeaseTTL), from 1 to Lease, so a process that is nearly idle takes
+//     one token at a time rather than hoard the fleet's quota. One ask is in
+//     flight at a time, so a scope spends at most about a Lease per round
+//     trip to the store.
 //   - Leased tokens expire LeaseTTL after they were asked for; those unspent
 //     by then are dropped, so a process that goes idle does not spend old
 //     quota later.
@@ -39,8 +42,8 @@ import (
 //     refused with ErrRateLimited. Leased tokens left are still spent
 //     first. The store is asked again after a backoff (50ms, doubling up to
 //     500ms, jittered) by the first call after it, in the background, and
-//     the scope recovers by itself on the first answer. One ask at a time
-//     is in flight per scope, and no timer runs for an idle one.
+//     the scope recovers by itself on the first answer. No timer runs for
+//     an idle scope.
 //
 // Observer.StoreTransition hears each change of the store's state, once,
 // and transport.Transport.Measured shows it (Snapshot.RateLimitStore).
@@ -64,7 +67,8 @@ type RateLimit struct {
 	// Shared, when set, is the store of a rate limit shared beyond this
 	// process, the authority on the key's calls; see "Beyond one process"
 	// above. The limit itself is configured on the store. If nil, the
-	// bucket is this scope's alone, and the fields below must be zero.
+	// bucket is this scope's alone, and Lease, LeaseTTL, StoreTimeout and
+	// FailOpen must be zero.
 	Shared SharedLimiter
 
 	// Lease is the most tokens a scope asks Shared for at once. If zero,

@@ -269,10 +269,10 @@ type leaseDecision struct {
 
 // acquireShared is Acquire from the leased tokens. A call that finds none
 // while a lease is on its way waits for it, until the ask is StoreTimeout
-// old and at most StoreTimeout from now, and not once ctx is done (it
-// does not wait at all when ctx is done already). A wait cut short by ctx
-// refuses with a zero hint. When the store is failing, the bucket decides (FailOpen) or the
-// call is refused with the time until the store is asked again.
+// old and at most StoreTimeout from now, and not once ctx is done (not at
+// all when ctx is done already). A wait cut short by ctx refuses with a
+// zero hint. When the store is failing, the bucket decides (FailOpen), or
+// the call is refused with the time until the store is asked again.
 func (l *RateLimiter) acquireShared(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
 	var waitUntil time.Time // zero: the call may not wait
 	if ctx.Err() == nil {
@@ -393,7 +393,7 @@ func (s *lease) take(ctx context.Context, n int) (granted int, retryAfter time.D
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			granted, retryAfter, err = 0, 0, fmt.Errorf("gate: SharedLimiter.Take panicked: %v", p)
+			granted, retryAfter, err = 0, 0, fmt.Errorf("resilix: SharedLimiter.Take panicked: %v", p)
 		}
 	}()
 	return s.store.Take(ctx, s.key, n)
