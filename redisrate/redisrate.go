@@ -37,18 +37,20 @@
 // and correct for one token at a time. A lease needs "up to n", its
 // AllowAtMost, and that charges the bucket for the fractional tokens it
 // had (say 3.7) while granting their integer part (3): each partial grant
-// loses up to a token. Under contention nearly every grant is partial.
-// Four goroutines asking for 7 to 13 tokens of a limit of 2000 a second
-// (burst 50) for half a second on a local Redis 7.0 got 7% to 11% fewer
-// tokens than the limit from it; the same load gets every token from this
-// package's script (TestTakeIsExact). Its key prefix is also fixed
-// ("rate:"), a partial grant comes with no retry-after, and its last
-// release is from 2023. The script here is thirty lines, the client is
-// github.com/redis/go-redis/v9, maintained by Redis.
+// loses up to a token. Under contention nearly every grant is partial:
+// four goroutines asking for 7 to 13 tokens of a limit of 2000 a second
+// (burst 50) for half a second on a local Redis 7.0 get about 7% fewer
+// tokens than the limit from it (TestRedisRateUnderContention), and every
+// one from this package's script (TestTakeIsExact). Its key prefix is
+// also fixed ("rate:"), a partial grant comes with no retry-after, and
+// its last release is from 2023. The script here is thirty lines; the
+// client is github.com/redis/go-redis/v9, which Redis maintains.
 //
 // # Redis
 //
-// Any Redis from 5.0 (or Valkey), a Ring, or a Redis Cluster through
+// Redis 5.0 or later (a script that reads the clock before it writes needs
+// the effects replication that 5.0 made the default; the tests run 7.0),
+// standalone, behind a Ring, or a Redis Cluster, through
 // redis.UniversalClient: a call touches one key. Keys are Limit.Prefix
 // followed by the transport's key for the upstream, "resilix:rate:" and
 // "api.example.com" by default; Redis Cluster spreads the keys over its
