@@ -330,7 +330,8 @@ type StoreTransition struct {
 	// Context carries the values of the context of the call that asked
 	// the store (a trace, say) but not its cancellation: the store is
 	// asked in the background, on behalf of that call and the ones after
-	// it. Never nil.
+	// it. A hedge leg, which never waits at a gate, asks with none of its
+	// caller's values. Never nil.
 	Context  context.Context
 	Key      string
 	From, To StoreState
