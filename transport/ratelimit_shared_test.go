@@ -93,8 +93,8 @@ func TestSharedRateLimit(t *testing.T) {
 				t.Fatalf("call %d with leased tokens: %v", i, err)
 			}
 		}
-		synctest.Wait()
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the ask's latency
+		synctest.Wait()              // and its answer recorded
 		if state, leased := measured(); state != policy.StoreRefusing || leased != 2 {
 			t.Fatalf("store down: Measured store %v, leased %d; want refusing, 2", state, leased)
 		}
@@ -114,7 +114,8 @@ func TestSharedRateLimit(t *testing.T) {
 		if err := call(); err == nil {
 			t.Fatal("admitted while the store was last seen failing; the ask goes in the background")
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
 		if err := call(); err != nil {
 			t.Fatalf("store back: %v", err)
 		}
