@@ -31,6 +31,7 @@
 //	resilix.breaker.state   int64 gauge (async)   {state}    key
 //	resilix.limiter.limit   int64 gauge (async)   {request}  key
 //	resilix.budget.balance  float64 gauge (async) {token}    key
+//	resilix.rate_limit.store int64 gauge (async)  {state}    key
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -82,8 +83,11 @@
 // policy.BreakerState). resilix.limiter.limit is the adaptive concurrency
 // limit, resilix.budget.balance the tokens left in the retry-and-hedge
 // budget (a retry or a hedge takes one, and is not sent when less than one
-// is left). If two attached transports hold the same key, the gauge shows
-// only one of them.
+// is left). resilix.rate_limit.store is the state of the store of a shared
+// rate limit (policy.RateLimit.Shared) as the key last saw it: 1 up, 2
+// failing with calls going on under the local rate (FailOpen), 3 failing
+// with calls refused (the values of policy.StoreState). If two attached
+// transports hold the same key, the gauge shows only one of them.
 //
 // The budget deserves watching: the default budget lets about one call in
 // ten retry, so against an upstream that fails 30% of requests, more than
@@ -109,7 +113,8 @@
 // resilix_shed_total, resilix_retries_skipped_total,
 // resilix_call_duration_seconds_bucket (_sum, _count),
 // resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
-// resilix_limiter_limit, resilix_budget_balance. The hedge win rate per
+// resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store.
+// The hedge win rate per
 // key:
 //
 //	sum by (key) (rate(resilix_hedges_total{outcome="won"}[5m]))

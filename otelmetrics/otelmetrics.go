@@ -35,6 +35,7 @@ type recorder struct {
 	breakerState   metric.Int64ObservableGauge
 	limiterLimit   metric.Int64ObservableGauge
 	budgetBalance  metric.Float64ObservableGauge
+	store          metric.Int64ObservableGauge
 
 	attrs cache
 
@@ -131,8 +132,12 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens left in the retry-and-hedge budget."))
 	check(err)
+	r.store, err = m.Int64ObservableGauge("resilix.rate_limit.store",
+		metric.WithUnit("{state}"),
+		metric.WithDescription("State of the shared rate limit's store: 1 up, 2 failing with calls under the local rate, 3 failing with calls refused."))
+	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance)
+		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -253,7 +258,7 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	dead := false
 	for _, src := range sources {
 		alive := src.States(func(key string, s policy.Snapshot) {
-			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget {
+			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 {
 				return
 			}
 			obs := r.attrs.get(key).base.obs
@@ -265,6 +270,9 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			}
 			if s.HasBudget {
 				o.ObserveFloat64(r.budgetBalance, s.BudgetBalance, obs...)
+			}
+			if s.RateLimitStore != 0 {
+				o.ObserveInt64(r.store, int64(s.RateLimitStore), obs...)
 			}
 		})
 		if !alive {

@@ -77,6 +77,11 @@ type Observer struct {
 	// say) holds the sources of the live ones only, whether or not anything
 	// reads it.
 	Attach func(StateSource)
+
+	// StoreTransition is called when the shared store of a scope's
+	// RateLimit (RateLimit.Shared) starts or stops failing, once per
+	// change, from the goroutine that asked the store.
+	StoreTransition func(StoreTransition)
 }
 
 // StateSource reports the current state of every key a transport holds.
@@ -301,4 +306,41 @@ type HedgeSuppression struct {
 	Key      string
 	Priority shedding.Priority
 	Reason   SuppressReason
+}
+
+// StoreState is the state of a RateLimit's shared store, as a scope sees
+// it: its last answer, and what calls get meanwhile. The zero StoreState is
+// no shared store.
+type StoreState uint8
+
+const (
+	// StoreUp: the store answers, and calls spend the tokens it leases.
+	// A scope starts in it.
+	StoreUp StoreState = iota + 1
+	// StoreFallback: the store's last ask failed, and calls go on under
+	// the local bucket (RateLimit.FailOpen).
+	StoreFallback
+	// StoreRefusing: the store's last ask failed, and calls are refused
+	// with ErrRateLimited (RateLimit.FailOpen unset).
+	StoreRefusing
+)
+
+var storeStateNames = [...]string{"", "up", "fallback", "refusing"}
+
+// String returns "up", "fallback" or "refusing".
+func (s StoreState) String() string { return enumName(storeStateNames[:], int(s), "store_state") }
+
+// StoreTransition describes a change of a shared store's state.
+type StoreTransition struct {
+	// Context carries the values of the context of the call that asked
+	// the store (a trace, say) but not its cancellation: the store is
+	// asked in the background, on behalf of that call and the ones after
+	// it. A hedge leg, which never waits at a gate, asks with none of its
+	// caller's values. Never nil.
+	Context  context.Context
+	Key      string
+	From, To StoreState
+	// Err is the store's error when To is StoreFallback or StoreRefusing:
+	// a timeout matches context.DeadlineExceeded.
+	Err error
 }

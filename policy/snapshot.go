@@ -61,6 +61,12 @@ type Snapshot struct {
 	// HasRateLimit is true when the key runs a rate limit.
 	HasRateLimit bool
 
+	// RateLimitStore is the state of the rate limit's shared store
+	// (RateLimit.Shared), zero when it has none. RateLimitLeased is the
+	// number of tokens leased from it that the key holds unspent.
+	RateLimitStore  StoreState
+	RateLimitLeased int
+
 	// Pressure is how hard the shedding gates are pushing back, in [0, 1]:
 	// the larger of the limiter's queue fill and the throttler's
 	// rejection probability; zero without either.

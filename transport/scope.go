@@ -156,7 +156,11 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 		s.bulkhead = gate.NewBulkhead(*c.bulkhead)
 	}
 	if c.rateLimit != nil {
-		s.rate = gate.NewRateLimiter(*c.rateLimit)
+		var report func(policy.StoreTransition)
+		if t.obs != nil {
+			report = t.obs.StoreTransition
+		}
+		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
 	}
 	s.lastUsed.Store(now.UnixNano())
 	return s
@@ -204,6 +208,7 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 		m.BulkheadInFlight = s.bulkhead.InFlight()
 	}
 	m.HasRateLimit = s.rate != nil
+	m.RateLimitStore, m.RateLimitLeased = s.rate.Store(now)
 	return m
 }
 

@@ -33,5 +33,5 @@ func newBudget(cfg policy.Budget, now time.Time) *Budget {
 }
 
 func newRateLimiter(cfg policy.RateLimit) *RateLimiter {
-	return NewRateLimiter(cfg.WithDefaults())
+	return NewRateLimiter(cfg.WithDefaults(), "", 0, nil)
 }

@@ -2,7 +2,9 @@ package gate
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -19,10 +21,17 @@ import (
 // included. The token is spent for good when the attempt is admitted, so
 // there is nothing to release afterwards, whatever the attempt's outcome.
 //
+// With RateLimit.Shared, tokens are leased from the shared store instead,
+// and the bucket is the fallback for when the store fails: see
+// policy.RateLimit's "Beyond one process" for what calls get, and
+// lease below for how. The store is asked from a goroutine that lives for
+// one ask, started by a call; there is never more than one per scope.
+//
 // Acquire is the method to call. It does not allocate unless it waits
-// (then one timer). A refusal is reported to the caller as ErrRateLimited
-// with a RetryAfter hint: the time until the bucket holds a token, if
-// nobody else takes it first.
+// (then one timer) or starts an ask. A refusal is reported to the caller
+// as ErrRateLimited with a RetryAfter hint: the time until the bucket
+// holds a token, if nobody else takes it first, or until the store is
+// asked again.
 //
 // A nil *RateLimiter is a rate limit that is off: it admits everything. A
 // RateLimiter is safe for concurrent use.
@@ -30,6 +39,7 @@ type RateLimiter struct {
 	perSec  float64
 	burst   float64
 	maxWait time.Duration
+	shared  *lease // nil: the bucket alone
 
 	mu     sync.Mutex
 	tokens float64   // at last; negative while waiters hold tokens not yet accrued
@@ -38,17 +48,27 @@ type RateLimiter struct {
 }
 
 // NewRateLimiter returns the runtime state of r with a full bucket. r must
-// be valid (PerSecond > 0); Set.Validate checks it.
-func NewRateLimiter(r policy.RateLimit) *RateLimiter {
-	return &RateLimiter{
+// be valid (PerSecond > 0) with its defaults applied; Set.Validate checks
+// it. When r is Shared, key is the scope's key, the one the store is asked
+// for, seed seeds the jitter of the store's backoff, and report, if not
+// nil, is called with each change of the store's state; without Shared
+// they are not used.
+func NewRateLimiter(r policy.RateLimit, key string, seed uint64, report func(policy.StoreTransition)) *RateLimiter {
+	l := &RateLimiter{
 		perSec:  r.PerSecond,
 		burst:   float64(r.Burst),
 		maxWait: max(r.MaxWait, 0),
 		tokens:  float64(r.Burst),
 	}
+	if r.Shared != nil {
+		l.shared = newLease(r, key, seed, report)
+	}
+	return l
 }
 
 // Acquire spends one token at now and reports whether the call may go on.
+// With a shared store it spends a leased token; see acquireShared. The
+// rest of this doc is the local bucket's.
 //
 // When the bucket is empty and MaxWait is zero, it refuses at once. With
 // MaxWait > 0 it takes the next token ahead of time and sleeps until it is
@@ -61,9 +81,17 @@ func NewRateLimiter(r policy.RateLimit) *RateLimiter {
 // now is the current time, as from time.Now; the wait itself runs on the
 // runtime's timers.
 func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
-	if l == nil {
+	switch {
+	case l == nil:
 		return true, 0
+	case l.shared != nil:
+		return l.acquireShared(ctx, now)
 	}
+	return l.acquireLocal(ctx, now)
+}
+
+// acquireLocal is Acquire from the local bucket.
+func (l *RateLimiter) acquireLocal(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
 	var limit time.Duration // the longest this call may wait
 	if l.maxWait > 0 {
 		limit = l.maxWait
@@ -154,4 +182,280 @@ func (l *RateLimiter) available(now time.Time) float64 {
 		tokens = min(l.burst, tokens+l.perSec*dt.Seconds())
 	}
 	return tokens
+}
+
+// The store's backoff after a failed ask: storeBackoff, doubling with
+// each failure in a row up to storeBackoffMax, each wait drawn uniformly
+// from its upper half. The cap keeps a scope's recovery within about half
+// a second of the store's.
+const (
+	storeBackoff    = 50 * time.Millisecond
+	storeBackoffMax = 500 * time.Millisecond
+)
+
+// minStoreRetry is how long a scope waits before asking again when the
+// store granted nothing and gave no retry-after: a store that says "none,
+// ask again now" is not asked in a loop.
+const minStoreRetry = time.Millisecond
+
+// lease is the shared part of a RateLimiter: the tokens leased from the
+// store and what the scope knows of the store. Its fields after the
+// config are guarded by the RateLimiter's mu.
+//
+// The tokens of a lease expire ttl after they were asked for. When the
+// next lease arrives, the tokens left of the last one (at most half of it,
+// since the next is asked for when half is spent) join it and expire with
+// it. Each ask is sized by the calls of the moment: the tokens they would
+// spend in half a ttl at the pace seen since the last ask, from 1 to
+// size; the first ask is for size.
+type lease struct {
+	store   policy.SharedLimiter
+	key     string
+	size    int           // the most tokens asked at once
+	ttl     time.Duration // how long leased tokens last
+	timeout time.Duration // the bound on an ask, and on a call's wait
+	failed  policy.StoreState
+	report  func(policy.StoreTransition)
+
+	tokens   int       // leased, unspent
+	expires  time.Time // when they expire
+	state    policy.StoreState
+	asking   bool          // an ask is in flight
+	askedAt  time.Time     // when the last ask was sent
+	asked    int           // how many tokens it asked for
+	done     chan struct{} // closed when the ask in flight answers; made by the first call that waits for it
+	next     time.Time     // no ask before then: the store's retry-after, or the backoff after a failure
+	failures int           // asks failed in a row
+	demand   int           // calls that wanted a token since the last ask
+	rng      rand.PCG
+}
+
+func newLease(r policy.RateLimit, key string, seed uint64, report func(policy.StoreTransition)) *lease {
+	s := &lease{
+		store:   r.Shared,
+		key:     key,
+		size:    max(r.Lease, 1),
+		ttl:     r.LeaseTTL,
+		timeout: r.StoreTimeout,
+		failed:  policy.StoreRefusing,
+		report:  report,
+		state:   policy.StoreUp,
+	}
+	if r.FailOpen {
+		s.failed = policy.StoreFallback
+	}
+	s.rng.Seed(seed, seed^0x9e3779b97f4a7c15)
+	return s
+}
+
+// leaseVerdict is what a call gets from the leased tokens.
+type leaseVerdict uint8
+
+const (
+	leaseAdmit    leaseVerdict = iota + 1 // it spent a leased token
+	leaseWait                             // none left, a lease is on its way: wait for it
+	leaseRefuse                           // none left: refused
+	leaseFallback                         // none left and the store is failing: the bucket decides
+)
+
+// leaseDecision is decide's answer.
+type leaseDecision struct {
+	verdict    leaseVerdict
+	retryAfter time.Duration   // leaseRefuse: the hint
+	until      time.Time       // leaseWait: the longest the call waits
+	done       <-chan struct{} // leaseWait: closed when the ask answers
+	ask        int             // > 0: the caller must ask the store for that many tokens (l.ask)
+}
+
+// acquireShared is Acquire from the leased tokens. A call that finds none
+// while a lease is on its way waits for it, until the ask is StoreTimeout
+// old and at most StoreTimeout from now, and not once ctx is done (not at
+// all when ctx is done already). A wait cut short by ctx refuses with a
+// zero hint. When the store is failing, the bucket decides (FailOpen), or
+// the call is refused with the time until the store is asked again.
+func (l *RateLimiter) acquireShared(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
+	var waitUntil time.Time // zero: the call may not wait
+	if ctx.Err() == nil {
+		waitUntil = now.Add(l.shared.timeout)
+	}
+	for fresh := true; ; fresh = false {
+		d := l.decide(now, waitUntil, fresh)
+		if d.ask > 0 {
+			go l.ask(context.WithoutCancel(ctx), d.ask)
+		}
+		switch d.verdict {
+		case leaseAdmit:
+			return true, 0
+		case leaseRefuse:
+			return false, d.retryAfter
+		case leaseFallback:
+			return l.acquireLocal(ctx, now)
+		}
+		if !await(ctx, d.done, d.until.Sub(now)) {
+			return false, 0
+		}
+		now = time.Now()
+	}
+}
+
+// await waits up to d for done, and reports false when ctx ended first.
+func await(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// decide takes a leased token for a call at now, or says why not, and
+// whether the store must be asked. The call may wait until waitUntil (zero:
+// not at all). fresh is false when the call has already been counted,
+// deciding again after a wait.
+func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision {
+	s := l.shared
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fresh {
+		s.demand++
+	}
+	if s.tokens > 0 && !now.Before(s.expires) {
+		s.tokens = 0
+	}
+	var d leaseDecision
+	if s.tokens > 0 {
+		s.tokens--
+		d.verdict = leaseAdmit
+		if s.asked >= 2 && s.tokens <= s.asked/2 {
+			d.ask = s.startAsk(now)
+		}
+		return d
+	}
+	d.ask = s.startAsk(now)
+	// An ask that has not answered within the timeout has failed, as far
+	// as calls go, whether or not the store has noticed yet.
+	failing := s.state != policy.StoreUp || s.asking && !now.Before(s.askedAt.Add(s.timeout))
+	switch {
+	case s.asking && !failing && now.Before(waitUntil):
+		d.verdict = leaseWait
+		d.until = s.askedAt.Add(s.timeout)
+		if waitUntil.Before(d.until) {
+			d.until = waitUntil
+		}
+		if s.done == nil {
+			s.done = make(chan struct{})
+		}
+		d.done = s.done
+	case failing && s.failed == policy.StoreFallback:
+		d.verdict = leaseFallback
+	default:
+		d.verdict = leaseRefuse
+		d.retryAfter = max(s.next.Sub(now), 0)
+	}
+	return d
+}
+
+// startAsk returns how many tokens to ask the store for at now, marking
+// the ask in flight, or 0 when one is already in flight or it is too
+// early. l.mu is held.
+func (s *lease) startAsk(now time.Time) int {
+	if s.asking || now.Before(s.next) {
+		return 0
+	}
+	n := s.size
+	if dt := now.Sub(s.askedAt); !s.askedAt.IsZero() && dt > 0 {
+		want := math.Ceil(float64(s.demand) * (s.ttl / 2).Seconds() / dt.Seconds())
+		n = int(max(1, min(want, float64(s.size))))
+	}
+	s.demand = 0
+	s.asking, s.askedAt, s.asked = true, now, n
+	return n
+}
+
+// ask asks the store for n tokens, which decide has marked in flight, and
+// records the answer. ctx carries the values of the call that started it.
+func (l *RateLimiter) ask(ctx context.Context, n int) {
+	s := l.shared
+	granted, retryAfter, err := s.take(ctx, n)
+	from, to := l.answer(time.Now(), granted, retryAfter, err)
+	if from != to && s.report != nil {
+		s.report(policy.StoreTransition{Context: ctx, Key: s.key, From: from, To: to, Err: err})
+	}
+}
+
+// take calls the store, bounded by the timeout. A panic in the store is
+// its error: there is no caller to raise it on.
+func (s *lease) take(ctx context.Context, n int) (granted int, retryAfter time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			granted, retryAfter, err = 0, 0, fmt.Errorf("resilix: SharedLimiter.Take panicked: %v", p)
+		}
+	}()
+	return s.store.Take(ctx, s.key, n)
+}
+
+// answer records at now the store's answer to the ask in flight, and
+// returns the store's state before and after. A grant beyond the ask counts
+// as the ask, a negative one as none.
+func (l *RateLimiter) answer(now time.Time, granted int, retryAfter time.Duration, err error) (from, to policy.StoreState) {
+	s := l.shared
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	from = s.state
+	s.asking = false
+	if s.done != nil {
+		close(s.done)
+		s.done = nil
+	}
+	if err != nil {
+		s.failures++
+		s.next = now.Add(s.backoff())
+		s.state = s.failed
+		return from, s.state
+	}
+	s.failures = 0
+	s.state = policy.StoreUp
+	granted = max(0, min(granted, s.asked))
+	s.next = now
+	switch {
+	case granted < s.asked && retryAfter > 0:
+		s.next = now.Add(retryAfter)
+	case granted == 0:
+		s.next = now.Add(minStoreRetry)
+	}
+	if granted > 0 {
+		if !now.Before(s.expires) {
+			s.tokens = 0
+		}
+		s.tokens += granted
+		s.expires = s.askedAt.Add(s.ttl)
+	}
+	return from, s.state
+}
+
+// backoff returns the wait before the next ask after s.failures failures
+// in a row. l.mu is held.
+func (s *lease) backoff() time.Duration {
+	d := min(storeBackoff<<min(s.failures-1, 10), storeBackoffMax)
+	return d/2 + time.Duration(s.rng.Uint64()%uint64(d/2+1))
+}
+
+// Store returns the state of the shared store and the leased tokens held
+// unspent at now; a zero state without a store.
+func (l *RateLimiter) Store(now time.Time) (state policy.StoreState, leased int) {
+	if l == nil || l.shared == nil {
+		return 0, 0
+	}
+	s := l.shared
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(s.expires) {
+		leased = s.tokens
+	}
+	return s.state, leased
 }
