@@ -30,6 +30,7 @@ func JoinObservers(observers ...*Observer) *Observer {
 		MalformedHeader:   join(os, func(o *Observer) func(MalformedHeader) { return o.MalformedHeader }),
 		LimitTransition:   join(os, func(o *Observer) func(LimitTransition) { return o.LimitTransition }),
 		Attach:            join(os, func(o *Observer) func(StateSource) { return o.Attach }),
+		Pushback:          join(os, func(o *Observer) func(Pushback) { return o.Pushback }),
 	}
 }
 

@@ -72,6 +72,13 @@ type Observer struct {
 	// say) holds the sources of the live ones only, whether or not anything
 	// reads it.
 	Attach func(StateSource)
+
+	// Pushback is called when an answer arms or extends the throttler's
+	// pushback on a key (a 429 or 503 whose Retry-After is within
+	// Throttler.MaxPushback), once per such answer. Attempts it then
+	// holds back are reported to Refused, with Gate GateThrottler and a
+	// positive RetryAfter in the error.
+	Pushback func(Pushback)
 }
 
 // StateSource reports the current state of every key a transport holds.
@@ -296,4 +303,20 @@ type HedgeSuppression struct {
 	Key      string
 	Priority shedding.Priority
 	Reason   SuppressReason
+}
+
+// Pushback describes an answer that armed or extended the throttler's
+// pushback: Bulk and BestEffort attempts to the key are held back until
+// RetryAfter has passed since it arrived (see Throttler).
+type Pushback struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context context.Context
+	Key     string
+	// StatusCode is the answer's: 429, which paces Bulk and BestEffort to
+	// the rate the upstream accepts, or 503, which stops them.
+	StatusCode int
+	// RetryAfter is the wait the answer's Retry-After asked for.
+	RetryAfter time.Duration
 }

@@ -69,4 +69,15 @@ type Snapshot struct {
 	// MalformedHeaders counts priority headers on requests and
 	// Retry-After headers on responses that could not be parsed.
 	MalformedHeaders uint64
+
+	// PushbackLeft is how long the throttler's pushback still holds the
+	// key's Bulk and BestEffort attempts back (see Throttler), zero when
+	// it does not; PushbackStopped is true while they are stopped (a
+	// 503's Retry-After), and PushbackRate is, while they are paced (a
+	// 429's), the pace in attempts per second, all priorities together,
+	// or zero while the pace has no limit yet. Meaningful under
+	// HasThrottler.
+	PushbackLeft    time.Duration
+	PushbackStopped bool
+	PushbackRate    float64
 }
