@@ -49,9 +49,10 @@ import (
 //     when the pace would let the next one through (at least 1ms, at most
 //     what is left of the Retry-After). The extra twentieth costs about one
 //     429 for every twenty accepts, and finds out whether the backend would
-//     take more: if it takes it all, the measured rate grows by a twentieth
-//     every 16 accepts. A backend that accepts nothing gets attempts ever
-//     further apart. Degraded and Critical attempts count against the pace
+//     take more: while it takes all that is sent, the pace doubles every 16
+//     accepts up to the rate at its last 429, and grows by a twentieth
+//     beyond. A backend that accepts nothing gets attempts ever further
+//     apart. Degraded and Critical attempts count against the pace
 //     but are never refused by it: what they take, Bulk and BestEffort do
 //     without. This is the idea of the AWS SDKs' adaptive retry mode,
 //     which adjusts a client-side token bucket on throttling answers, with
@@ -59,11 +60,11 @@ import (
 //     backend's rate is used in full: against a token bucket at 200/s
 //     that 16 callers flood (package transport's
 //     TestPushbackPacesARateLimitedAPI), the client keeps its goodput,
-//     0.98 of what it gets without pushback, for 1.07 wire calls per
+//     0.98 of what it gets without pushback, for 1.06 wire calls per
 //     success, where stopping would keep a tenth of it. The weak case is a
 //     bucket of a single token (nginx's limit_req without burst), which
 //     refuses a paced attempt that is a little early: there the pace keeps
-//     about 0.85 of the rate.
+//     0.85 to 0.93 of the rate.
 //
 // Pushback reads the answer's status and Retry-After header, never its
 // body, and holds no permit: a hold is state of the key, and ends by

@@ -295,13 +295,29 @@ func TestPushbackPacesToTheAcceptedRate(t *testing.T) {
 	}
 }
 
+// TestPushbackPaceFindsAHighRate: a hold begins with sparse attempts, so
+// the first rate it measures is below the backend's; while the backend
+// refuses none of the paced attempts, the pace doubles the measured rate
+// each turn of the ring, and finds 2000/s within the first second.
+func TestPushbackPaceFindsAHighRate(t *testing.T) {
+	th := newThrottler(policy.Throttler{}, thStart, 1)
+	b := &tokenBucket{rate: 2000, burst: 20, tokens: 20}
+	first := paceDrive(th, b, shedding.BestEffort, 0, time.Second, 0)
+	then := paceDrive(th, b, shedding.BestEffort, time.Second, 3*time.Second, time.Second)
+	t.Logf("first second: %d accepted; next two: %.3f of the rate, %.3f wire calls per accept",
+		first.accepted, float64(then.accepted)/2/2000, float64(then.sent)/float64(then.accepted))
+	if then.accepted < 2*2000*95/100 || then.sent > then.accepted*110/100 {
+		t.Errorf("after the first second: %d sent, %d accepted in 2s; want at least 3800 accepted for at most 1.1 wire calls each", then.sent, then.accepted)
+	}
+}
+
 // TestPushbackPaceAgainstAStrictBucket measures the pace's weak case, a
 // bucket of one token (nginx's limit_req without burst: one request per
 // 1/rate exactly), where an attempt a little early is refused and the
 // token it missed goes unused until the next attempt. With attempts
-// offered every 100µs, the pace keeps about 0.92 of 50/s and 0.93 of
+// offered every 100µs, the pace keeps about 0.91 of 50/s and 0.93 of
 // 200/s, and all of 2000/s, whose interval is only five of those steps.
-// (With a headroom of 1.1 rather than 1.05 it kept 0.6 of 50/s.)
+// (With a headroom of 1.1 rather than 1.05 it keeps 0.83 of 50/s.)
 func TestPushbackPaceAgainstAStrictBucket(t *testing.T) {
 	for _, tc := range []struct{ rate, minGoodput float64 }{{50, 0.85}, {200, 0.85}, {2000, 0.85}} {
 		th := newThrottler(policy.Throttler{}, thStart, 1)
