@@ -73,11 +73,16 @@ type rateLimitedRun struct {
 // runAgainstRateLimit runs 16 BestEffort callers through the client made
 // by client for 5s, in virtual time, against an API that admits 200
 // requests a second with a bucket of burst, answers each in 5ms, and
-// refuses the excess with 429 and Retry-After: 1, also in 5ms. The first
-// second is a warm-up; the next four are counted. Call it inside a bubble.
-func runAgainstRateLimit(t *testing.T, name string, burst int, client func(base http.RoundTripper) http.RoundTripper) rateLimitedRun {
+// refuses the excess with status (429 unless given) and Retry-After: 1,
+// also in 5ms. The first second is a warm-up; the next four are counted.
+// Call it inside a bubble.
+func runAgainstRateLimit(t *testing.T, name string, burst int, client func(base http.RoundTripper) http.RoundTripper, status ...int) rateLimitedRun {
 	up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(5 * time.Millisecond)})
-	api := httptestutil.NewRateLimit(up, httptestutil.RateLimitOptions{PerSecond: 200, Burst: burst, Delay: 5 * time.Millisecond})
+	o := httptestutil.RateLimitOptions{PerSecond: 200, Burst: burst, Delay: 5 * time.Millisecond}
+	if len(status) > 0 {
+		o.Status = status[0]
+	}
+	api := httptestutil.NewRateLimit(up, o)
 	rt := client(httptestutil.InMemory(api))
 	var warm, n paceLoad
 	var wg sync.WaitGroup
@@ -114,6 +119,11 @@ func runAgainstRateLimit(t *testing.T, name string, burst int, client func(base 
 // internal/gate's Throttler), it keeps about 171/s where the same client
 // without pushback gets 100 to 208/s from one run to the next (its
 // throttler draws from a random seed): 0.8 of it is asserted there.
+//
+// The trap itself is shown by the same API refusing with 503 rather than
+// 429: the throttler takes a 503 for overload and stops Bulk and
+// BestEffort for the whole Retry-After, and the goodput collapses, to less
+// than half of the pace's (about a tenth, in fact).
 func TestPushbackPacesARateLimitedAPI(t *testing.T) {
 	retry := func(pushback time.Duration) func(http.RoundTripper) http.RoundTripper {
 		return func(base http.RoundTripper) http.RoundTripper {
@@ -132,9 +142,13 @@ func TestPushbackPacesARateLimitedAPI(t *testing.T) {
 				runAgainstRateLimit(t, "Retry", burst, retry(0)),
 				runAgainstRateLimit(t, "Retry+Throttler, pushback off", burst, retry(-1)),
 				runAgainstRateLimit(t, "Retry+Throttler, pushback", burst, retry(10*time.Second)),
+				runAgainstRateLimit(t, "the same, the API answering 503", burst, retry(10*time.Second), http.StatusServiceUnavailable),
 			)
 		})
-		without, with := runs[2], runs[3]
+		without, with, stopped := runs[2], runs[3], runs[4]
+		if stopped.goodput > with.goodput/2 {
+			t.Errorf("burst %d: stopping at each 503 kept %.0f/s, pacing %.0f/s: the trap did not show", burst, stopped.goodput, with.goodput)
+		}
 		floor := 0.9
 		if burst == 1 {
 			floor = 0.8
