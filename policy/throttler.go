@@ -109,19 +109,21 @@ type Throttler struct {
 	// close the body. If nil, DefaultAccepted is used.
 	Accepted func(resp *http.Response, err error) bool
 
-	// MaxPushback is the longest Retry-After that pushback obeys (see
-	// Pushback above); an answer asking for a longer wait holds nothing
-	// back, as Retry.MaxRetryAfter makes Retry return such an answer at
-	// once rather than wait. If zero, the Set's Retry.MaxRetryAfter is
-	// used, so that pushback and retries trust the backend's Retry-After
-	// alike (pushback is then off if that is negative), and when the Set
-	// has no Retry, 10s, the bound Retry applies by default: a client that
-	// does not retry should not hold back longer than one that does. If
-	// negative, pushback is off and 429s and 503s only feed the estimate.
+	// MaxPushback is the longest Retry-After that pushback obeys (see the
+	// Pushback section above): an answer asking for a longer wait holds
+	// nothing back, as Retry.MaxRetryAfter makes Retry hand such an answer
+	// back at once rather than wait. If zero, the Set's Retry.MaxRetryAfter
+	// is used, so that pushback and retries trust a Retry-After alike
+	// (pushback is then off if that is negative), or, when the Set has no
+	// Retry, 10s, the bound Retry has by default: a client that does not
+	// retry should not hold back longer than one that does. If negative,
+	// pushback is off, and 429s and 503s only feed the estimate.
 	//
-	// Pushback is on by default, which a boolean field could only say the
-	// wrong way round (booleans default to false): this one field is both
-	// the switch and the bound, with the shape of Retry.MaxRetryAfter.
+	// Pushback is on by default. A boolean could only say so as a negative
+	// (NoPushback), against booleans that default to false and name what
+	// they turn on; this one field is both the switch and the bound, in the
+	// shape of Retry.MaxRetryAfter, whose negative value likewise turns
+	// Retry-After off.
 	MaxPushback time.Duration
 }
 

@@ -125,7 +125,8 @@ const (
 // the status, so the body plays no part. The random draw comes from a PCG
 // seeded at construction, under the throttler's mutex, so a test with the
 // same seed and instants sees the same refusals. Admit and Done do not
-// allocate. A refusal is reported to the caller as ErrThrottled.
+// allocate, but for pushback's state, once (see below). A refusal is
+// reported to the caller as ErrThrottled.
 //
 // # Pushback
 //
@@ -157,20 +158,19 @@ const (
 // rate times the time since the last refill afterwards. A hold that lapses
 // and is armed again starts over.
 //
-// The pace is r times pbHeadroom, 1.05, when the backend refused an
-// attempt (429) since the first of the accepts measured: a backend at its
-// rate refuses about one attempt in 21 at that pace, and one with room to
-// spare accepts them all, so that the measured rate grows by a twentieth
-// each turn of the ring. A larger headroom costs more refusals (one in 11
-// for 1.1) and does worse against the strict bucket below (0.83 of 50/s
-// in the test for 1.1, against 0.91). When the backend has
-// refused none of the last accepts' attempts, the pace is below what it
-// takes, as it is after the sparse attempts that begin a hold, or after a
-// lull in the client's own demand: it is then pbSlowStart (2) times r, up
-// to the rate measured at the last refusal (no limit before one), and
-// 1.05 times r beyond it; TCP's slow start and its threshold, on a rate.
-// The limit keeps the pace from overshooting again where the backend
-// refused it last.
+// The pace is r times pbHeadroom, 1.05, when the backend refused an attempt
+// (429) since the first of the accepts measured: a backend at its rate
+// refuses about one attempt in 21 at that pace, and one with room to spare
+// accepts them all, so that the measured rate grows by a twentieth each
+// turn of the ring. A larger headroom costs more refusals (one in 11 for
+// 1.1) and does worse against the strict bucket below (0.83 of 50/s in the
+// test for 1.1, against 0.91). When the backend has refused none of the
+// last accepts' attempts, the pace is below what it takes, as it is after
+// the sparse attempts that begin a hold, or after a lull in the client's
+// own demand: it is then pbSlowStart (2) times r, up to the rate measured
+// at the last refusal (no limit before one), and 1.05 times r beyond it;
+// TCP's slow start and its threshold, on a rate. The limit keeps the pace
+// from overshooting again where the backend refused it last.
 //
 // The pace keeps the whole rate of a token bucket that holds some tokens
 // (an API limit's burst), whose refusals only say that the client is ahead
@@ -184,8 +184,9 @@ const (
 // keeps its rate, at tens of wire calls per success.
 //
 // The hold's end is one atomic word: an Admit or Done with no hold in
-// force pays one atomic load, and the state of a hold (about 200 bytes)
-// is allocated by the first answer that arms one.
+// force pays one atomic load (and, once a hold has been armed, a
+// subtraction of instants), and the state of holds (about 200 bytes) is
+// allocated by the first answer that arms one.
 //
 // A nil *Throttler is a throttler that is off: it admits
 // everything. An Throttler is safe for concurrent use.
