@@ -19,6 +19,12 @@
 //     in-memory backend works inside [testing/synctest] bubbles, where the
 //     latencies are honoured exactly in virtual time.
 //
+// Two handlers go in front of any other to push back as real servers do:
+// [RateLimit], a token bucket that keeps admitting its rate and answers
+// the excess with 429 and Retry-After, as an API's rate limit does, and
+// [Overload], which answers everything with 503 and Retry-After for as
+// long as it is overloaded.
+//
 // On the client side, [Track] wraps any [http.RoundTripper] and counts the
 // responses it handed out and how many of their bodies were closed, which is
 // how tests find response-body leaks; [Tracker.Wait] waits for the round

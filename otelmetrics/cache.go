@@ -19,6 +19,7 @@ const (
 	attrReason   = attribute.Key("reason")
 	attrGate     = attribute.Key("gate")
 	attrPriority = attribute.Key("priority")
+	attrStatus   = attribute.Key("http.response.status_code")
 )
 
 // maxCachedKeys bounds the keys whose attribute sets are cached; the
@@ -86,6 +87,8 @@ type entry struct {
 	shed     [numGates][numPriorities]atomic.Pointer[attrs]
 	skips    [numSkips]atomic.Pointer[attrs]
 	skipGate [numGates]atomic.Pointer[attrs] // the skips with reason gate, by gate
+
+	pushbacks [2]atomic.Pointer[attrs] // by status: 429, 503
 }
 
 func newEntry(key string) *entry {
@@ -155,6 +158,24 @@ func (e *entry) skipped(why policy.SkipReason, g policy.Gate) *attrs {
 		return a
 	}
 	return fill(p, e.key, attrReason.String(why.String()))
+}
+
+// pushback returns the attributes of an answer of the given status that
+// armed pushback.
+func (e *entry) pushback(status int) *attrs {
+	var p *atomic.Pointer[attrs]
+	switch status {
+	case 429:
+		p = &e.pushbacks[0]
+	case 503:
+		p = &e.pushbacks[1]
+	default:
+		return newAttrs(e.key, attrStatus.Int(status))
+	}
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrStatus.Int(status))
 }
 
 // priority is what this package needs of shedding.Priority, which it

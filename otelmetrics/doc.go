@@ -26,6 +26,7 @@
 //	resilix.hedges          int64 counter         {hedge}    key, outcome, reason
 //	resilix.shed            int64 counter         {attempt}  key, gate, priority
 //	resilix.retries.skipped int64 counter         {retry}    key, reason, gate
+//	resilix.pushbacks       int64 counter         {response} key, http.response.status_code
 //	resilix.call.duration   float64 histogram     s          key, outcome
 //	resilix.hedge.threshold float64 histogram     s          key
 //	resilix.breaker.state   int64 gauge (async)   {state}    key
@@ -61,7 +62,12 @@
 //     not_replayable, deadline, budget, retry_after, body_error, permanent
 //     or gate, and, only with gate, the gate that refused the retry. The
 //     call returns its last attempt's response or error, and the caller
-//     cannot tell it from a call whose attempts ran out.
+//     cannot tell it from a call whose attempts ran out;
+//   - http.response.status_code on pushbacks: 429 or 503, the status of
+//     each answer whose Retry-After armed or extended the throttler's
+//     pushback (policy.Observer.Pushback). 429 paces the key's Bulk and
+//     BestEffort calls, 503 stops them; the calls it holds back are
+//     counted in resilix.shed with gate throttler.
 //
 // resilix.call.duration is a call's time from RoundTrip's start to its
 // return (response headers or error), retries, backoff and hedges
@@ -111,7 +117,7 @@
 // underscores, counters gain _total and the histograms _seconds:
 // resilix_calls_total, resilix_attempts_total, resilix_hedges_total,
 // resilix_shed_total, resilix_retries_skipped_total,
-// resilix_call_duration_seconds_bucket (_sum, _count),
+// resilix_pushbacks_total, resilix_call_duration_seconds_bucket (_sum, _count),
 // resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
 // resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store.
 // The hedge win rate per

@@ -30,6 +30,7 @@ type recorder struct {
 	hedges         metric.Int64Counter
 	shed           metric.Int64Counter
 	skipped        metric.Int64Counter
+	pushbacks      metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
 	breakerState   metric.Int64ObservableGauge
@@ -110,6 +111,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{retry}"),
 		metric.WithDescription("Failed attempts not retried although attempts were left, by the reason (and, for reason gate, the gate)."))
 	check(err)
+	r.pushbacks, err = m.Int64Counter("resilix.pushbacks",
+		metric.WithUnit("{response}"),
+		metric.WithDescription("Responses (429 or 503 with a Retry-After) that armed or extended the throttler's pushback, by status."))
+	check(err)
 	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
@@ -157,6 +162,7 @@ func (r *recorder) observer() *policy.Observer {
 		HedgeWon:        r.hedgeWon,
 		HedgeSuppressed: r.hedgeSuppressed,
 		Attach:          r.attach,
+		Pushback:        r.pushback,
 	}
 }
 
@@ -184,6 +190,11 @@ func (r *recorder) refused(f policy.Refusal) {
 func (r *recorder) retrySkipped(k policy.RetrySkip) {
 	a := r.attrs.get(k.Key).skipped(k.Reason, k.Gate)
 	r.skipped.Add(orBackground(k.Context), 1, a.add...)
+}
+
+func (r *recorder) pushback(p policy.Pushback) {
+	a := r.attrs.get(p.Key).pushback(p.StatusCode)
+	r.pushbacks.Add(orBackground(p.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {

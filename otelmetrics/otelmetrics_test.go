@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -150,6 +151,10 @@ func (t *tally) tee(o *policy.Observer) *policy.Observer {
 			o.HedgeSuppressed(h)
 		},
 		Attach: o.Attach,
+		Pushback: func(p policy.Pushback) {
+			t.add("resilix.pushbacks", -1, "http.response.status_code="+strconv.Itoa(p.StatusCode), "key="+p.Key)
+			o.Pushback(p)
+		},
 	}
 }
 

@@ -31,6 +31,7 @@ func JoinObservers(observers ...*Observer) *Observer {
 		LimitTransition:   join(os, func(o *Observer) func(LimitTransition) { return o.LimitTransition }),
 		Attach:            join(os, func(o *Observer) func(StateSource) { return o.Attach }),
 		StoreTransition:   join(os, func(o *Observer) func(StoreTransition) { return o.StoreTransition }),
+		Pushback:          join(os, func(o *Observer) func(Pushback) { return o.Pushback }),
 	}
 }
 

@@ -82,6 +82,13 @@ type Observer struct {
 	// RateLimit (RateLimit.Shared) starts or stops failing, once per
 	// change, from the goroutine that asked the store.
 	StoreTransition func(StoreTransition)
+
+	// Pushback is called when an answer arms or extends the throttler's
+	// pushback on a key (a 429 or 503 whose Retry-After is within
+	// Throttler.MaxPushback), once per such answer. Attempts it then
+	// holds back are reported to Refused, with Gate GateThrottler and a
+	// positive RetryAfter in the error.
+	Pushback func(Pushback)
 }
 
 // StateSource reports the current state of every key a transport holds.
@@ -343,4 +350,20 @@ type StoreTransition struct {
 	// Err is the store's error when To is StoreFallback or StoreRefusing:
 	// a timeout matches context.DeadlineExceeded.
 	Err error
+}
+
+// Pushback describes an answer that armed or extended the throttler's
+// pushback: Bulk and BestEffort attempts to the key are held back until
+// RetryAfter has passed since it arrived (see Throttler).
+type Pushback struct {
+	// Context is the caller's: the request's context, for hedge legs and
+	// background work too, so that an observer can log or record with
+	// the request's trace. Never nil.
+	Context context.Context
+	Key     string
+	// StatusCode is the answer's: 429, which paces Bulk and BestEffort to
+	// the rate the upstream accepts, or 503, which stops them.
+	StatusCode int
+	// RetryAfter is the wait the answer's Retry-After asked for.
+	RetryAfter time.Duration
 }

@@ -83,4 +83,15 @@ type Snapshot struct {
 	// were made for was itself a retry or a hedge of its caller's call
 	// (attempt.Repeated). Only keys that retry or hedge count them.
 	RepeatsSentOnce uint64
+
+	// PushbackLeft is how long the throttler's pushback still holds the
+	// key's Bulk and BestEffort attempts back (see Throttler), zero when
+	// it does not; PushbackStopped is true while they are stopped (a
+	// 503's Retry-After), and PushbackRate is, while they are paced (a
+	// 429's), the pace in attempts per second, all priorities together,
+	// or zero while the pace has no limit yet. Meaningful under
+	// HasThrottler.
+	PushbackLeft    time.Duration
+	PushbackStopped bool
+	PushbackRate    float64
 }

@@ -23,6 +23,60 @@ import (
 // Critical only when every lower priority is fully shed; within a priority,
 // tenants above their fair share are refused more. A refusal is a
 // *RejectedError matching ErrThrottled; it never reaches the wire.
+//
+// # Pushback
+//
+// The estimate above learns from what the backend does; pushback takes its
+// word. When an attempt's answer is a 429 Too Many Requests or a 503
+// Service Unavailable with a Retry-After (delta-seconds or an HTTP-date)
+// of at most MaxPushback, the key's Bulk and BestEffort attempts are held
+// back until that wait has passed; Degraded and Critical attempts still go,
+// and each later such answer extends the hold. How they are held back
+// depends on what the status says about the backend:
+//
+//   - 503 says it is overloaded: Bulk and BestEffort are stopped. Every one
+//     of them is refused until the Retry-After has passed, with
+//     RejectedError.RetryAfter set to what is left of it.
+//   - 429 says the caller is over its rate: a rate limiter (a token bucket,
+//     as nginx's limit_req and most public APIs have) keeps admitting its
+//     rate while it refuses the excess with 429 and a short Retry-After,
+//     typically 1s. Stopping for that second would waste the rate the
+//     backend would have served, so Bulk and BestEffort are paced instead:
+//     the key's attempts, all priorities together, are let through at 1.05
+//     times the rate the backend has been accepting them, measured over
+//     its last 16 accepts since the first 429, and Bulk and BestEffort are
+//     refused what goes beyond that, with RejectedError.RetryAfter set to
+//     when the pace would let the next one through (at least 1ms, at most
+//     what is left of the Retry-After). The extra twentieth costs about one
+//     429 for every twenty accepts, and finds out whether the backend would
+//     take more: while it takes all that is sent, the pace doubles every 16
+//     accepts up to the rate at its last 429, and grows by a twentieth
+//     beyond. A backend that accepts nothing gets attempts ever further
+//     apart. Degraded and Critical attempts count against the pace
+//     but are never refused by it: what they take, Bulk and BestEffort do
+//     without. This is the idea of the AWS SDKs' adaptive retry mode,
+//     which adjusts a client-side token bucket on throttling answers, with
+//     the rate the backend accepts in place of its CUBIC curve, so that the
+//     backend's rate is used in full: against a token bucket at 200/s
+//     that 16 callers flood (package transport's
+//     TestPushbackPacesARateLimitedAPI), the client keeps its goodput,
+//     0.98 of what it gets without pushback, for 1.06 wire calls per
+//     success, where stopping would keep a tenth of it. The weak case is a
+//     bucket of a single token (nginx's limit_req without burst), which
+//     refuses a paced attempt that is a little early: there the pace keeps
+//     0.85 to 0.93 of the rate.
+//
+// Pushback reads the answer's status and Retry-After header, never its
+// body, and holds no permit: a hold is state of the key, and ends by
+// itself. A 429 or 503 without a Retry-After, or with one that does not
+// parse, is zero, or is longer than MaxPushback, holds nothing back: the
+// estimate alone answers it. (Retry, when it reads a Retry-After that does not
+// parse, counts it in Snapshot.MalformedHeaders.) Attempts held back are
+// not counted as requests in the estimate's window, so pushback and the
+// estimate do not refuse the same attempts twice over; what pushback lets
+// through is then subject to the estimate as usual. Snapshot.PushbackLeft
+// and Snapshot.PushbackRate show the hold, and Observer.Pushback reports
+// each answer that arms or extends it.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
 	// starts throttling, in [1, 1e9). If zero, 2 is used (the book's
@@ -54,6 +108,23 @@ type Throttler struct {
 	// response or error (exactly one of them non-nil); it must not read or
 	// close the body. If nil, DefaultAccepted is used.
 	Accepted func(resp *http.Response, err error) bool
+
+	// MaxPushback is the longest Retry-After that pushback obeys (see the
+	// Pushback section above): an answer asking for a longer wait holds
+	// nothing back, as Retry.MaxRetryAfter makes Retry hand such an answer
+	// back at once rather than wait. If zero, the Set's Retry.MaxRetryAfter
+	// is used, so that pushback and retries trust a Retry-After alike
+	// (pushback is then off if that is negative), or, when the Set has no
+	// Retry, 10s, the bound Retry has by default: a client that does not
+	// retry should not hold back longer than one that does. If negative,
+	// pushback is off, and 429s and 503s only feed the estimate.
+	//
+	// Pushback is on by default. A boolean could only say so as a negative
+	// (NoPushback), against booleans that default to false and name what
+	// they turn on; this one field is both the switch and the bound, in the
+	// shape of Retry.MaxRetryAfter, whose negative value likewise turns
+	// Retry-After off.
+	MaxPushback time.Duration
 }
 
 func (t *Throttler) validate() error {
@@ -75,6 +146,20 @@ func (t Throttler) WithDefaults() Throttler {
 		t.Accepted = DefaultAccepted
 	}
 	return t
+}
+
+// PushbackBound returns the longest Retry-After that pushback obeys in a
+// Set whose Retry is r (nil for none), as MaxPushback says: MaxPushback,
+// or, when it is zero, r's MaxRetryAfter with its default, or 10s without
+// r. A negative result means pushback is off.
+func (t *Throttler) PushbackBound(r *Retry) time.Duration {
+	switch {
+	case t.MaxPushback != 0:
+		return t.MaxPushback
+	case r != nil:
+		return r.WithDefaults().MaxRetryAfter
+	}
+	return Retry{}.WithDefaults().MaxRetryAfter
 }
 
 // DefaultAccepted is the Accepted used when Throttler.Accepted is nil. It

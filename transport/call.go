@@ -383,7 +383,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 	if s.throttle != nil {
 		d := s.throttle.Admit(now, c.prio, c.tenant)
 		if !d.OK {
-			return c.refuse(kind, policy.GateThrottler, policy.ErrThrottled, 0, d.HeavyTenant)
+			return c.refuse(kind, policy.GateThrottler, policy.ErrThrottled, d.RetryAfter, d.HeavyTenant)
 		}
 		l.throttled = true
 	}
@@ -450,7 +450,7 @@ func (c *call) callerDone() error {
 func (c *call) unadmit(l *leg, now time.Time) {
 	s := c.s
 	if l.throttled {
-		s.throttle.Done(now, policy.Discarded, false)
+		s.throttle.Done(now, policy.Discarded, false, nil)
 		l.throttled = false
 	}
 	if l.breaker {
@@ -468,6 +468,16 @@ func (c *call) unadmit(l *leg, now time.Time) {
 			s.bulkhead.Release()
 		}
 		l.bulkhead = false
+	}
+}
+
+// pushedBack reports an answer that armed the throttler's pushback.
+func (c *call) pushedBack(p gate.Pushback) {
+	if !p.Armed() {
+		return
+	}
+	if o := c.t.obs; o != nil && o.Pushback != nil {
+		o.Pushback(policy.Pushback{Context: c.ctx, Key: c.s.key, StatusCode: p.StatusCode, RetryAfter: p.RetryAfter})
 	}
 }
 

@@ -152,7 +152,7 @@ func (c *call) send(l *leg) {
 	// The throttler, the breaker and the limiter learn at headers; the
 	// bulkhead holds its slot until the body is done with.
 	if l.throttled {
-		s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err))
+		c.pushedBack(s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err), resp))
 		l.throttled = false
 	}
 	if l.breaker {

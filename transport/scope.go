@@ -64,6 +64,9 @@ func compile(s policy.Set) (*chain, error) {
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
 	}
+	if c.throttler != nil {
+		c.throttler.MaxPushback = s.Throttler.PushbackBound(s.Retry) // resolved against the Set's Retry
+	}
 	if s.Timeout != nil {
 		c.timeout = s.Timeout.WithDefaults().PerAttempt
 		c.idle = s.Timeout.Idle
@@ -189,6 +192,8 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 	if s.throttle != nil {
 		m.HasThrottler = true
 		m.Pressure = s.throttle.Pressure(now)
+		h := s.throttle.Hold(now)
+		m.PushbackLeft, m.PushbackStopped, m.PushbackRate = h.Left, h.Stopped, h.Rate
 	}
 	if s.breaker != nil {
 		m.HasBreaker = true

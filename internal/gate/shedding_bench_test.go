@@ -19,7 +19,7 @@ func BenchmarkThrottlerAdmitDone(b *testing.B) {
 		if d := th.Admit(now, shedding.Degraded, "acme"); !d.OK {
 			b.Fatal("refused")
 		}
-		th.Done(now, policy.Success, true)
+		th.Done(now, policy.Success, true, nil)
 	}
 }
 
@@ -35,7 +35,7 @@ func BenchmarkThrottlerAdmitDoneShedding(b *testing.B) {
 		now := time.Now()
 		d := th.Admit(now, shedding.Priority(i%shedding.NumPriorities), tenants[i%len(tenants)])
 		if d.OK {
-			th.Done(now, policy.Success, i%4 == 0)
+			th.Done(now, policy.Success, i%4 == 0, nil)
 		}
 		i++
 	}
@@ -50,7 +50,7 @@ func BenchmarkThrottlerAdmitDoneParallel(b *testing.B) {
 		for pb.Next() {
 			now := time.Now()
 			if d := th.Admit(now, shedding.Degraded, "acme"); d.OK {
-				th.Done(now, policy.Success, true)
+				th.Done(now, policy.Success, true, nil)
 			}
 		}
 	})

@@ -48,7 +48,7 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 			if !d.OK {
 				continue
 			}
-			th.Done(now, s.o, s.accept)
+			th.Done(now, s.o, s.accept, nil)
 			switch {
 			case !s.o.Evidence():
 				wd++
@@ -75,7 +75,7 @@ func TestThrottlerFreshHost(t *testing.T) {
 	if d := th.Admit(thStart, shedding.Critical, ""); !d.OK {
 		t.Fatal("the first attempt was refused")
 	}
-	th.Done(thStart, policy.Failure, false) // a 503
+	th.Done(thStart, policy.Failure, false, nil) // a 503
 	if got := th.Pressure(thStart); got != 0 {
 		t.Errorf("after one 503 on a fresh host: Pressure = %v, want 0", got)
 	}
@@ -206,7 +206,7 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 					}
 					d := th.Admit(now, prio, "")
 					if d.OK {
-						th.Done(now, policy.Failure, false)
+						th.Done(now, policy.Failure, false, nil)
 					}
 					if tick >= 100 {
 						tally[prio].sent++
@@ -238,7 +238,7 @@ func thRunSteps(t *testing.T, cfg policy.Throttler, steps []thStep) {
 	th := newThrottler(cfg, thStart, 1)
 	admit := func(now time.Time, o policy.Outcome, accepted bool) {
 		if d := th.Admit(now, shedding.Critical, ""); d.OK {
-			th.Done(now, o, accepted)
+			th.Done(now, o, accepted, nil)
 		} else if o != policy.Failure {
 			t.Fatalf("an attempt meant to be %v was refused: the table is wrong", o)
 		}
@@ -269,7 +269,7 @@ func TestThrottlerK(t *testing.T) {
 	th := newThrottler(policy.Throttler{K: 4, Window: time.Minute}, thStart, 1)
 	for i := range 100 {
 		th.Admit(thStart, shedding.Critical, "")
-		th.Done(thStart, policy.Success, i < 25)
+		th.Done(thStart, policy.Success, i < 25, nil)
 	}
 	if got := th.Pressure(thStart); got != 0 {
 		t.Errorf("K=4, a quarter accepted: Pressure = %v, want 0", got)
@@ -317,7 +317,7 @@ func thDrive(th *Throttler, capacity int, bulk func(i int) bool) [shedding.NumPr
 				}
 			}
 			if d.OK {
-				th.Done(now, policy.Success, be.serve())
+				th.Done(now, policy.Success, be.serve(), nil)
 			}
 		}
 	}
@@ -387,7 +387,7 @@ func TestHeavyTenantShedBeforeLight(t *testing.T) {
 				}
 			}
 			if d.OK {
-				th.Done(now, policy.Success, be.serve())
+				th.Done(now, policy.Success, be.serve(), nil)
 			}
 		}
 	}
@@ -421,7 +421,7 @@ func TestThrottlerDeterministic(t *testing.T) {
 			d := th.Admit(now, shedding.Priority(i%4), "t"+string(rune('a'+i%3)))
 			got = append(got, d.OK)
 			if d.OK {
-				th.Done(now, policy.Success, i%3 == 0)
+				th.Done(now, policy.Success, i%3 == 0, nil)
 			}
 		}
 		return got
@@ -439,7 +439,7 @@ func TestThrottlerDoesNotAllocate(t *testing.T) {
 	// Under pressure, with tenants: the slow path.
 	for i := range 1000 {
 		th.Admit(thStart, shedding.BestEffort, "acme")
-		th.Done(thStart, policy.Success, i%4 == 0)
+		th.Done(thStart, policy.Success, i%4 == 0, nil)
 	}
 	if th.Pressure(thStart) == 0 {
 		t.Fatal("no pressure")
@@ -449,7 +449,7 @@ func TestThrottlerDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		d := th.Admit(thStart, shedding.Priority(i%4), tenants[i%3])
 		if d.OK {
-			th.Done(thStart, policy.Success, i%4 == 0)
+			th.Done(thStart, policy.Success, i%4 == 0, nil)
 		}
 		i++
 	}); n != 0 {
@@ -462,7 +462,7 @@ func TestNilThrottler(t *testing.T) {
 	if d := th.Admit(thStart, shedding.Bulk, "x"); !d.OK {
 		t.Error("nil throttler refused")
 	}
-	th.Done(thStart, policy.Failure, false)
+	th.Done(thStart, policy.Failure, false, nil)
 	if th.Pressure(thStart) != 0 {
 		t.Error("nil throttler has pressure")
 	}
