@@ -399,9 +399,9 @@ func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDec
 	case d.HeavyTenant:
 		status, body = http.StatusTooManyRequests, bodyTenant
 	case d.Reason == gate.LimiterShed:
-		body = bodyShed
+		status, body = http.StatusTooManyRequests, bodyShed
 	case d.Reason == gate.LimiterEvicted:
-		body = bodyEvicted
+		status, body = http.StatusTooManyRequests, bodyEvicted
 	}
 	answer(w, status, secs, body)
 }

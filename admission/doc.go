@@ -104,14 +104,17 @@
 // Config.Name:
 //
 //	status  Retry-After  gate            when
-//	503     yes          GateAdmission   the limiter refused: full, shed or evicted
-//	429     yes          GateAdmission   the same, for a tenant above its fair share
+//	503     yes          GateAdmission   the limiter is full: its queue holds no one this request outranks
+//	429     yes          GateAdmission   shed or evicted for a higher priority, or a tenant above its fair share
 //	504     no           GateDeadline    the time ran out or is below MinTimeout
 //
-// 503 says the server is overloaded; 429 says that this tenant sends more
-// than its share, while lighter tenants are still admitted (a tenant is
-// only ever above its fair share when others are below it). A resilix
-// client takes both, with their Retry-After, as the server's pushback (see
+// 503 says the server is overloaded for everyone who asks. 429 says that
+// this request's priority, or its tenant, is over what the server can give
+// it now, while requests of higher priority or of lighter tenants are
+// still admitted: a Bulk request shed bottom-up gets 429, as does a
+// tenant above its fair share (a tenant is only ever above its fair share
+// when others are below it). A resilix client takes both, with their
+// Retry-After, as the server's pushback (see
 // policy.Throttler). Retry-After is the limiter's estimate of the
 // wait for a free slot: the queue ahead and the refused request, served
 // limit at a time at the handler's baseline latency, in whole seconds
