@@ -61,7 +61,8 @@ type result struct {
 	wasted         int64 // of those, after their caller had given up
 	frontCalls     int64 // calls that reached the front tier
 	backCalls      int64 // calls that reached the back tier
-	refusedLocally int64 // calls refused by a client before the wire: pushback and throttling
+	pushedBack     int64 // attempts a client held back on a server's pushback
+	throttled      int64 // attempts a client's throttler refused on its own estimate
 
 	outageOffered int64 // logical calls made while the back tier was down
 	outageBack    int64 // calls that reached the back tier meanwhile
@@ -91,16 +92,19 @@ func print(w io.Writer, rs []result, sz size) {
 	fmt.Fprintf(w, "overload, %v: Critical %.0f/s and Bulk %.0f/s (12x) on a back tier of %.0f calls/s; %.0f%% of calls with a %v deadline, the others %v\n\n",
 		sz.overload, criticalRate, bulkRate, capacity, 100*tightShare, tightDeadline, deadline)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fleet\tCritical ok\tCritical p99\tBulk ok\tback worked\twasted\tfront calls\tback calls\trefused locally\tback load, outage\t")
+	fmt.Fprintln(tw, "fleet\tCritical ok\tCritical p99\tBulk ok\tback worked\twasted\tsent\tpushed back\tthrottled\tback load, outage\t")
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t%.2f%%\t%v\t%.1f%%\t%d\t%d\t%d\t%d\t%d\t%.2fx\t\n",
 			r.mode, 100*r.critical.availability(), r.critical.quantile(0.99).Round(100*time.Microsecond),
-			100*r.bulk.availability(), r.started, r.wasted, r.frontCalls, r.backCalls, r.refusedLocally, r.outageLoad())
+			100*r.bulk.availability(), r.started, r.wasted, r.frontCalls+r.backCalls, r.pushedBack, r.throttled, r.outageLoad())
 	}
 	tw.Flush()
 	fmt.Fprintf(w, `
 "wasted": calls the back tier started working on after their caller had
-given up. "back load, outage": calls reaching the back tier while it was
+given up. "sent": calls that reached a service (front and back); "pushed
+back" and "throttled": attempts the clients refused before the wire, on a
+server's 429 or 503 with Retry-After and on their own estimate of the
+refusals. "back load, outage": calls reaching the back tier while it was
 down for %v, per logical call offered (naive retries at two tiers: up to
 9x).
 `, sz.outage)

@@ -23,15 +23,16 @@ func TestFleet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := &inMemory{}
 		defer n.close()
-		rs, err := run(io.Discard, n, size{overload: 4 * time.Second, outage: time.Second})
+		sz := size{overload: 4 * time.Second, outage: time.Second}
+		rs, err := run(io.Discard, n, sz)
 		if err != nil {
 			t.Fatal(err)
 		}
 		plain, rx := rs[0], rs[1]
 		for _, r := range rs {
-			t.Logf("%s: Critical %.2f%% (p99 %v), Bulk %.1f%%, back worked %d, wasted %d, refused locally %d; outage back load %.2fx",
+			t.Logf("%s: Critical %.2f%% (p99 %v), Bulk %.1f%%, back worked %d, wasted %d, sent %d, pushed back %d, throttled %d; outage back load %.2fx",
 				r.mode, 100*r.critical.availability(), r.critical.quantile(0.99), 100*r.bulk.availability(),
-				r.started, r.wasted, r.refusedLocally, r.outageLoad())
+				r.started, r.wasted, r.frontCalls+r.backCalls, r.pushedBack, r.throttled, r.outageLoad())
 		}
 		// Critical traffic is half the back's capacity: shedding Bulk
 		// first keeps it whole (Netflix's figure: 99.4%).
@@ -45,8 +46,13 @@ func TestFleet(t *testing.T) {
 		if rx.wasted != 0 {
 			t.Errorf("resilix: the back tier started %d calls after their caller gave up, want 0", rx.wasted)
 		}
-		if rx.refusedLocally == 0 {
-			t.Errorf("resilix: no call was refused locally: the flood was never pushed back")
+		if rx.pushedBack == 0 {
+			t.Errorf("resilix: no attempt was held back on pushback: the flood was never pushed back")
+		}
+		// Pushback paces the flood rather than stopping it: the back tier
+		// stays busy.
+		if most := int64(0.9 * capacity * sz.overload.Seconds()); rx.started < most {
+			t.Errorf("resilix: the back tier worked %d calls, want >= 90%% of its capacity, %d", rx.started, most)
 		}
 		// Retries do not multiply: naive retries at two tiers send up to
 		// 9 calls a logical call to a dead back tier; budgets and the

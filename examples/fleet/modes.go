@@ -24,7 +24,8 @@ type fleet struct {
 	frontHandler http.Handler
 	client       *http.Client // the load generator's
 	tries        int          // the load generator's, per logical call
-	refused      atomic.Int64 // calls refused by a client before the wire
+	pushedBack   atomic.Int64 // attempts a client held back on a server's pushback
+	throttled    atomic.Int64 // attempts a client's throttler refused on its own estimate
 }
 
 // measure runs the overload and the outage, each on a fleet of its own.
@@ -45,7 +46,8 @@ func measure(n network, m fleetMode, sz size) (result, error) {
 	b.wasted.Store(0)
 	front.calls.Store(0)
 	back.calls.Store(0)
-	f.refused.Store(0)
+	f.pushedBack.Store(0)
+	f.throttled.Store(0)
 	r.critical = &class{prio: shedding.Critical, rate: criticalRate}
 	r.bulk = &class{prio: shedding.Bulk, rate: bulkRate}
 	(&load{
@@ -55,7 +57,7 @@ func measure(n network, m fleetMode, sz size) (result, error) {
 	}).run()
 	r.started, r.wasted = b.started.Load(), b.wasted.Load()
 	r.frontCalls, r.backCalls = front.calls.Load(), back.calls.Load()
-	r.refusedLocally = f.refused.Load()
+	r.pushedBack, r.throttled = f.pushedBack.Load(), f.throttled.Load()
 
 	f, b, front, back, err = start(n, m)
 	if err != nil {
@@ -128,12 +130,17 @@ func internal(r *http.Request) bool {
 
 func (resilixMode) build(n network, b *back, backURL string) (*fleet, error) {
 	f := &fleet{tries: 1}
-	// What the clients refuse before the wire: the throttler's own
-	// estimate and the servers' pushback.
+	// What the clients refuse before the wire: held back by the servers'
+	// pushback (a positive RetryAfter), or by the throttler's own
+	// estimate.
 	obs := &policy.Observer{
 		Refused: func(e policy.Refusal) {
-			if e.Gate == policy.GateThrottler {
-				f.refused.Add(1)
+			switch {
+			case e.Gate != policy.GateThrottler:
+			case e.Err.RetryAfter > 0:
+				f.pushedBack.Add(1)
+			default:
+				f.throttled.Add(1)
 			}
 		},
 	}
