@@ -72,3 +72,62 @@ func TestTransportInsideInherits(t *testing.T) {
 		synctest.Wait() // the upstream's handler notices its cancelled context
 	})
 }
+
+// TestARepeatIsNotRetriedBelow: the attempt rule end to end. A request
+// that arrives as its caller's second attempt (Resilix-Attempt: 2) is
+// served by a handler whose transport retries a failing dependency up to 4
+// times: admission puts the number in the context, and the transport sends
+// the call once. The same request as a first attempt is retried.
+func TestARepeatIsNotRetriedBelow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := httptestutil.NewUpstream(httptestutil.Options{
+			Latency: httptestutil.Constant(time.Millisecond),
+			Faults:  []httptestutil.Fault{{Probability: 1, Status: http.StatusServiceUnavailable}},
+		})
+		rt, err := transport.New(transport.Config{
+			Base: up.RoundTripper(),
+			Policies: policy.Set{
+				Attempts: 4,
+				Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+				Budget:   policy.Budget{Max: 100},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: rt}
+		proxy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			out, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://dependency.test/", nil)
+			resp, err := client.Do(out)
+			if err != nil {
+				w.WriteHeader(http.StatusBadGateway)
+				return
+			}
+			resp.Body.Close()
+			w.WriteHeader(resp.StatusCode)
+		})
+		h, err := admission.Handler(proxy, admission.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			attempt string
+			wire    int64
+		}{{"", 4}, {"1", 4}, {"2", 1}, {"3", 1}} {
+			up.ResetStats()
+			r := httptest.NewRequestWithContext(context.Background(), http.MethodGet, "/", nil)
+			if tc.attempt != "" {
+				r.Header.Set("Resilix-Attempt", tc.attempt)
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if got := up.Stats().Requests; w.Code != http.StatusServiceUnavailable || got != tc.wire {
+				t.Errorf("Resilix-Attempt %q: answered %d after %d calls to the dependency, want 503 after %d",
+					tc.attempt, w.Code, got, tc.wire)
+			}
+		}
+		if n := rt.Measured("dependency.test").RepeatsSentOnce; n != 2 {
+			t.Errorf("RepeatsSentOnce = %d, want 2", n)
+		}
+	})
+}
