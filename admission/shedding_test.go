@@ -102,8 +102,12 @@ func TestCriticalSurvivesABulkFlood(t *testing.T) {
 		if refused := bulk.tooMany.Load() + bulk.unavailable.Load(); refused*2 < bulk.total() {
 			t.Errorf("Bulk: %d of %d refused, want most", refused, bulk.total())
 		}
-		if bulk.tooMany.Load() < 10*bulk.unavailable.Load() {
-			t.Errorf("Bulk: %d 429s and %d 503s: a Bulk request shed while Critical is admitted is a 429", bulk.tooMany.Load(), bulk.unavailable.Load())
+		// A Bulk request shed while Critical is admitted is a 429; a 503
+		// is one that found the queue full (of other Bulk requests, by
+		// then), which the race detector's scheduling makes more common:
+		// 6 to 12 429s for each 503 in runs with and without it.
+		if bulk.tooMany.Load() < 3*bulk.unavailable.Load() {
+			t.Errorf("Bulk: %d 429s and %d 503s, want most refusals 429s", bulk.tooMany.Load(), bulk.unavailable.Load())
 		}
 		if n := critical.unavailable.Load() + critical.tooMany.Load() + critical.other.Load() + bulk.other.Load(); n > critical.total()/100 {
 			t.Errorf("%d answers other than 200 and Bulk's refusals", n)
