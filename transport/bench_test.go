@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -48,30 +49,44 @@ func (*rewound) Close() error { return nil }
 // fake base, so that only resilix's own cost is on the clock. The PUT
 // cases send a 1 KiB body, with GetBody (never called on success) or
 // without, when the replay buffer keeps a copy as the base reads it.
+// "full" is every policy on with nothing firing: the hedge armed on every
+// call (its threshold learned at 10ms) and never due, every gate passing.
+// The "/caller-ctx" cases call with a cancellable context, as a caller
+// with a deadline or a server's request does, rather than Background.
 func BenchmarkRoundTrip(b *testing.B) {
 	timeout := &policy.Timeout{PerAttempt: time.Second}
 	payload := bytes.Repeat([]byte("x"), 1<<10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	for _, bc := range []struct {
 		name string
 		rt   http.RoundTripper
-		put  int // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
+		put  int  // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
+		ctx  bool // a cancellable caller's context
 	}{
-		{"hedge-idle", idleHedge(b), 0},
-		{"base", okBase{}, 0},
-		{"bare", mustNew(b, Config{Base: okBase{}}), 0},
-		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0},
-		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0},
+		{"hedge-idle", idleHedge(b, policy.Set{Hedge: &policy.Hedge{}}), 0, false},
+		{"full", idleHedge(b, fullSet()), 0, false},
+		{"full/caller-ctx", idleHedge(b, fullSet()), 0, true},
+		{"base", okBase{}, 0, false},
+		{"bare", mustNew(b, Config{Base: okBase{}}), 0, false},
+		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0, false},
+		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0, false},
+		{"retry+breaker+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, false},
+		{"retry+breaker+timeout/caller-ctx", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, true},
 		{"gates", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{},
 			Throttler: &policy.Throttler{}, Breaker: &policy.Breaker{}, Limiter: &policy.Limiter{},
-			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0},
+			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0, false},
 		{"retry+observer", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}},
-			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0},
-		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2},
-		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1},
-		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2},
+			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0, false},
+		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2, false},
+		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1, false},
+		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+			if bc.ctx {
+				req = req.WithContext(ctx)
+			}
 			body := new(rewound)
 			if bc.put > 0 {
 				req.Method, req.Body, req.ContentLength = http.MethodPut, body, int64(len(payload))
@@ -92,10 +107,26 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 }
 
-// idleHedge returns a hedging transport whose threshold has been learned at
-// 10ms over a base that now answers at once: every call arms the hedge
-// timer and none fires. It is the cost of hedging when it does not hedge.
-func idleHedge(b *testing.B) *Transport {
+// fullSet is every policy on, none of them in the way of a healthy
+// upstream.
+func fullSet() policy.Set {
+	return policy.Set{
+		Retry:     &policy.Retry{},
+		Hedge:     &policy.Hedge{},
+		Throttler: &policy.Throttler{},
+		Breaker:   &policy.Breaker{},
+		Limiter:   &policy.Limiter{},
+		Bulkhead:  &policy.Bulkhead{MaxConcurrent: 100},
+		RateLimit: &policy.RateLimit{PerSecond: 1e9},
+		Timeout:   &policy.Timeout{PerAttempt: time.Second},
+	}
+}
+
+// idleHedge returns a transport with set, which hedges, whose threshold
+// has been learned at 10ms over a base that now answers at once: every
+// call arms the hedge timer and none fires. It is the cost of hedging
+// when it does not hedge.
+func idleHedge(b *testing.B, set policy.Set) *Transport {
 	var warm atomic.Int32
 	base := fakeRT(func(r *http.Request) (*http.Response, error) {
 		if warm.Add(1) <= 30 {
@@ -103,7 +134,7 @@ func idleHedge(b *testing.B) *Transport {
 		}
 		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
 	})
-	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+	tr := mustNew(b, Config{Base: base, Policies: set})
 	req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
 	for range 30 {
 		resp, err := tr.RoundTrip(req)
