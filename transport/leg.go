@@ -22,6 +22,10 @@ type leg struct {
 	kind policy.AttemptKind
 	why  policy.RetryReason // of a retry
 	req  *http.Request
+	// own holds req when req is the leg's own shallow copy, and the body
+	// wrapper its response will need, in one allocation; nil when req is
+	// the caller's or a hedge leg's deep copy.
+	own *ownRequest
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
 	// is held when the attempt has a timeout or may be discarded.
@@ -81,8 +85,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.req = c.req.Clone(l.ctx)
 		l.req.Body = body
 	case l.ctx != c.ctx || body != c.req.Body:
-		l.req = c.req.WithContext(l.ctx)
-		l.req.Body = body
+		l.own = new(ownRequest)
+		l.own.req = *c.req.WithContext(l.ctx) // inlined: the copy is made in place
+		l.own.req.Body = body
+		l.req = &l.own.req
 	}
 	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
 		l.dispatch = time.Now()
@@ -178,7 +184,13 @@ func (c *call) send(l *leg) {
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
-		r := &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead}
+		var r *releaser
+		if l.own != nil {
+			r = &l.own.body
+		} else {
+			r = new(releaser)
+		}
+		r.rc, r.cancel, r.bulkhead = resp.Body, l.cancel, bulkhead
 		// An upgraded stream may rightly be quiet; an empty body cannot
 		// stall.
 		if d := s.chain.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
@@ -215,6 +227,15 @@ func sane(resp *http.Response, err error) (*http.Response, error) {
 		resp.Body = http.NoBody
 	}
 	return resp, err
+}
+
+// ownRequest is a leg's shallow copy of the caller's request beside the
+// body wrapper of the response it gets, so that an attempt that needs both
+// allocates once. The wrapper, once in use, keeps the copy alive, as the
+// response's Request field does anyway.
+type ownRequest struct {
+	req  http.Request
+	body releaser
 }
 
 // releaser is a response body that releases what its attempt held, the
