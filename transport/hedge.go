@@ -76,13 +76,13 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 }
 
 // hedged runs a round whose first leg has passed the admission gates.
-func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, threshold, wait time.Duration) (*http.Response, error) {
+func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
 	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
 	r.cond.L = &r.mu
 	l := &r.first
 	l.round = r
-	r.c.prepare(l, kind, body, true)
+	r.c.prepare(l, kind, body, true, now)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
@@ -166,7 +166,7 @@ func (r *round) fire() {
 	}
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
-	c.prepare(l, policy.AttemptHedge, body, true)
+	c.prepare(l, policy.AttemptHedge, body, true, now)
 	l.round = r
 	r.legs = append(r.legs, l)
 	r.live++

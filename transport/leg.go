@@ -65,8 +65,9 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // leg, which may still be running after the call is over, gets a deep copy
 // (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
-// gets a cancellable context.
-func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool) {
+// gets a cancellable context. admitted is the time its admission gates
+// read.
+func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool, admitted time.Time) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
 	if kind == policy.AttemptRetry {
@@ -91,8 +92,20 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.req = &l.own.req
 	}
 	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
-		l.dispatch = time.Now()
+		l.dispatch = admitted
+		if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
+			// A gate may have made the leg wait, and a wait is not the
+			// dependency's latency. (Hedge legs never wait at a gate.)
+			l.dispatch = time.Now()
+		}
 	}
+}
+
+// mayQueue reports whether an admission gate may hold a leg for a while:
+// the limiter's queue, a bulkhead's or a rate limit's MaxWait, or a rate
+// limit's store. The throttler and the breaker answer at once.
+func (ch *chain) mayQueue() bool {
+	return ch.limiter != nil || ch.bulkhead != nil || ch.rateLimit != nil
 }
 
 // send makes the wire call and settles what it holds: the breaker learns
