@@ -66,14 +66,21 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
 // gets a cancellable context. admitted is the time its admission gates
-// read.
+// read. A per-attempt timeout that could only fire after the caller's
+// deadline is not armed: the caller's context ends the attempt first.
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool, admitted time.Time) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
 	if kind == policy.AttemptRetry {
 		l.why = c.why
 	}
-	if d := c.timeout; d > 0 || discardable || c.s.chain.idle > 0 {
+	d := c.timeout
+	if d > 0 {
+		if dl, ok := c.ctx.Deadline(); ok && dl.Before(admitted.Add(d)) {
+			d = 0 // the caller's deadline comes first: the attempt's timer could not fire
+		}
+	}
+	if d > 0 || discardable || c.s.chain.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 		if d > 0 {
 			cancel := l.cancel
