@@ -139,10 +139,10 @@ func (c *call) send(l *leg) {
 	resp, err = sane(resp, err)
 
 	timedOut := false
-	if l.timer != nil && !l.timer.Stop() && c.ctx.Err() == nil &&
-		errors.Is(context.Cause(l.ctx), policy.ErrAttemptTimeout) {
+	if l.timer != nil && !l.timer.Stop() && c.ctx.Err() == nil {
 		// The attempt ran out of time. If headers raced the timer and
-		// lost, the context is already cancelled and the body would fail
+		// lost, the context is cancelled, or about to be (the timer's
+		// func runs on a goroutine of its own), and the body would fail
 		// mid-read: it is the timeout it looks like.
 		if resp != nil {
 			closeBody(resp.Body)
