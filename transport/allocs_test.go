@@ -19,20 +19,34 @@ func TestAllocationBudgets(t *testing.T) {
 	timeout := &policy.Timeout{PerAttempt: time.Hour}
 	soon, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	plain := func(set policy.Set) func(testing.TB) *Transport {
+		return func(t testing.TB) *Transport { return mustNew(t, Config{Base: okBase{}, Policies: set}) }
+	}
+	hedging := func(set policy.Set) func(testing.TB) *Transport {
+		return func(t testing.TB) *Transport { return idleHedge(t, set) }
+	}
 	for _, tc := range []struct {
 		name string
-		set  policy.Set
+		new  func(testing.TB) *Transport
 		ctx  context.Context
 		max  float64
 	}{
-		{"no policy", policy.Set{}, context.Background(), 1},
-		{"retry", policy.Set{Retry: &policy.Retry{}}, context.Background(), 1},
+		{"no policy", plain(policy.Set{}), context.Background(), 1},
+		{"retry", plain(policy.Set{Retry: &policy.Retry{}}), context.Background(), 1},
+		// A context and its cancel func, a timer and its func, and one
+		// allocation for the request copy and the body wrapper.
+		{"retry+breaker+timeout", plain(policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}), context.Background(), 6},
 		// The caller's deadline comes before the attempt's would: the
 		// attempt needs neither a timer nor a context of its own.
-		{"retry+timeout, the caller's deadline first", policy.Set{Retry: &policy.Retry{}, Timeout: timeout}, soon, 1},
+		{"retry+timeout, the caller's deadline first", plain(policy.Set{Retry: &policy.Retry{}, Timeout: timeout}), soon, 1},
+		// The round (with the inline leg's request copy and body
+		// wrapper), its one timer and its func, the inline leg's context
+		// and its cancel func.
+		{"hedge armed", hedging(policy.Set{Hedge: &policy.Hedge{}}), context.Background(), 6},
+		{"every policy, nothing firing", hedging(fullSet()), context.Background(), 6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rt := mustNew(t, Config{Base: okBase{}, Policies: tc.set})
+			rt := tc.new(t)
 			req, _ := http.NewRequestWithContext(tc.ctx, http.MethodGet, "http://a.test/", nil)
 			call := func() {
 				resp, err := rt.RoundTrip(req)

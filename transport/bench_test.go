@@ -126,7 +126,7 @@ func fullSet() policy.Set {
 // has been learned at 10ms over a base that now answers at once: every
 // call arms the hedge timer and none fires. It is the cost of hedging
 // when it does not hedge.
-func idleHedge(b *testing.B, set policy.Set) *Transport {
+func idleHedge(b testing.TB, set policy.Set) *Transport {
 	var warm atomic.Int32
 	base := fakeRT(func(r *http.Request) (*http.Response, error) {
 		if warm.Add(1) <= 30 {

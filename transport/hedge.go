@@ -37,8 +37,9 @@ type round struct {
 	threshold time.Duration
 	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller
 
-	first  leg     // the inline leg, legs[0]
-	legBuf [3]*leg // legs' storage for the default MaxConcurrent
+	first  leg        // the inline leg, legs[0]
+	own    ownRequest // the inline leg's request copy and body wrapper
+	legBuf [3]*leg    // legs' storage for the default MaxConcurrent
 
 	mu      sync.Mutex
 	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
@@ -50,7 +51,14 @@ type round struct {
 	failed  *leg // the last leg that failed; earlier ones are discarded
 	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
 	decided bool // a winner, a panic, or the caller abandoned the round
+	// timer is the round's one timer: it fires for the next hedge, due,
+	// and for the inline leg's per-attempt timeout, expires, whichever
+	// comes first (a zero time is none); expired says that it cancelled
+	// the inline leg before its headers came.
 	timer   *time.Timer
+	due     time.Time
+	expires time.Time
+	expired bool
 }
 
 // hedgeAfter reports whether this round hedges and, if so, the threshold
@@ -81,12 +89,13 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
 	r.cond.L = &r.mu
 	l := &r.first
-	l.round = r
+	l.round, l.own = r, &r.own
 	r.c.prepare(l, kind, body, true, now)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
-	r.timer = time.AfterFunc(wait, r.fire)
+	r.due = now.Add(wait)
+	r.timer = time.AfterFunc(r.nextLocked().Sub(now), r.fire)
 	r.mu.Unlock()
 
 	done := false
@@ -105,10 +114,66 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	return resp, err
 }
 
-// fire runs on the timer's goroutine: it asks the hedging gates in order
-// and, if all pass, sends one more leg. A panic here (GetBody, an
-// observer) would kill the process: it is handed to the caller instead.
+// nextLocked returns when the round's timer is next needed: the earlier
+// of the next hedge and the inline leg's expiry, or the zero time when
+// neither is pending. r.mu is held.
+func (r *round) nextLocked() time.Time {
+	if r.expires.IsZero() || !r.due.IsZero() && r.due.Before(r.expires) {
+		return r.due
+	}
+	return r.expires
+}
+
+// armLocked sets the round's timer for what is next pending, as of now,
+// unless the round is over. r.mu is held.
+func (r *round) armLocked(now time.Time) {
+	if next := r.nextLocked(); !next.IsZero() && !r.over {
+		r.timer.Reset(next.Sub(now))
+	}
+}
+
+// headers stops the inline leg's per-attempt timeout as its headers come
+// back, and reports whether the timer had already fired for it.
+func (r *round) headers() (expired bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expires = time.Time{}
+	return r.expired
+}
+
+// fire runs on the round's timer. It cancels the inline leg if its
+// per-attempt timeout has come, and sends a hedge if one is due (see
+// hedge), re-arming the timer for what is left.
 func (r *round) fire() {
+	now := time.Now()
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return
+	}
+	expire := !r.expires.IsZero() && !now.Before(r.expires)
+	if expire {
+		r.expires, r.expired = time.Time{}, true
+	}
+	due := !r.due.IsZero() && !now.Before(r.due)
+	if due {
+		r.due = time.Time{} // the hedge sets the next one, if it starts
+	}
+	r.armLocked(now)
+	r.mu.Unlock()
+	if expire {
+		r.first.cancel(policy.ErrAttemptTimeout)
+	}
+	if due {
+		r.hedge(now)
+	}
+}
+
+// hedge runs on the round's timer when a hedge is due: it asks the hedging
+// gates in order and, if all pass, sends one more leg. A panic here
+// (GetBody, an observer) would kill the process: it is handed to the
+// caller instead.
+func (r *round) hedge(now time.Time) {
 	c := &r.c
 	firing := false
 	defer func() {
@@ -124,7 +189,6 @@ func (r *round) fire() {
 			r.abandon(newLegPanic(p))
 		}
 	}()
-	now := time.Now()
 	r.mu.Lock()
 	if r.over {
 		r.mu.Unlock()
@@ -172,7 +236,8 @@ func (r *round) fire() {
 	r.live++
 	r.firing, firing = false, false
 	if r.live < r.max && c.wire < c.attempts {
-		r.timer.Reset(r.threshold)
+		r.due = now.Add(r.threshold)
+		r.armLocked(now)
 	}
 	r.mu.Unlock()
 

@@ -32,6 +32,10 @@ type leg struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	timer  *time.Timer // Timeout.PerAttempt, or the call's Override
+	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
+	// timeout the round's timer keeps (round.expires) instead of a timer
+	// of its own.
+	roundTimed bool
 
 	throttled bool // the throttler admitted it and awaits its outcome
 	bp        gate.BreakerPermit
@@ -82,10 +86,6 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	}
 	if d > 0 || discardable || c.s.chain.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
-		if d > 0 {
-			cancel := l.cancel
-			l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
-		}
 	}
 	l.req = c.req
 	switch {
@@ -93,7 +93,9 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.req = c.req.Clone(l.ctx)
 		l.req.Body = body
 	case l.ctx != c.ctx || body != c.req.Body:
-		l.own = new(ownRequest)
+		if l.own == nil {
+			l.own = new(ownRequest)
+		}
 		l.own.req = *c.req.WithContext(l.ctx) // inlined: the copy is made in place
 		l.own.req.Body = body
 		l.req = &l.own.req
@@ -105,6 +107,17 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 			// dependency's latency. (Hedge legs never wait at a gate.)
 			l.dispatch = time.Now()
 		}
+	}
+	switch {
+	case d == 0:
+	case l.round != nil:
+		// The inline leg of a hedged round (a hedging chain is timed,
+		// so l.dispatch is set): the round's one timer keeps its time,
+		// with the hedges'.
+		l.round.expires, l.roundTimed = l.dispatch.Add(d), true
+	default:
+		cancel := l.cancel
+		l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
 	}
 }
 
@@ -138,8 +151,15 @@ func (c *call) send(l *leg) {
 	}
 	resp, err = sane(resp, err)
 
+	fired := false // the attempt's timer fired before its headers came
+	switch {
+	case l.timer != nil:
+		fired = !l.timer.Stop()
+	case l.roundTimed:
+		fired = l.round.headers()
+	}
 	timedOut := false
-	if l.timer != nil && !l.timer.Stop() && c.ctx.Err() == nil {
+	if fired && c.ctx.Err() == nil {
 		// The attempt ran out of time. If headers raced the timer and
 		// lost, the context is cancelled, or about to be (the timer's
 		// func runs on a goroutine of its own), and the body would fail
