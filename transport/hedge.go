@@ -365,7 +365,7 @@ func (r *round) report(l *leg) {
 		return
 	}
 	r.winner = l
-	losers := r.decideLocked()
+	losers := r.decideLocked(true)
 	r.mu.Unlock()
 
 	r.discard(losers, now)
@@ -380,7 +380,18 @@ func (r *round) report(l *leg) {
 
 // decideLocked marks the round decided: no more legs start, and every leg
 // still on the wire is lost. It returns the losers. r.mu is held.
-func (r *round) decideLocked() []*leg {
+//
+// With spare, a round won by a leg, a losing hedge leg is not cancelled at
+// once: over HTTP/1.1 a request cancelled in flight closes its connection,
+// so every hedge would cost a dial. It gets httpx.DrainTime to bring its
+// headers, and is then drained on its own goroutine like a superseded
+// response (see send); when its time runs out first, its grace timer
+// cancels it. (The round's threshold would be a tighter bound, but where
+// the latency is the client's own scheduling noise, as on loopback, it
+// cut a fifth of the losers short.) The inline leg, which the caller's
+// goroutine is waiting on, is cancelled at once (by discard), as is every
+// leg of an abandoned round.
+func (r *round) decideLocked(spare bool) []*leg {
 	r.decided, r.over = true, true
 	r.timer.Stop()
 	var losers []*leg
@@ -388,16 +399,23 @@ func (r *round) decideLocked() []*leg {
 		if !o.ended && !o.settled {
 			o.lost = true
 			losers = append(losers, o)
+			if spare && o != &r.first {
+				cancel := o.cancel
+				o.grace = time.AfterFunc(httpx.DrainTime, func() { cancel(errDiscarded) })
+			}
 		}
 	}
 	return losers
 }
 
-// discard cancels the legs that lost and reports them, once, as discarded.
+// discard cancels the legs that lost, but those given a grace, and reports
+// them, once, as discarded.
 func (r *round) discard(losers []*leg, now time.Time) {
 	c := &r.c
 	for _, o := range losers {
-		o.cancel(errDiscarded)
+		if o.grace == nil {
+			o.cancel(errDiscarded)
+		}
 		elapsed := now.Sub(o.dispatch)
 		if elapsed >= r.threshold {
 			// A leg cut short in the tail took at least this long. Left
@@ -426,7 +444,7 @@ func (r *round) abandon(p any) {
 		return
 	}
 	r.panic = p
-	losers := r.decideLocked()
+	losers := r.decideLocked(false)
 	failed := r.failed
 	r.failed = nil
 	r.cond.Broadcast()

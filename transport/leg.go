@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -59,6 +60,9 @@ type leg struct {
 	settled bool // answered before the round was decided: evidence
 	lost    bool // still on the wire when the round was decided: discarded
 	ended   bool // done with: reported, or gone in a panic
+	// grace, on a hedge leg that lost, cancels it when its time to bring
+	// its headers runs out (see round.decideLocked); set with lost.
+	grace *time.Timer
 }
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
@@ -173,7 +177,12 @@ func (c *call) send(l *leg) {
 	}
 
 	if l.round != nil && !l.round.settle(l) {
-		if resp != nil {
+		// Lost. A hedge leg whose headers came within its grace has its
+		// body drained, here on its own goroutine, so that its
+		// connection is kept; any other answer is closed.
+		if l.grace != nil && l.grace.Stop() {
+			httpx.Drain(resp)
+		} else if resp != nil {
 			closeBody(resp.Body)
 		}
 		c.unadmit(l, now)
