@@ -95,6 +95,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload)), nil }
 			}
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				body.Reset(payload)
 				resp, err := bc.rt.RoundTrip(req)
@@ -103,6 +104,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				}
 				resp.Body.Close()
 			}
+			reportCPU(b, cpu, b.N)
 		})
 	}
 }
@@ -147,6 +149,15 @@ func idleHedge(b testing.TB, set policy.Set) *Transport {
 		b.Fatal("the hedge threshold was not learned")
 	}
 	return tr
+}
+
+// reportCPU reports the process's CPU time since start (see cpuTime) per
+// call, as cpu-ns/op, when it can be read.
+func reportCPU(b *testing.B, start time.Duration, calls int) {
+	if start == 0 || calls == 0 {
+		return
+	}
+	b.ReportMetric(float64(cpuTime()-start)/float64(calls), "cpu-ns/op")
 }
 
 // BenchmarkRoundTripParallel is the retry chain under contention on one key.
