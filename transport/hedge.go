@@ -333,7 +333,6 @@ func (r *round) settle(l *leg) bool {
 // ends after the round was decided is thrown away.
 func (r *round) report(l *leg) {
 	c := &r.c
-	now := time.Now()
 	r.mu.Lock()
 	l.ended = true
 	r.live--
@@ -368,9 +367,14 @@ func (r *round) report(l *leg) {
 	losers := r.decideLocked(true)
 	r.mu.Unlock()
 
+	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
+	var now time.Time // read only when something needs it
+	if len(losers) > 0 || won {
+		now = time.Now()
+	}
 	r.discard(losers, now)
 	c.attemptDone(l)
-	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {
+	if won {
 		r.h.Won(now)
 		if o := c.t.obs; o != nil && o.HedgeWon != nil {
 			o.HedgeWon(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
@@ -392,8 +396,10 @@ func (r *round) report(l *leg) {
 // goroutine is waiting on, is cancelled at once (by discard), as is every
 // leg of an abandoned round.
 func (r *round) decideLocked(spare bool) []*leg {
+	if !r.over { // an over round's timer is stopped already
+		r.timer.Stop()
+	}
 	r.decided, r.over = true, true
-	r.timer.Stop()
 	var losers []*leg
 	for _, o := range r.legs {
 		if !o.ended && !o.settled {
