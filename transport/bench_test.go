@@ -51,41 +51,46 @@ func (*rewound) Close() error { return nil }
 // without, when the replay buffer keeps a copy as the base reads it.
 // "full" is every policy on with nothing firing: the hedge armed on every
 // call (its threshold learned at 10ms) and never due, every gate passing.
-// The "/caller-ctx" cases call with a cancellable context, as a caller
-// with a deadline or a server's request does, rather than Background.
+// The "/caller-ctx" cases call with a cancellable context, as a server's
+// request does, rather than Background; "/caller-deadline" with a deadline
+// that comes before PerAttempt would.
 func BenchmarkRoundTrip(b *testing.B) {
 	timeout := &policy.Timeout{PerAttempt: time.Second}
 	payload := bytes.Repeat([]byte("x"), 1<<10)
-	ctx, cancel := context.WithCancel(context.Background())
+	cancellable, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	deadline, cancelDeadline := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelDeadline()
+	hour := &policy.Timeout{PerAttempt: 2 * time.Hour}
 	for _, bc := range []struct {
 		name string
 		rt   http.RoundTripper
-		put  int  // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
-		ctx  bool // a cancellable caller's context
+		put  int             // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
+		ctx  context.Context // the caller's; nil: Background
 	}{
-		{"hedge-idle", idleHedge(b, policy.Set{Hedge: &policy.Hedge{}}), 0, false},
-		{"full", idleHedge(b, fullSet()), 0, false},
-		{"full/caller-ctx", idleHedge(b, fullSet()), 0, true},
-		{"base", okBase{}, 0, false},
-		{"bare", mustNew(b, Config{Base: okBase{}}), 0, false},
-		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0, false},
-		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0, false},
-		{"retry+breaker+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, false},
-		{"retry+breaker+timeout/caller-ctx", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, true},
+		{"hedge-idle", idleHedge(b, policy.Set{Hedge: &policy.Hedge{}}), 0, nil},
+		{"full", idleHedge(b, fullSet()), 0, nil},
+		{"full/caller-ctx", idleHedge(b, fullSet()), 0, cancellable},
+		{"base", okBase{}, 0, nil},
+		{"bare", mustNew(b, Config{Base: okBase{}}), 0, nil},
+		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0, nil},
+		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0, nil},
+		{"retry+breaker+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, nil},
+		{"retry+breaker+timeout/caller-ctx", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, cancellable},
+		{"retry+breaker+timeout/caller-deadline", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: hour}}), 0, deadline},
 		{"gates", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{},
 			Throttler: &policy.Throttler{}, Breaker: &policy.Breaker{}, Limiter: &policy.Limiter{},
-			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0, false},
+			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0, nil},
 		{"retry+observer", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}},
-			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0, false},
-		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2, false},
-		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1, false},
-		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2, false},
+			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0, nil},
+		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2, nil},
+		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1, nil},
+		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2, nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
-			if bc.ctx {
-				req = req.WithContext(ctx)
+			if bc.ctx != nil {
+				req = req.WithContext(bc.ctx)
 			}
 			body := new(rewound)
 			if bc.put > 0 {
