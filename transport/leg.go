@@ -25,7 +25,8 @@ type leg struct {
 	req  *http.Request
 	// own holds req when req is the leg's own shallow copy, and the body
 	// wrapper its response will need, in one allocation; nil when req is
-	// the caller's or a hedge leg's deep copy.
+	// the caller's, a hedge leg's deep copy, or a copy whose response needs
+	// no wrapper (only its body is replayed).
 	own *ownRequest
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
@@ -95,6 +96,11 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	switch {
 	case kind == policy.AttemptHedge:
 		l.req = c.req.Clone(l.ctx)
+		l.req.Body = body
+	case l.cancel == nil && !l.bulkhead && l.own == nil && body != c.req.Body:
+		// Only the body changes (a replayed one), and the response will
+		// need no wrapper: a plain copy.
+		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
 	case l.ctx != c.ctx || body != c.req.Body:
 		if l.own == nil {
