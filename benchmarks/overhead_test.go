@@ -6,8 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failsafe-go/failsafe-go"
+	"github.com/failsafe-go/failsafe-go/adaptivelimiter"
+	"github.com/failsafe-go/failsafe-go/adaptivethrottler"
+	"github.com/failsafe-go/failsafe-go/bulkhead"
+	"github.com/failsafe-go/failsafe-go/circuitbreaker"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
 	"github.com/failsafe-go/failsafe-go/hedgepolicy"
+	"github.com/failsafe-go/failsafe-go/ratelimiter"
+	"github.com/failsafe-go/failsafe-go/timeout"
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/resilix/resilix/policy"
@@ -63,6 +70,21 @@ func BenchmarkSuccessOverhead(b *testing.B) {
 		{name: "failsafe/retry+hedge-fixed", new: func(_ *testing.B, base *okBase) http.RoundTripper {
 			return failsafehttp.NewRoundTripper(base, failsafeRetry(false), hedgepolicy.NewWithDelay[*http.Response](10*time.Millisecond))
 		}},
+		{name: "resilix/retry+breaker+timeout", new: func(b *testing.B, base *okBase) http.RoundTripper {
+			set := resilixRetry()
+			set.Breaker, set.Timeout = &policy.Breaker{}, &policy.Timeout{PerAttempt: time.Second}
+			return mustResilix(b, base, set)
+		}},
+		{name: "failsafe/retry+breaker+timeout", new: func(_ *testing.B, base *okBase) http.RoundTripper {
+			return failsafehttp.NewRoundTripper(base, failsafeRetry(false),
+				circuitbreaker.NewWithDefaults[*http.Response](), timeout.New[*http.Response](time.Second))
+		}},
+		{name: "resilix/all", learn: true, new: func(b *testing.B, base *okBase) http.RoundTripper {
+			return mustResilix(b, base, resilixAll())
+		}},
+		{name: "failsafe/all", new: func(_ *testing.B, base *okBase) http.RoundTripper {
+			return failsafehttp.NewRoundTripper(base, failsafeAll()...)
+		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			base := &okBase{}
@@ -94,6 +116,37 @@ func roundTrip(b *testing.B, rt http.RoundTripper, req *http.Request) {
 		b.Fatal(err)
 	}
 	resp.Body.Close()
+}
+
+// resilixAll is every resilix policy on, none in the way of a healthy
+// upstream: the overhead of the whole chain when nothing fires.
+func resilixAll() policy.Set {
+	set := resilixRetry()
+	set.Hedge = &policy.Hedge{Quantile: 0.95}
+	set.Throttler = &policy.Throttler{}
+	set.Breaker = &policy.Breaker{}
+	set.Limiter = &policy.Limiter{}
+	set.Bulkhead = &policy.Bulkhead{MaxConcurrent: 100}
+	set.RateLimit = &policy.RateLimit{PerSecond: 1e9}
+	set.Timeout = &policy.Timeout{PerAttempt: time.Second}
+	return set
+}
+
+// failsafeAll is failsafe-go's nearest equivalent, outermost first: the
+// same retry, a hedge after a fixed 10 ms, its adaptive throttler, circuit
+// breaker, adaptive limiter, a bulkhead of 100, a rate limiter of 1e9 a
+// second and a 1 s timeout, each with its defaults.
+func failsafeAll() []failsafe.Policy[*http.Response] {
+	return []failsafe.Policy[*http.Response]{
+		failsafeRetry(false),
+		hedgepolicy.NewWithDelay[*http.Response](10 * time.Millisecond),
+		adaptivethrottler.NewWithDefaults[*http.Response](),
+		circuitbreaker.NewWithDefaults[*http.Response](),
+		adaptivelimiter.NewWithDefaults[*http.Response](),
+		bulkhead.New[*http.Response](100),
+		ratelimiter.NewBursty[*http.Response](1e9, time.Second),
+		timeout.New[*http.Response](time.Second),
+	}
 }
 
 // clientRT makes an http.Client a RoundTripper, to price the http.Client

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -347,4 +348,100 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 	}
 	wg.Wait()
 	return loopResult{ok: ok.Load(), refused: refused.Load(), other: other.Load(), elapsed: time.Since(start)}
+}
+
+// BenchmarkThroughput is what resilix costs in calls a second on loopback:
+// a handler that answers at once, 16 closed-loop callers, bare net/http
+// against resilix with one policy on, or every policy, each client over
+// its own *http.Transport to the same server. The two alternate in
+// segments of 50 ms (bare, resilix, resilix, bare, ...), twenty of each
+// per iteration, so that whatever else loads the machine loads both alike.
+// It reports both throughputs and their ratio, the wire calls beyond one a
+// call (hedges and retries), and the connections each client dialled per
+// thousand calls; and logs the same as a table row:
+//
+//	go test -run '^$' -bench Throughput -count 10 ./transport
+func BenchmarkThroughput(b *testing.B) {
+	const (
+		callers  = 16
+		segment  = 50 * time.Millisecond
+		segments = 20 // of each client per iteration
+	)
+	for _, pc := range []struct {
+		name string
+		set  policy.Set
+	}{
+		{"none", policy.Set{}},
+		{"Retry", policy.Set{Retry: &policy.Retry{}}},
+		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}},
+		{"Throttler", policy.Set{Throttler: &policy.Throttler{}}},
+		{"Breaker", policy.Set{Breaker: &policy.Breaker{}}},
+		{"Limiter", policy.Set{Limiter: &policy.Limiter{}}},
+		{"Bulkhead", policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 4 * callers}}},
+		{"RateLimit", policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1e9}}},
+		{"Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}},
+		{"all", fullSet()},
+	} {
+		b.Run(pc.name, func(b *testing.B) {
+			var served atomic.Int64
+			up := httptestutil.NewUpstream(httptestutil.Options{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				served.Add(1)
+				up.ServeHTTP(w, r)
+			}))
+			defer srv.Close()
+			var bareDials, dials atomic.Int64
+			bareBase, base := dialCounting(2*callers, &bareDials), dialCounting(2*callers, &dials)
+			defer bareBase.CloseIdleConnections()
+			defer base.CloseIdleConnections()
+			tr := mustNew(b, Config{Base: base, Policies: pc.set})
+			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
+			closedLoop(bare, srv.URL, callers, 3*segment, 0) // warm up both, and teach resilix the latency
+			closedLoop(res, srv.URL, callers, 3*segment, 0)
+			for b.Loop() {
+				var bareRun, resRun loopResult
+				var bareWire, resWire int64
+				bareDials.Store(0)
+				dials.Store(0)
+				for i := range 2 * segments {
+					before := served.Load()
+					if (i%2 == 0) == (i/2%2 == 0) {
+						bareRun.add(closedLoop(bare, srv.URL, callers, segment, 0))
+						bareWire += served.Load() - before
+					} else {
+						resRun.add(closedLoop(res, srv.URL, callers, segment, 0))
+						resWire += served.Load() - before
+					}
+				}
+				ratio := resRun.rate() / bareRun.rate()
+				extra := 100 * (float64(resWire)/float64(max(resRun.ok, 1)) - 1)
+				perK := func(n int64, calls int64) float64 { return 1000 * float64(n) / float64(max(calls, 1)) }
+				b.ReportMetric(bareRun.rate(), "bare-req/s")
+				b.ReportMetric(resRun.rate(), "resilix-req/s")
+				b.ReportMetric(ratio, "ratio")
+				b.ReportMetric(extra, "extra-%")
+				b.ReportMetric(perK(bareDials.Load(), bareWire), "bare-dials/k")
+				b.ReportMetric(perK(dials.Load(), resWire), "resilix-dials/k")
+				b.ReportMetric(0, "ns/op")
+				b.Logf("| %s | %.1fk req/s | %.1fk req/s (%.3f×) | %+.2f%% | %.2f / %.2f dials per 1000 calls |", pc.name,
+					bareRun.rate()/1000, resRun.rate()/1000, ratio, extra, perK(bareDials.Load(), bareWire), perK(dials.Load(), resWire))
+				if bareRun.other+resRun.other+resRun.refused > 0 {
+					b.Errorf("%d bare and %d resilix calls failed, %d refused", bareRun.other, resRun.other, resRun.refused)
+				}
+			}
+		})
+	}
+}
+
+// dialCounting is a connection pool of at most idle idle connections a
+// host that counts the connections it dials in n.
+func dialCounting(idle int, n *atomic.Int64) *http.Transport {
+	d := &net.Dialer{}
+	return &http.Transport{
+		MaxIdleConnsPerHost: idle,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			n.Add(1)
+			return d.DialContext(ctx, network, addr)
+		},
+	}
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -48,30 +49,49 @@ func (*rewound) Close() error { return nil }
 // fake base, so that only resilix's own cost is on the clock. The PUT
 // cases send a 1 KiB body, with GetBody (never called on success) or
 // without, when the replay buffer keeps a copy as the base reads it.
+// "full" is every policy on with nothing firing: the hedge armed on every
+// call (its threshold learned at 10ms) and never due, every gate passing.
+// The "/caller-ctx" cases call with a cancellable context, as a server's
+// request does, rather than Background; "/caller-deadline" with a deadline
+// that comes before PerAttempt would.
 func BenchmarkRoundTrip(b *testing.B) {
 	timeout := &policy.Timeout{PerAttempt: time.Second}
 	payload := bytes.Repeat([]byte("x"), 1<<10)
+	cancellable, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deadline, cancelDeadline := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelDeadline()
+	hour := &policy.Timeout{PerAttempt: 2 * time.Hour}
 	for _, bc := range []struct {
 		name string
 		rt   http.RoundTripper
-		put  int // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
+		put  int             // 0: a GET without body; 1: a PUT with GetBody; 2: a PUT without
+		ctx  context.Context // the caller's; nil: Background
 	}{
-		{"hedge-idle", idleHedge(b), 0},
-		{"base", okBase{}, 0},
-		{"bare", mustNew(b, Config{Base: okBase{}}), 0},
-		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0},
-		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0},
+		{"hedge-idle", idleHedge(b, policy.Set{Hedge: &policy.Hedge{}}), 0, nil},
+		{"full", idleHedge(b, fullSet()), 0, nil},
+		{"full/caller-ctx", idleHedge(b, fullSet()), 0, cancellable},
+		{"base", okBase{}, 0, nil},
+		{"bare", mustNew(b, Config{Base: okBase{}}), 0, nil},
+		{"retry", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}}}), 0, nil},
+		{"retry+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Timeout: timeout}}), 0, nil},
+		{"retry+breaker+timeout", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, nil},
+		{"retry+breaker+timeout/caller-ctx", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}}), 0, cancellable},
+		{"retry+breaker+timeout/caller-deadline", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: hour}}), 0, deadline},
 		{"gates", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{},
 			Throttler: &policy.Throttler{}, Breaker: &policy.Breaker{}, Limiter: &policy.Limiter{},
-			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0},
+			Bulkhead: &policy.Bulkhead{MaxConcurrent: 100}, RateLimit: &policy.RateLimit{PerSecond: 1e9}}}), 0, nil},
 		{"retry+observer", mustNew(b, Config{Base: okBase{}, Policies: policy.Set{Retry: &policy.Retry{}},
-			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0},
-		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2},
-		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1},
-		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2},
+			Observer: &policy.Observer{CallDone: func(policy.CallInfo) {}, AttemptDone: func(policy.AttemptInfo) {}}}), 0, nil},
+		{"base-put-1KiB", &drainBase{buf: make([]byte, 512)}, 2, nil},
+		{"retry-put-1KiB-getbody", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 1, nil},
+		{"retry-put-1KiB-replay", mustNew(b, Config{Base: &drainBase{buf: make([]byte, 512)}, Policies: policy.Set{Retry: &policy.Retry{}}}), 2, nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+			if bc.ctx != nil {
+				req = req.WithContext(bc.ctx)
+			}
 			body := new(rewound)
 			if bc.put > 0 {
 				req.Method, req.Body, req.ContentLength = http.MethodPut, body, int64(len(payload))
@@ -80,6 +100,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload)), nil }
 			}
 			b.ReportAllocs()
+			cpu := cpuTime()
 			for b.Loop() {
 				body.Reset(payload)
 				resp, err := bc.rt.RoundTrip(req)
@@ -88,14 +109,31 @@ func BenchmarkRoundTrip(b *testing.B) {
 				}
 				resp.Body.Close()
 			}
+			reportCPU(b, cpu, b.N)
 		})
 	}
 }
 
-// idleHedge returns a hedging transport whose threshold has been learned at
-// 10ms over a base that now answers at once: every call arms the hedge
-// timer and none fires. It is the cost of hedging when it does not hedge.
-func idleHedge(b *testing.B) *Transport {
+// fullSet is every policy on, none of them in the way of a healthy
+// upstream.
+func fullSet() policy.Set {
+	return policy.Set{
+		Retry:     &policy.Retry{},
+		Hedge:     &policy.Hedge{},
+		Throttler: &policy.Throttler{},
+		Breaker:   &policy.Breaker{},
+		Limiter:   &policy.Limiter{},
+		Bulkhead:  &policy.Bulkhead{MaxConcurrent: 100},
+		RateLimit: &policy.RateLimit{PerSecond: 1e9},
+		Timeout:   &policy.Timeout{PerAttempt: time.Second},
+	}
+}
+
+// idleHedge returns a transport with set, which hedges, whose threshold
+// has been learned at 10ms over a base that now answers at once: every
+// call arms the hedge timer and none fires. It is the cost of hedging
+// when it does not hedge.
+func idleHedge(b testing.TB, set policy.Set) *Transport {
 	var warm atomic.Int32
 	base := fakeRT(func(r *http.Request) (*http.Response, error) {
 		if warm.Add(1) <= 30 {
@@ -103,7 +141,7 @@ func idleHedge(b *testing.B) *Transport {
 		}
 		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
 	})
-	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+	tr := mustNew(b, Config{Base: base, Policies: set})
 	req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
 	for range 30 {
 		resp, err := tr.RoundTrip(req)
@@ -116,6 +154,15 @@ func idleHedge(b *testing.B) *Transport {
 		b.Fatal("the hedge threshold was not learned")
 	}
 	return tr
+}
+
+// reportCPU reports the process's CPU time since start (see cpuTime) per
+// call, as cpu-ns/op, when it can be read.
+func reportCPU(b *testing.B, start time.Duration, calls int) {
+	if start == 0 || calls == 0 {
+		return
+	}
+	b.ReportMetric(float64(cpuTime()-start)/float64(calls), "cpu-ns/op")
 }
 
 // BenchmarkRoundTripParallel is the retry chain under contention on one key.

@@ -247,9 +247,9 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 // of it that keeps a copy); later ones a replayed body.
 func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
 	if threshold, wait, ok := c.hedgeAfter(now); ok {
-		return c.hedged(l, kind, body, threshold, wait)
+		return c.hedged(l, kind, body, now, threshold, wait)
 	}
-	c.prepare(l, kind, body, false)
+	c.prepare(l, kind, body, false, now)
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
 	c.attemptDone(l)

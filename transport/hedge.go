@@ -37,8 +37,9 @@ type round struct {
 	threshold time.Duration
 	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller
 
-	first  leg     // the inline leg, legs[0]
-	legBuf [3]*leg // legs' storage for the default MaxConcurrent
+	first  leg        // the inline leg, legs[0]
+	own    ownRequest // the inline leg's request copy and body wrapper
+	legBuf [3]*leg    // legs' storage for the default MaxConcurrent
 
 	mu      sync.Mutex
 	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
@@ -50,7 +51,14 @@ type round struct {
 	failed  *leg // the last leg that failed; earlier ones are discarded
 	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
 	decided bool // a winner, a panic, or the caller abandoned the round
+	// timer is the round's one timer: it fires for the next hedge, due,
+	// and for the inline leg's per-attempt timeout, expires, whichever
+	// comes first (a zero time is none); expired says that it cancelled
+	// the inline leg before its headers came.
 	timer   *time.Timer
+	due     time.Time
+	expires time.Time
+	expired bool
 }
 
 // hedgeAfter reports whether this round hedges and, if so, the threshold
@@ -76,17 +84,18 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 }
 
 // hedged runs a round whose first leg has passed the admission gates.
-func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, threshold, wait time.Duration) (*http.Response, error) {
+func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
 	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
 	r.cond.L = &r.mu
 	l := &r.first
-	l.round = r
-	r.c.prepare(l, kind, body, true)
+	l.round, l.own = r, &r.own
+	r.c.prepare(l, kind, body, true, now)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
-	r.timer = time.AfterFunc(wait, r.fire)
+	r.due = now.Add(wait)
+	r.timer = time.AfterFunc(r.nextLocked().Sub(now), r.fire)
 	r.mu.Unlock()
 
 	done := false
@@ -105,10 +114,66 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, t
 	return resp, err
 }
 
-// fire runs on the timer's goroutine: it asks the hedging gates in order
-// and, if all pass, sends one more leg. A panic here (GetBody, an
-// observer) would kill the process: it is handed to the caller instead.
+// nextLocked returns when the round's timer is next needed: the earlier
+// of the next hedge and the inline leg's expiry, or the zero time when
+// neither is pending. r.mu is held.
+func (r *round) nextLocked() time.Time {
+	if r.expires.IsZero() || !r.due.IsZero() && r.due.Before(r.expires) {
+		return r.due
+	}
+	return r.expires
+}
+
+// armLocked sets the round's timer for what is next pending, as of now,
+// unless the round is over. r.mu is held.
+func (r *round) armLocked(now time.Time) {
+	if next := r.nextLocked(); !next.IsZero() && !r.over {
+		r.timer.Reset(next.Sub(now))
+	}
+}
+
+// headers stops the inline leg's per-attempt timeout as its headers come
+// back, and reports whether the timer had already fired for it.
+func (r *round) headers() (expired bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expires = time.Time{}
+	return r.expired
+}
+
+// fire runs on the round's timer. It cancels the inline leg if its
+// per-attempt timeout has come, and sends a hedge if one is due (see
+// hedge), re-arming the timer for what is left.
 func (r *round) fire() {
+	now := time.Now()
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return
+	}
+	expire := !r.expires.IsZero() && !now.Before(r.expires)
+	if expire {
+		r.expires, r.expired = time.Time{}, true
+	}
+	due := !r.due.IsZero() && !now.Before(r.due)
+	if due {
+		r.due = time.Time{} // the hedge sets the next one, if it starts
+	}
+	r.armLocked(now)
+	r.mu.Unlock()
+	if expire {
+		r.first.cancel(policy.ErrAttemptTimeout)
+	}
+	if due {
+		r.hedge(now)
+	}
+}
+
+// hedge runs on the round's timer when a hedge is due: it asks the hedging
+// gates in order and, if all pass, sends one more leg. A panic here
+// (GetBody, an observer) would kill the process: it is handed to the
+// caller instead.
+func (r *round) hedge(now time.Time) {
 	c := &r.c
 	firing := false
 	defer func() {
@@ -124,7 +189,6 @@ func (r *round) fire() {
 			r.abandon(newLegPanic(p))
 		}
 	}()
-	now := time.Now()
 	r.mu.Lock()
 	if r.over {
 		r.mu.Unlock()
@@ -166,13 +230,14 @@ func (r *round) fire() {
 	}
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
-	c.prepare(l, policy.AttemptHedge, body, true)
+	c.prepare(l, policy.AttemptHedge, body, true, now)
 	l.round = r
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
 	if r.live < r.max && c.wire < c.attempts {
-		r.timer.Reset(r.threshold)
+		r.due = now.Add(r.threshold)
+		r.armLocked(now)
 	}
 	r.mu.Unlock()
 
@@ -268,7 +333,6 @@ func (r *round) settle(l *leg) bool {
 // ends after the round was decided is thrown away.
 func (r *round) report(l *leg) {
 	c := &r.c
-	now := time.Now()
 	r.mu.Lock()
 	l.ended = true
 	r.live--
@@ -300,12 +364,17 @@ func (r *round) report(l *leg) {
 		return
 	}
 	r.winner = l
-	losers := r.decideLocked()
+	losers := r.decideLocked(true)
 	r.mu.Unlock()
 
+	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
+	var now time.Time // read only when something needs it
+	if len(losers) > 0 || won {
+		now = time.Now()
+	}
 	r.discard(losers, now)
 	c.attemptDone(l)
-	if l.kind == policy.AttemptHedge && l.outcome == policy.Success {
+	if won {
 		r.h.Won(now)
 		if o := c.t.obs; o != nil && o.HedgeWon != nil {
 			o.HedgeWon(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
@@ -315,24 +384,44 @@ func (r *round) report(l *leg) {
 
 // decideLocked marks the round decided: no more legs start, and every leg
 // still on the wire is lost. It returns the losers. r.mu is held.
-func (r *round) decideLocked() []*leg {
+//
+// With spare, a round won by a leg, a losing hedge leg is not cancelled at
+// once: over HTTP/1.1 a request cancelled in flight closes its connection,
+// so every hedge would cost a dial. It gets httpx.DrainTime to bring its
+// headers, and is then drained on its own goroutine like a superseded
+// response (see send); when its time runs out first, its grace timer
+// cancels it. (The round's threshold would be a tighter bound, but where
+// the latency is the client's own scheduling noise, as on loopback, it
+// cut a fifth of the losers short.) The inline leg, which the caller's
+// goroutine is waiting on, is cancelled at once (by discard), as is every
+// leg of an abandoned round.
+func (r *round) decideLocked(spare bool) []*leg {
+	if !r.over { // an over round's timer is stopped already
+		r.timer.Stop()
+	}
 	r.decided, r.over = true, true
-	r.timer.Stop()
 	var losers []*leg
 	for _, o := range r.legs {
 		if !o.ended && !o.settled {
 			o.lost = true
 			losers = append(losers, o)
+			if spare && o != &r.first {
+				cancel := o.cancel
+				o.grace = time.AfterFunc(httpx.DrainTime, func() { cancel(errDiscarded) })
+			}
 		}
 	}
 	return losers
 }
 
-// discard cancels the legs that lost and reports them, once, as discarded.
+// discard cancels the legs that lost, but those given a grace, and reports
+// them, once, as discarded.
 func (r *round) discard(losers []*leg, now time.Time) {
 	c := &r.c
 	for _, o := range losers {
-		o.cancel(errDiscarded)
+		if o.grace == nil {
+			o.cancel(errDiscarded)
+		}
 		elapsed := now.Sub(o.dispatch)
 		if elapsed >= r.threshold {
 			// A leg cut short in the tail took at least this long. Left
@@ -361,7 +450,7 @@ func (r *round) abandon(p any) {
 		return
 	}
 	r.panic = p
-	losers := r.decideLocked()
+	losers := r.decideLocked(false)
 	failed := r.failed
 	r.failed = nil
 	r.cond.Broadcast()

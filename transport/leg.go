@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -22,12 +23,21 @@ type leg struct {
 	kind policy.AttemptKind
 	why  policy.RetryReason // of a retry
 	req  *http.Request
+	// own holds req when req is the leg's own shallow copy, and the body
+	// wrapper its response will need, in one allocation; nil when req is
+	// the caller's, a hedge leg's deep copy, or a copy whose response needs
+	// no wrapper (only its body is replayed).
+	own *ownRequest
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
 	// is held when the attempt has a timeout or may be discarded.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	timer  *time.Timer // Timeout.PerAttempt, or the call's Override
+	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
+	// timeout the round's timer keeps (round.expires) instead of a timer
+	// of its own.
+	roundTimed bool
 
 	throttled bool // the throttler admitted it and awaits its outcome
 	bp        gate.BreakerPermit
@@ -51,6 +61,9 @@ type leg struct {
 	settled bool // answered before the round was decided: evidence
 	lost    bool // still on the wire when the round was decided: discarded
 	ended   bool // done with: reported, or gone in a panic
+	// grace, on a hedge leg that lost, cancels it when its time to bring
+	// its headers runs out (see round.decideLocked); set with lost.
+	grace *time.Timer
 }
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
@@ -61,35 +74,71 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // leg, which may still be running after the call is over, gets a deep copy
 // (Request.Clone), so that it never reads what the caller may reuse. The
 // caller's request is never modified. A leg that may be discarded always
-// gets a cancellable context.
-func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool) {
+// gets a cancellable context. admitted is the time its admission gates
+// read. A per-attempt timeout that could only fire after the caller's
+// deadline is not armed: the caller's context ends the attempt first.
+func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool, admitted time.Time) {
 	c.wire++
 	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
 	if kind == policy.AttemptRetry {
 		l.why = c.why
 	}
-	if d := c.timeout; d > 0 || discardable || c.s.chain.idle > 0 {
-		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
-		if d > 0 {
-			cancel := l.cancel
-			l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
+	d := c.timeout
+	if d > 0 {
+		if dl, ok := c.ctx.Deadline(); ok && dl.Before(admitted.Add(d)) {
+			d = 0 // the caller's deadline comes first: the attempt's timer could not fire
 		}
+	}
+	if d > 0 || discardable || c.s.chain.idle > 0 {
+		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 	}
 	l.req = c.req
 	switch {
 	case kind == policy.AttemptHedge:
 		l.req = c.req.Clone(l.ctx)
 		l.req.Body = body
-	case l.ctx != c.ctx || body != c.req.Body:
+	case l.cancel == nil && !l.bulkhead && l.own == nil && body != c.req.Body:
+		// Only the body changes (a replayed one), and the response will
+		// need no wrapper: a plain copy.
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
+	case l.ctx != c.ctx || body != c.req.Body:
+		if l.own == nil {
+			l.own = new(ownRequest)
+		}
+		l.own.req = *c.req.WithContext(l.ctx) // inlined: the copy is made in place
+		l.own.req.Body = body
+		l.req = &l.own.req
 	}
 	if c.s.chain.propagate {
 		c.stamp(l)
 	}
 	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
-		l.dispatch = time.Now()
+		l.dispatch = admitted
+		if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
+			// A gate may have made the leg wait, and a wait is not the
+			// dependency's latency. (Hedge legs never wait at a gate.)
+			l.dispatch = time.Now()
+		}
 	}
+	switch {
+	case d == 0:
+	case l.round != nil:
+		// The inline leg of a hedged round (a hedging chain is timed,
+		// so l.dispatch is set): the round's one timer keeps its time,
+		// with the hedges'.
+		l.round.expires, l.roundTimed = l.dispatch.Add(d), true
+	default:
+		cancel := l.cancel
+		l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
+	}
+}
+
+// mayQueue reports whether an admission gate may hold a leg for a while:
+// the limiter's queue, a bulkhead's or a rate limit's MaxWait, or a rate
+// limit's store. The throttler and the breaker answer at once.
+func (ch *chain) mayQueue() bool {
+	return ch.limiter != nil || ch.bulkhead != nil || ch.rateLimit != nil
 }
 
 // send makes the wire call and settles what it holds: the breaker learns
@@ -115,11 +164,18 @@ func (c *call) send(l *leg) {
 	}
 	resp, err = sane(resp, err)
 
+	fired := false // the attempt's timer fired before its headers came
+	switch {
+	case l.timer != nil:
+		fired = !l.timer.Stop()
+	case l.roundTimed:
+		fired = l.round.headers()
+	}
 	timedOut := false
-	if l.timer != nil && !l.timer.Stop() && c.ctx.Err() == nil &&
-		errors.Is(context.Cause(l.ctx), policy.ErrAttemptTimeout) {
+	if fired && c.ctx.Err() == nil {
 		// The attempt ran out of time. If headers raced the timer and
-		// lost, the context is already cancelled and the body would fail
+		// lost, the context is cancelled, or about to be (the timer's
+		// func runs on a goroutine of its own), and the body would fail
 		// mid-read: it is the timeout it looks like.
 		if resp != nil {
 			closeBody(resp.Body)
@@ -130,7 +186,12 @@ func (c *call) send(l *leg) {
 	}
 
 	if l.round != nil && !l.round.settle(l) {
-		if resp != nil {
+		// Lost. A hedge leg whose headers came within its grace has its
+		// body drained, here on its own goroutine, so that its
+		// connection is kept; any other answer is closed.
+		if l.grace != nil && l.grace.Stop() {
+			httpx.Drain(resp)
+		} else if resp != nil {
 			closeBody(resp.Body)
 		}
 		c.unadmit(l, now)
@@ -181,7 +242,13 @@ func (c *call) send(l *leg) {
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
-		r := &releaser{rc: resp.Body, cancel: l.cancel, bulkhead: bulkhead}
+		var r *releaser
+		if l.own != nil {
+			r = &l.own.body
+		} else {
+			r = new(releaser)
+		}
+		r.rc, r.cancel, r.bulkhead = resp.Body, l.cancel, bulkhead
 		// An upgraded stream may rightly be quiet; an empty body cannot
 		// stall.
 		if d := s.chain.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
@@ -218,6 +285,15 @@ func sane(resp *http.Response, err error) (*http.Response, error) {
 		resp.Body = http.NoBody
 	}
 	return resp, err
+}
+
+// ownRequest is a leg's shallow copy of the caller's request beside the
+// body wrapper of the response it gets, so that an attempt that needs both
+// allocates once. The wrapper, once in use, keeps the copy alive, as the
+// response's Request field does anyway.
+type ownRequest struct {
+	req  http.Request
+	body releaser
 }
 
 // releaser is a response body that releases what its attempt held, the

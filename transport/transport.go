@@ -26,7 +26,12 @@
 //   - Every response resilix throws away (a superseded retry, the loser of
 //     a hedge) is closed. A superseded one is drained first, in the
 //     background, at most 4 KiB for at most 100 ms, so that its connection
-//     can be reused without the caller ever waiting on it.
+//     can be reused without the caller ever waiting on it. A hedge leg
+//     that loses while still on the wire is cancelled, but not at once:
+//     over HTTP/1.1 a request cancelled in flight takes its connection
+//     with it, so it has 100 ms to bring its headers, and is then drained
+//     the same way. The leg the caller's own goroutine runs is cancelled
+//     at once when it loses.
 //   - A response is thrown away only once the attempt that supersedes it
 //     is on its way: when a retry cannot be sent (a gate refuses it, the
 //     budget is spent, the deadline is too close, Retry-After asks too
@@ -44,9 +49,10 @@
 //     RoundTripper that ignores cancellation cannot be hurried, and a call
 //     over it may outlive its deadline by as long as the base takes.
 //   - No goroutine outlives its call, however many legs a hedged round
-//     starts, except a bounded background drain (above) and a hedge leg
-//     that lost while inside a base that ignores cancellation, which ends
-//     when the base returns.
+//     starts, except a bounded background drain, a losing hedge leg for
+//     at most its time to bring its headers and its drain (above), and a
+//     hedge leg that lost while inside a base that ignores cancellation,
+//     which ends when the base returns.
 //   - A panic in the base releases everything the attempt held (permits,
 //     bulkhead slot, context) and reaches the caller: on a hedge leg's
 //     goroutine it is recovered, the round's other legs are cancelled and

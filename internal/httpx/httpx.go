@@ -68,6 +68,16 @@ func Discard(resp *http.Response) {
 	go drain(resp.Body)
 }
 
+// Drain is Discard on the calling goroutine: it returns once resp's body
+// has been drained (at most DrainLimit bytes, for at most DrainTime) and
+// closed.
+func Drain(resp *http.Response) {
+	if resp == nil || resp.Body == nil || resp.Body == http.NoBody {
+		return
+	}
+	drain(resp.Body)
+}
+
 func drain(b io.ReadCloser) {
 	stop := time.AfterFunc(DrainTime, func() { _ = b.Close() })
 	_, _ = io.CopyN(io.Discard, b, DrainLimit)

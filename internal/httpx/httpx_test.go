@@ -139,6 +139,32 @@ func TestDiscardIsBoundedInBytes(t *testing.T) {
 	})
 }
 
+// TestDrainIsBoundedAndReturnsClosed: Drain is Discard on its caller's
+// goroutine: it returns with the body closed, having read at most
+// DrainLimit bytes of a large one, and at most DrainTime of a stalled one.
+func TestDrainIsBoundedAndReturnsClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &countingBody{r: strings.NewReader(strings.Repeat("x", 1<<20))}
+		Drain(&http.Response{Body: b})
+		if b.read > DrainLimit || !b.closed {
+			t.Fatalf("read %d bytes (limit %d), closed=%v", b.read, DrainLimit, b.closed)
+		}
+		s := stalled{closed: make(chan struct{})}
+		start := time.Now()
+		Drain(&http.Response{Body: s})
+		if d := time.Since(start); d != DrainTime {
+			t.Fatalf("Drain returned after %v on a stalled body, want DrainTime", d)
+		}
+		select {
+		case <-s.closed:
+		default:
+			t.Fatal("the stalled body was not closed")
+		}
+		Drain(nil) // no panic
+		Drain(&http.Response{Body: http.NoBody})
+	})
+}
+
 // stalled is a body whose reads block until it is closed.
 type stalled struct{ closed chan struct{} }
 

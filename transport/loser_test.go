@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/policy"
+)
+
+// loserLeg is what a base saw of one wire call: its context, the body it
+// answered with, and whether that context had ended when the answer was
+// ready.
+type loserLeg struct {
+	ctx       context.Context
+	body      *eofBody
+	cancelled bool
+}
+
+// eofBody is a response body that records being read to its end and
+// being closed.
+type eofBody struct {
+	r      io.Reader
+	eof    atomic.Bool
+	closed atomic.Bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+func (b *eofBody) Close() error { b.closed.Store(true); return nil }
+
+// loserBase answers each wire call after the latency of its index (calls
+// from 0), unless its context ends first, recording each call.
+type loserBase struct {
+	latency func(i int) time.Duration
+	mu      sync.Mutex
+	legs    []*loserLeg
+}
+
+func (b *loserBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := &loserLeg{ctx: r.Context()}
+	b.mu.Lock()
+	i := len(b.legs)
+	b.legs = append(b.legs, rec)
+	b.mu.Unlock()
+	t := time.NewTimer(b.latency(i))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		b.mu.Lock()
+		rec.cancelled = true
+		b.mu.Unlock()
+		return nil, context.Cause(r.Context())
+	}
+	resp := respond(r, 200)
+	rec.body = &eofBody{r: strings.NewReader("answer")}
+	resp.Body = rec.body
+	return resp, nil
+}
+
+func (b *loserBase) leg(i int) *loserLeg {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.legs[i]
+}
+
+// TestHedgeLoserBringsItsHeadersWithinItsGrace: the inline leg answers
+// just after its hedge was sent and wins; the hedge, which would answer
+// 5ms later, is not cut off mid-flight: it gets DrainTime to bring its
+// headers, and its body is then read to its end
+// and closed, so that over HTTP/1.1 its connection is kept. The caller
+// does not wait for it.
+func TestHedgeLoserBringsItsHeadersWithinItsGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var th time.Duration
+		base := &loserBase{latency: func(i int) time.Duration {
+			switch {
+			case i < 20:
+				return 10 * time.Millisecond
+			case i == 20: // the inline leg of the call measured
+				return th + time.Millisecond
+			}
+			return 5 * time.Millisecond // its hedge
+		}}
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+		warm(t, tr, 20)
+		th = tr.Measured("up.test").HedgeThreshold
+		start := time.Now()
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != th+time.Millisecond {
+			t.Fatalf("the call took %v, want the inline leg's %v", d, th+time.Millisecond)
+		}
+		time.Sleep(httpx.DrainTime) // whatever the loser does, it is done by now
+		synctest.Wait()
+		synctest.Wait()
+		hedge := base.leg(21)
+		if hedge.cancelled {
+			t.Fatal("the losing hedge was cancelled before its headers, 4ms after it lost")
+		}
+		if !hedge.body.eof.Load() || !hedge.body.closed.Load() {
+			t.Fatalf("the losing hedge's body: read to its end %v, closed %v; want both", hedge.body.eof.Load(), hedge.body.closed.Load())
+		}
+		if !errors.Is(context.Cause(hedge.ctx), context.Canceled) {
+			t.Fatalf("the losing hedge's context: %v, want it released once its body was done", context.Cause(hedge.ctx))
+		}
+	})
+}
+
+// TestHedgeLoserIsCancelledAfterItsGrace: a losing hedge that would
+// answer long after the round was won is cancelled, as discarded, when
+// its grace runs out: DrainTime after the round was won.
+func TestHedgeLoserIsCancelledAfterItsGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var th time.Duration
+		base := &loserBase{latency: func(i int) time.Duration {
+			switch {
+			case i < 20:
+				return 10 * time.Millisecond
+			case i == 20:
+				return th + time.Millisecond
+			}
+			return time.Hour
+		}}
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+		warm(t, tr, 20)
+		th = tr.Measured("up.test").HedgeThreshold
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		won := time.Now()
+		synctest.Wait()
+		hedge := base.leg(21)
+		if hedge.ctx.Err() != nil {
+			t.Fatal("the losing hedge was cancelled before its grace ran out")
+		}
+		time.Sleep(httpx.DrainTime)
+		synctest.Wait()
+		if !errors.Is(context.Cause(hedge.ctx), errDiscarded) {
+			t.Fatalf("the losing hedge's context: %v, want it cancelled as discarded", context.Cause(hedge.ctx))
+		}
+		if d := time.Since(won); d != httpx.DrainTime {
+			t.Fatalf("cancelled %v after the round was won", d)
+		}
+	})
+}
+
+// TestLoopbackHedgeLosersKeepTheirConnections: over HTTP/1.1 a request
+// cancelled in flight takes its connection with it. Against a loopback
+// server whose every measured call is hedged, and whose hedge answers 2ms
+// after the first leg has won, the losing hedges bring their headers
+// within their grace and keep their connection: two connections in all,
+// not one more for each hedge.
+func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
+	const calls = 10
+	var (
+		inflight atomic.Int32
+		mu       sync.Mutex
+		firstOut = make(chan struct{})
+		measured atomic.Bool
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !measured.Load() {
+			time.Sleep(20 * time.Millisecond) // what the window learns
+			return
+		}
+		if inflight.Add(1) == 1 {
+			// The first leg: slow enough to be hedged.
+			time.Sleep(60 * time.Millisecond)
+			inflight.Add(-1)
+			mu.Lock()
+			close(firstOut)
+			firstOut = make(chan struct{})
+			mu.Unlock()
+			return
+		}
+		// The hedge: it answers just after the first leg did.
+		mu.Lock()
+		out := firstOut
+		mu.Unlock()
+		<-out
+		time.Sleep(2 * time.Millisecond)
+		inflight.Add(-1)
+	}))
+	defer srv.Close()
+	var dials atomic.Int64
+	base := dialCounting(4, &dials)
+	defer base.CloseIdleConnections()
+	var started, won atomic.Int64
+	obs := &policy.Observer{
+		HedgeStarted: func(policy.HedgeInfo) { started.Add(1) },
+		HedgeWon:     func(policy.HedgeInfo) { won.Add(1) },
+	}
+	set := policy.Set{Hedge: &policy.Hedge{MinSamples: 5}, Budget: policy.Budget{Ratio: -1}}
+	c := &http.Client{Transport: mustNew(t, Config{Base: base, Policies: set, Observer: obs})}
+	get := func() {
+		resp, err := c.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for range 5 {
+		get()
+	}
+	measured.Store(true)
+	for range calls {
+		get()
+		for inflight.Load() > 0 { // the loser's answer, on its way
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if s, w := started.Load(), won.Load(); s != calls || w != 0 {
+		t.Fatalf("%d hedges started, %d won; want %d, none", s, w, calls)
+	}
+	if n := dials.Load(); n > 3 {
+		t.Errorf("%d connections dialled for %d calls, each hedged by a loser that answered 2ms late", n, 5+calls)
+	}
+}
