@@ -24,16 +24,6 @@ type class struct {
 
 	mu  sync.Mutex
 	lat []time.Duration // of the calls answered 200
-	why map[string]int  // DEBUG
-}
-
-func (c *class) fail(d time.Duration, s string) {
-	c.mu.Lock()
-	if c.why == nil {
-		c.why = map[string]int{}
-	}
-	c.why[d.String()+" "+s]++
-	c.mu.Unlock()
 }
 
 func (c *class) availability() float64 {
