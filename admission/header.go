@@ -3,11 +3,11 @@ package admission
 import (
 	"fmt"
 	"math"
-	"net/textproto"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/shedding"
 )
 
@@ -87,17 +87,11 @@ func reported(v string) string {
 }
 
 // headerName validates a configured header name, def when empty, and
-// returns it in canonical form, so that the hot path can index r.Header
-// directly. The rule is transport.New's: a token of RFC 9110.
+// returns it in canonical form (httpx.HeaderName).
 func headerName(field, v, def string) (string, error) {
-	if v == "" {
-		v = def
+	name, ok := httpx.HeaderName(v, def)
+	if !ok {
+		return "", fmt.Errorf("admission: %s %q is not a valid header name", field, name)
 	}
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return "", fmt.Errorf("admission: %s %q is not a valid header name", field, v)
-		}
-	}
-	return textproto.CanonicalMIMEHeaderKey(v), nil
+	return name, nil
 }

@@ -167,7 +167,6 @@ import (
 	"maps"
 	"net/http"
 	"net/netip"
-	"net/textproto"
 	"net/url"
 	"slices"
 	"strconv"
@@ -178,6 +177,7 @@ import (
 
 	"github.com/hashicorp/go-cleanhttp"
 
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -619,19 +619,14 @@ func checkRequest(req *http.Request) (*http.Request, error) {
 	return req, nil
 }
 
-// headerName validates a configured header name and returns it in
-// canonical form, so that the hot path can index req.Header directly.
+// headerName validates a configured header name, def when empty, and
+// returns it in canonical form (httpx.HeaderName).
 func headerName(field, v, def string) (string, error) {
-	if v == "" {
-		v = def
+	name, ok := httpx.HeaderName(v, def)
+	if !ok {
+		return "", fmt.Errorf("transport: %s %q is not a valid header name", field, name)
 	}
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return "", fmt.Errorf("transport: %s %q is not a valid header name", field, v)
-		}
-	}
-	return textproto.CanonicalMIMEHeaderKey(v), nil
+	return name, nil
 }
 
 // CloseIdleConnections closes the idle connections of the base

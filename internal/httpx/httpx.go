@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -124,4 +125,21 @@ func Permanent(err error) bool {
 	)
 	return errors.As(err, &verify) || errors.As(err, &unknown) ||
 		errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// HeaderName returns the configured header name v, or def when v is
+// empty, in canonical form, so that a hot path can index a Header
+// directly; ok is false when the name is not a token of RFC 9110 and no
+// request could carry it.
+func HeaderName(v, def string) (name string, ok bool) {
+	if v == "" {
+		v = def
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return v, false
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(v), true
 }
