@@ -43,30 +43,40 @@ func reportLoad(b *testing.B, res httptestutil.LoadResult, wire int64) {
 }
 
 func hedgingClient(b *testing.B) *http.Client {
+	return hedgingClientWith(b, &policy.Hedge{Quantile: 0.95})
+}
+
+func hedgingClientWith(b *testing.B, h *policy.Hedge) *http.Client {
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}
 	b.Cleanup(base.CloseIdleConnections)
-	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{Quantile: 0.95}}})
+	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: h}})
 	return &http.Client{Transport: tr}
 }
 
 // BenchmarkHedgingBimodal: 97% of calls take 4ms, 3% take 150ms. Without
 // hedging p99 is the slow mode; hedging at p95 should cut it to about two
-// fast calls for about 5% more wire calls.
+// fast calls for about 5% more wire calls. With two legs a slow call whose
+// hedge is slow too (0.03 × 0.03 of calls, about 2 of the 2000) stays at
+// 150ms, and p99.9 is the second slowest call; "3-legs" lets a third leg
+// go one threshold after the second (MaxConcurrent 3, of Attempts 3).
 func BenchmarkHedgingBimodal(b *testing.B) {
-	for _, hedge := range []bool{false, true} {
-		name := "net-http"
-		if hedge {
-			name = "resilix-p95"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, hc := range []struct {
+		name  string
+		hedge *policy.Hedge // nil: plain net/http
+	}{
+		{"net-http", nil},
+		{"resilix-p95", &policy.Hedge{Quantile: 0.95}},
+		{"resilix-p95-3-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 3}},
+	} {
+		b.Run(hc.name, func(b *testing.B) {
 			up := httptestutil.NewUpstream(httptestutil.Options{
 				Latency: httptestutil.Bimodal(4*time.Millisecond, 150*time.Millisecond, 0.03),
 			})
 			srv := httptest.NewServer(up)
 			defer srv.Close()
 			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}}
-			if hedge {
-				c = hedgingClient(b)
+			if hc.hedge != nil {
+				c = hedgingClientWith(b, hc.hedge)
 				httptestutil.Load{Calls: 300, Workers: loadWorkers}.Run(c, srv.URL) // learn
 			}
 			defer c.CloseIdleConnections()
