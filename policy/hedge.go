@@ -124,7 +124,10 @@ const (
 	// HedgeValue: recent hedges rarely won and WinRate's allowance has
 	// no credit for this one.
 	HedgeValue
-	// HedgeBudget: the shared retry-and-hedge budget had no token.
+	// HedgeBudget: the shared retry-and-hedge budget had no token. The
+	// round asks again one threshold later (three times, then backing
+	// off), so a slow call may be refused more than once before it is
+	// hedged.
 	HedgeBudget
 	// HedgeRejected: an admission gate (breaker, bulkhead, rate limit, ...)
 	// refused the hedge leg.

@@ -43,37 +43,140 @@ func reportLoad(b *testing.B, res httptestutil.LoadResult, wire int64) {
 }
 
 func hedgingClient(b *testing.B) *http.Client {
+	return hedgingClientWith(b, &policy.Hedge{Quantile: 0.95})
+}
+
+func hedgingClientWith(b *testing.B, h *policy.Hedge) *http.Client {
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}
 	b.Cleanup(base.CloseIdleConnections)
-	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{Quantile: 0.95}}})
+	tr := mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: h}})
 	return &http.Client{Transport: tr}
+}
+
+// hedgeProbe watches a hedging transport's calls, to say where the tail's
+// milliseconds go: how late each hedge left after its threshold (the timer's
+// lateness, and the hedging gates' work), how many hedges the budget
+// refused, and, of the calls still slow after 100ms, how many were hedged
+// (the hedge drew the slow mode too) and how many were not.
+type hedgeProbe struct {
+	rt http.RoundTripper
+
+	mu                        sync.Mutex
+	late                      []time.Duration
+	refused                   int
+	slowHedged, slowNotHedged int
+}
+
+type probeKey struct{}
+
+type probeCall struct {
+	start  time.Time
+	hedged atomic.Bool
+}
+
+func (p *hedgeProbe) RoundTrip(r *http.Request) (*http.Response, error) {
+	pc := &probeCall{start: time.Now()}
+	resp, err := p.rt.RoundTrip(r.WithContext(context.WithValue(r.Context(), probeKey{}, pc)))
+	if time.Since(pc.start) > 100*time.Millisecond {
+		p.mu.Lock()
+		if pc.hedged.Load() {
+			p.slowHedged++
+		} else {
+			p.slowNotHedged++
+		}
+		p.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (p *hedgeProbe) observer() *policy.Observer {
+	return &policy.Observer{
+		HedgeStarted: func(h policy.HedgeInfo) {
+			if pc, ok := h.Context.Value(probeKey{}).(*probeCall); ok {
+				pc.hedged.Store(true)
+				p.mu.Lock()
+				p.late = append(p.late, time.Since(pc.start)-h.Threshold)
+				p.mu.Unlock()
+			}
+		},
+		HedgeSuppressed: func(s policy.HedgeSuppression) {
+			if s.Reason == policy.HedgeBudget {
+				p.mu.Lock()
+				p.refused++
+				p.mu.Unlock()
+			}
+		},
+	}
+}
+
+func (p *hedgeProbe) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.late, p.refused, p.slowHedged, p.slowNotHedged = nil, 0, 0, 0
+}
+
+// report reports what the probe saw, and the threshold tr holds for key.
+func (p *hedgeProbe) report(b *testing.B, tr *Transport, key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	slices.Sort(p.late)
+	if n := len(p.late); n > 0 {
+		b.ReportMetric(float64(p.late[n/2])/float64(time.Millisecond), "hedge-late-p50-ms")
+	}
+	b.ReportMetric(float64(tr.Measured(key).HedgeThreshold)/float64(time.Millisecond), "threshold-ms")
+	b.ReportMetric(float64(p.refused), "budget-refused")
+	b.ReportMetric(float64(p.slowHedged), "slow-twice")
+	b.ReportMetric(float64(p.slowNotHedged), "slow-unhedged")
 }
 
 // BenchmarkHedgingBimodal: 97% of calls take 4ms, 3% take 150ms. Without
 // hedging p99 is the slow mode; hedging at p95 should cut it to about two
-// fast calls for about 5% more wire calls.
+// fast calls for about 5% more wire calls. With two legs a slow call whose
+// hedge is slow too (0.03 × 0.03 of calls, about 2 of the 2000) stays at
+// 150ms, and p99.9 is the second slowest call; "3-legs" lets a third leg
+// go one threshold after the second (MaxConcurrent 3, of Attempts 3). The
+// hedging clients also report what hedgeProbe saw: the hedges' lateness,
+// the threshold, the budget's refusals, and why the calls still slow after
+// 100ms were.
 func BenchmarkHedgingBimodal(b *testing.B) {
-	for _, hedge := range []bool{false, true} {
-		name := "net-http"
-		if hedge {
-			name = "resilix-p95"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, hc := range []struct {
+		name  string
+		hedge *policy.Hedge // nil: plain net/http
+	}{
+		{"net-http", nil},
+		{"resilix-p95", &policy.Hedge{Quantile: 0.95}},
+		{"resilix-p95-3-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 3}},
+	} {
+		b.Run(hc.name, func(b *testing.B) {
 			up := httptestutil.NewUpstream(httptestutil.Options{
 				Latency: httptestutil.Bimodal(4*time.Millisecond, 150*time.Millisecond, 0.03),
 			})
 			srv := httptest.NewServer(up)
 			defer srv.Close()
-			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}}
-			if hedge {
-				c = hedgingClient(b)
+			base := &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}
+			defer base.CloseIdleConnections()
+			c := &http.Client{Transport: base}
+			var (
+				probe *hedgeProbe
+				tr    *Transport
+			)
+			if hc.hedge != nil {
+				probe = &hedgeProbe{}
+				tr = mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: hc.hedge}, Observer: probe.observer()})
+				probe.rt = tr
+				c = &http.Client{Transport: probe}
 				httptestutil.Load{Calls: 300, Workers: loadWorkers}.Run(c, srv.URL) // learn
 			}
-			defer c.CloseIdleConnections()
 			for b.Loop() {
 				up.ResetStats()
+				if probe != nil {
+					probe.reset()
+				}
 				res := httptestutil.Load{Calls: loadCalls, Workers: loadWorkers}.Run(c, srv.URL)
 				reportLoad(b, res, up.Stats().Requests)
+				if probe != nil {
+					probe.report(b, tr, strings.TrimPrefix(srv.URL, "http://"))
+				}
 			}
 		})
 	}
@@ -357,8 +460,10 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // segments of 50 ms (bare, resilix, resilix, bare, ...), twenty of each
 // per iteration, so that whatever else loads the machine loads both alike.
 // It reports both throughputs and their ratio, the wire calls beyond one a
-// call (hedges and retries), and the connections each client dialled per
-// thousand calls; and logs the same as a table row:
+// call (hedges and retries), the connections each client dialled per
+// thousand calls, and the process's CPU time per call during each client's
+// segments (client and server together; see cpuTime); and logs the same as
+// a table row:
 //
 //	go test -run '^$' -bench Throughput -count 10 ./transport
 func BenchmarkThroughput(b *testing.B) {
@@ -401,16 +506,19 @@ func BenchmarkThroughput(b *testing.B) {
 			for b.Loop() {
 				var bareRun, resRun loopResult
 				var bareWire, resWire int64
+				var bareCPU, resCPU time.Duration
 				bareDials.Store(0)
 				dials.Store(0)
 				for i := range 2 * segments {
-					before := served.Load()
+					before, cpu := served.Load(), cpuTime()
 					if (i%2 == 0) == (i/2%2 == 0) {
 						bareRun.add(closedLoop(bare, srv.URL, callers, segment, 0))
 						bareWire += served.Load() - before
+						bareCPU += cpuTime() - cpu
 					} else {
 						resRun.add(closedLoop(res, srv.URL, callers, segment, 0))
 						resWire += served.Load() - before
+						resCPU += cpuTime() - cpu
 					}
 				}
 				ratio := resRun.rate() / bareRun.rate()
@@ -422,6 +530,10 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(extra, "extra-%")
 				b.ReportMetric(perK(bareDials.Load(), bareWire), "bare-dials/k")
 				b.ReportMetric(perK(dials.Load(), resWire), "resilix-dials/k")
+				if bareCPU > 0 {
+					b.ReportMetric(float64(bareCPU.Microseconds())/float64(max(bareRun.ok, 1)), "bare-cpu-µs/call")
+					b.ReportMetric(float64(resCPU.Microseconds())/float64(max(resRun.ok, 1)), "resilix-cpu-µs/call")
+				}
 				b.ReportMetric(0, "ns/op")
 				b.Logf("| %s | %.1fk req/s | %.1fk req/s (%.3f×) | %+.2f%% | %.2f / %.2f dials per 1000 calls |", pc.name,
 					bareRun.rate()/1000, resRun.rate()/1000, ratio, extra, perK(bareDials.Load(), bareWire), perK(dials.Load(), resWire))

@@ -59,6 +59,7 @@ type round struct {
 	due     time.Time
 	expires time.Time
 	expired bool
+	refused int // hedges the budget refused in this round: later tries back off
 }
 
 // hedgeAfter reports whether this round hedges and, if so, the threshold
@@ -216,10 +217,25 @@ func (r *round) hedge(now time.Time) {
 	}
 
 	// The budget is charged last, under the round's lock, so that a token
-	// is spent only on a hedge that starts.
+	// is spent only on a hedge that starts. Hedges come due in bursts (a
+	// hiccup makes every call in flight cross the threshold at once) and
+	// a burst can empty the budget, which refills with traffic within a
+	// few thresholds; a call still on the wire one threshold later is very
+	// likely a slow one. So a round the budget refused asks again one
+	// threshold later, three times, then backing off (two, four, ...), so
+	// that the timer work of a round whose budget stays empty is bounded.
 	r.mu.Lock()
 	ended := r.over || r.live >= r.max || c.wire >= c.attempts
 	if ended || !c.s.budget.Withdraw(now) {
+		if !ended {
+			// Done deciding before the timer can fire again, so that
+			// the next fire's decision is the one the round waits for.
+			r.firing, firing = false, false
+			r.cond.Broadcast()
+			r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
+			r.refused++
+			r.armLocked(now)
+		}
 		r.mu.Unlock()
 		closeBody(body)
 		c.unadmit(l, now)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -234,4 +235,110 @@ func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 	if n := dials.Load(); n > 3 {
 		t.Errorf("%d connections dialled for %d calls, each hedged by a loser that answered 2ms late", n, 5+calls)
 	}
+}
+
+// TestHedgeRefusedByTheBudgetIsTriedAgain: the budget holds one token and
+// earns one every 10ms. Two slow calls come due at once; the first takes
+// the token, the second is refused. A refused hedge is not given up: the
+// round asks again one threshold later, and the second call is hedged once
+// the budget has earned a token.
+func TestHedgeRefusedByTheBudgetIsTriedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		base := fakeRT(func(r *http.Request) (*http.Response, error) {
+			d := 10 * time.Millisecond
+			if i := n.Add(1); i == 6 || i == 7 { // the two slow calls' first legs
+				d = time.Hour
+			}
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return respond(r, 200), nil
+		})
+		var ev hedgeEvents
+		set := policy.Set{
+			Hedge:  &policy.Hedge{MinSamples: 5},
+			Budget: policy.Budget{Max: 1, Ratio: 1e-9, MinPerSecond: 100},
+		}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 5)
+		th := tr.Measured("up.test").HedgeThreshold
+		time.Sleep(time.Second) // the budget is full: one token
+		var wg sync.WaitGroup
+		took := make([]time.Duration, 2)
+		for i := range took {
+			wg.Go(func() {
+				start := time.Now()
+				if _, err := do(t, t.Context(), tr); err != nil {
+					t.Error(err)
+				}
+				took[i] = time.Since(start)
+			})
+		}
+		wg.Wait()
+		if r := ev.reason(policy.HedgeBudget); r != 1 {
+			t.Errorf("the budget refused %d hedges, want 1: the second call's first try", r)
+		}
+		// The first call's hedge, at th, answers 10ms later; the second's
+		// is refused at th and sent at 2th, when the budget holds a token
+		// again.
+		slices.Sort(took)
+		if want := []time.Duration{th + 10*time.Millisecond, 2*th + 10*time.Millisecond}; !slices.Equal(took, want) {
+			t.Errorf("the calls took %v, want %v", took, want)
+		}
+	})
+}
+
+// TestHedgeRefusedByAnEmptyBudgetBacksOff: a budget that never refills.
+// A slow call's round asks again one threshold after each refusal, three
+// times, then backing off: refused at 1, 2, 3, 4, 6, 10 and 18 thresholds
+// into a call whose first leg answers at 20.
+func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		var th time.Duration
+		base := fakeRT(func(r *http.Request) (*http.Response, error) {
+			d := 10 * time.Millisecond
+			switch n.Add(1) {
+			case 6: // a slow call, whose hedge takes the budget's one token
+				d = time.Hour
+			case 8: // the slow call measured
+				d = 20 * th
+			}
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return respond(r, 200), nil
+		})
+		var ev hedgeEvents
+		set := policy.Set{
+			Hedge:  &policy.Hedge{MinSamples: 5},
+			Budget: policy.Budget{Max: 1, Ratio: 1e-9, MinPerSecond: -1},
+		}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 5)
+		th = tr.Measured("up.test").HedgeThreshold
+		warm(t, tr, 1) // hedged: the budget is empty from now on
+		if s, _ := ev.counts(); s != 1 {
+			t.Fatalf("%d hedges, want the one that empties the budget", s)
+		}
+		start := time.Now()
+		if _, err := do(t, t.Context(), tr); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != 20*th {
+			t.Errorf("the call took %v, want its first leg's %v", d, 20*th)
+		}
+		if r := ev.reason(policy.HedgeBudget); r != 7 {
+			t.Errorf("the budget refused %d times, want 7 (at 1, 2, 3, 4, 6, 10 and 18 thresholds)", r)
+		}
+	})
 }
