@@ -22,16 +22,27 @@ type class struct {
 	calls atomic.Int64 // logical calls made
 	ok    atomic.Int64 // answered 200 before their deadline
 
+	// The same, of the calls made once the load had run for settle: after
+	// the limits had time to find the flood.
+	settledCalls atomic.Int64
+	settledOK    atomic.Int64
+
 	mu  sync.Mutex
 	lat []time.Duration // of the calls answered 200
 }
 
-func (c *class) availability() float64 {
-	n := c.calls.Load()
+func (c *class) availability() float64 { return ratio(c.ok.Load(), c.calls.Load()) }
+
+// settledAvailability is the availability of the calls made after settle.
+func (c *class) settledAvailability() float64 {
+	return ratio(c.settledOK.Load(), c.settledCalls.Load())
+}
+
+func ratio(ok, n int64) float64 {
 	if n == 0 {
 		return 0
 	}
-	return float64(c.ok.Load()) / float64(n)
+	return float64(ok) / float64(n)
 }
 
 // quantile returns the q-quantile of the latencies of the calls answered.
@@ -60,6 +71,9 @@ type load struct {
 	// tries is how many times one logical call is sent: the naive retry
 	// loop of the plain mode, or 1 when the client is a resilix transport.
 	tries int
+	// settle is how long the load runs before its calls also count as
+	// settled (see class).
+	settle time.Duration
 }
 
 // run makes the calls and returns when every call has ended.
@@ -77,7 +91,8 @@ func (l *load) run() {
 				if rng.Float64() < l.tight {
 					d = l.tightDeadline
 				}
-				wg.Go(func() { l.call(c, d) })
+				settled := l.settle > 0 && at >= l.settle
+				wg.Go(func() { l.call(c, d, settled) })
 			}
 		}
 		time.Sleep(time.Until(start.Add(at + tick)))
@@ -85,8 +100,11 @@ func (l *load) run() {
 	wg.Wait()
 }
 
-func (l *load) call(c *class, d time.Duration) {
+func (l *load) call(c *class, d time.Duration, settled bool) {
 	c.calls.Add(1)
+	if settled {
+		c.settledCalls.Add(1)
+	}
 	start := time.Now()
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(d))
 	defer cancel()
@@ -111,6 +129,9 @@ func (l *load) call(c *class, d time.Duration) {
 		resp.Body.Close()
 		if err == nil && resp.StatusCode == http.StatusOK && ctx.Err() == nil {
 			c.ok.Add(1)
+			if settled {
+				c.settledOK.Add(1)
+			}
 			c.mu.Lock()
 			c.lat = append(c.lat, time.Since(start))
 			c.mu.Unlock()

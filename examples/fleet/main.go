@@ -50,6 +50,7 @@ const (
 	tightShare    = 0.2
 	tightDeadline = 100 * time.Millisecond
 	warmup        = time.Second
+	settle        = time.Second  // how long the limits take to find the flood
 	outageRate    = capacity / 2 // of each class
 )
 

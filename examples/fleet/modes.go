@@ -53,7 +53,7 @@ func measure(n network, m fleetMode, sz size) (result, error) {
 	(&load{
 		client: f.client, url: front.url, classes: []*class{r.critical, r.bulk},
 		dur: sz.overload, deadline: deadline, tight: tightShare, tightDeadline: tightDeadline,
-		tries: f.tries,
+		tries: f.tries, settle: settle,
 	}).run()
 	r.started, r.wasted = b.started.Load(), b.wasted.Load()
 	r.frontCalls, r.backCalls = front.calls.Load(), back.calls.Load()
