@@ -250,14 +250,7 @@ func TestHedgeRefusedByTheBudgetIsTriedAgain(t *testing.T) {
 			if i := n.Add(1); i == 6 || i == 7 { // the two slow calls' first legs
 				d = time.Hour
 			}
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-r.Context().Done():
-				return nil, r.Context().Err()
-			}
-			return respond(r, 200), nil
+			return respondAfter(r, d)
 		})
 		var ev hedgeEvents
 		set := policy.Set{
@@ -309,14 +302,7 @@ func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
 			case 8: // the slow call measured
 				d = 20 * th
 			}
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-r.Context().Done():
-				return nil, r.Context().Err()
-			}
-			return respond(r, 200), nil
+			return respondAfter(r, d)
 		})
 		var ev hedgeEvents
 		set := policy.Set{

@@ -323,14 +323,7 @@ func (b *legBase) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	b.bodies[i] = got
 	b.mu.Unlock()
-	t := time.NewTimer(b.latency(i))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return respond(r, 200), nil
-	case <-r.Context().Done():
-		return nil, r.Context().Err()
-	}
+	return respondAfter(r, b.latency(i))
 }
 
 // hedgedPut warms a hedging transport over base with 30 GETs of 10ms, then

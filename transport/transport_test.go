@@ -42,6 +42,20 @@ type body struct {
 
 func (b *body) Close() error { b.closed.Store(true); return nil }
 
+// respondAfter answers r with a 200 after d, or with its context's error
+// when the context ends first, as a base whose server stops work for a
+// cancelled request.
+func respondAfter(r *http.Request, d time.Duration) (*http.Response, error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return respond(r, 200), nil
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+}
+
 func respond(r *http.Request, code int, header ...string) *http.Response {
 	h := http.Header{}
 	for i := 0; i+1 < len(header); i += 2 {
