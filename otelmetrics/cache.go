@@ -20,6 +20,7 @@ const (
 	attrGate     = attribute.Key("gate")
 	attrPriority = attribute.Key("priority")
 	attrStatus   = attribute.Key("http.response.status_code")
+	attrHeader   = attribute.Key("http.header")
 )
 
 // maxCachedKeys bounds the keys whose attribute sets are cached; the
@@ -88,7 +89,14 @@ type entry struct {
 	skips    [numSkips]atomic.Pointer[attrs]
 	skipGate [numGates]atomic.Pointer[attrs] // the skips with reason gate, by gate
 
-	pushbacks [2]atomic.Pointer[attrs] // by status: 429, 503
+	pushbacks [2]atomic.Pointer[attrs]    // by status: 429, 503
+	malformed atomic.Pointer[headerAttrs] // the header last found malformed
+}
+
+// headerAttrs is the attribute set of one header name.
+type headerAttrs struct {
+	name string
+	*attrs
 }
 
 func newEntry(key string) *entry {
@@ -176,6 +184,18 @@ func (e *entry) pushback(status int) *attrs {
 		return a
 	}
 	return fill(p, e.key, attrStatus.Int(status))
+}
+
+// malformedHeader returns the attributes of a malformed header named h. A
+// key reads a handful of headers at most; the last one is kept, which is
+// all a stream of the same malformed header needs.
+func (e *entry) malformedHeader(h string) *attrs {
+	if a := e.malformed.Load(); a != nil && a.name == h {
+		return a.attrs
+	}
+	a := &headerAttrs{h, newAttrs(e.key, attrHeader.String(h))}
+	e.malformed.Store(a)
+	return a.attrs
 }
 
 // priority is what this package needs of shedding.Priority, which it

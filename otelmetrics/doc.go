@@ -20,19 +20,21 @@
 // (the request's canonical authority, lower case and without the
 // scheme's default port, unless transport.Config.Key says otherwise).
 //
-//	name                    kind                  unit       attributes
-//	resilix.calls           int64 counter         {call}     key, outcome
-//	resilix.attempts        int64 counter         {attempt}  key, kind, outcome
-//	resilix.hedges          int64 counter         {hedge}    key, outcome, reason
-//	resilix.shed            int64 counter         {attempt}  key, gate, priority
-//	resilix.retries.skipped int64 counter         {retry}    key, reason, gate
-//	resilix.pushbacks       int64 counter         {response} key, http.response.status_code
-//	resilix.call.duration   float64 histogram     s          key, outcome
-//	resilix.hedge.threshold float64 histogram     s          key
-//	resilix.breaker.state   int64 gauge (async)   {state}    key
-//	resilix.limiter.limit   int64 gauge (async)   {request}  key
-//	resilix.budget.balance  float64 gauge (async) {token}    key
-//	resilix.rate_limit.store int64 gauge (async)  {state}    key
+//	name                      kind                  unit       attributes
+//	resilix.calls             int64 counter         {call}     key, outcome
+//	resilix.attempts          int64 counter         {attempt}  key, kind, outcome
+//	resilix.hedges            int64 counter         {hedge}    key, outcome, reason
+//	resilix.shed              int64 counter         {attempt}  key, gate, priority
+//	resilix.retries.skipped   int64 counter         {retry}    key, reason, gate
+//	resilix.pushbacks         int64 counter         {response} key, http.response.status_code
+//	resilix.headers.malformed int64 counter         {header}   key, http.header
+//	resilix.call.duration     float64 histogram     s          key, outcome
+//	resilix.hedge.threshold   float64 histogram     s          key
+//	resilix.breaker.state     int64 gauge (async)   {state}    key
+//	resilix.limiter.limit     int64 gauge (async)   {request}  key
+//	resilix.budget.balance    float64 gauge (async) {token}    key
+//	resilix.rate_limit.store  int64 gauge (async)   {state}    key
+//	resilix.repeats.sent_once int64 counter (async) {call}     key
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -67,7 +69,19 @@
 //     each answer whose Retry-After armed or extended the throttler's
 //     pushback (policy.Observer.Pushback). 429 paces the key's Bulk and
 //     BestEffort calls, 503 stops them; the calls it holds back are
-//     counted in resilix.shed with gate throttler.
+//     counted in resilix.shed with gate throttler;
+//   - http.header on headers.malformed: the name of a header that could
+//     not be parsed and was treated as absent (a priority, a Retry-After;
+//     on a server, package admission's headers), or of the tenant header
+//     a propagated tenant id could not be written to
+//     (policy.Observer.MalformedHeader).
+//
+// resilix.repeats.sent_once counts, for the keys that retry or hedge, the
+// calls sent once, without retry or hedge, because their request was
+// itself a retry or a hedge of the caller's own call (package attempt;
+// policy.Snapshot.RepeatsSentOnce). It restarts from zero when a key's
+// state is evicted (transport.Config.MaxKeys), which a cumulative counter
+// reports as a reset.
 //
 // resilix.call.duration is a call's time from RoundTrip's start to its
 // return (response headers or error), retries, backoff and hedges
@@ -117,9 +131,12 @@
 // underscores, counters gain _total and the histograms _seconds:
 // resilix_calls_total, resilix_attempts_total, resilix_hedges_total,
 // resilix_shed_total, resilix_retries_skipped_total,
-// resilix_pushbacks_total, resilix_call_duration_seconds_bucket (_sum, _count),
+// resilix_pushbacks_total, resilix_headers_malformed_total,
+// resilix_repeats_sent_once_total,
+// resilix_call_duration_seconds_bucket (_sum, _count),
 // resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
-// resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store.
+// resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store;
+// the attribute http.header becomes the label http_header.
 // The hedge win rate per
 // key:
 //

@@ -31,12 +31,14 @@ type recorder struct {
 	shed           metric.Int64Counter
 	skipped        metric.Int64Counter
 	pushbacks      metric.Int64Counter
+	malformed      metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
 	breakerState   metric.Int64ObservableGauge
 	limiterLimit   metric.Int64ObservableGauge
 	budgetBalance  metric.Float64ObservableGauge
 	store          metric.Int64ObservableGauge
+	sentOnce       metric.Int64ObservableCounter
 
 	attrs cache
 
@@ -115,6 +117,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{response}"),
 		metric.WithDescription("Responses (429 or 503 with a Retry-After) that armed or extended the throttler's pushback, by status."))
 	check(err)
+	r.malformed, err = m.Int64Counter("resilix.headers.malformed",
+		metric.WithUnit("{header}"),
+		metric.WithDescription("Headers resilix reads that could not be parsed (treated as absent), and tenant ids it could not write, by header name."))
+	check(err)
 	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
@@ -141,8 +147,12 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{state}"),
 		metric.WithDescription("State of the shared rate limit's store: 1 up, 2 failing with calls under the local rate, 3 failing with calls refused."))
 	check(err)
+	r.sentOnce, err = m.Int64ObservableCounter("resilix.repeats.sent_once",
+		metric.WithUnit("{call}"),
+		metric.WithDescription("Calls sent once, neither retried nor hedged, because their request was itself a retry or a hedge of the caller's call."))
+	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store)
+		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -163,6 +173,7 @@ func (r *recorder) observer() *policy.Observer {
 		HedgeSuppressed: r.hedgeSuppressed,
 		Attach:          r.attach,
 		Pushback:        r.pushback,
+		MalformedHeader: r.malformedHeader,
 	}
 }
 
@@ -195,6 +206,11 @@ func (r *recorder) retrySkipped(k policy.RetrySkip) {
 func (r *recorder) pushback(p policy.Pushback) {
 	a := r.attrs.get(p.Key).pushback(p.StatusCode)
 	r.pushbacks.Add(orBackground(p.Context), 1, a.add...)
+}
+
+func (r *recorder) malformedHeader(m policy.MalformedHeader) {
+	a := r.attrs.get(m.Key).malformedHeader(m.Header)
+	r.malformed.Add(orBackground(m.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
@@ -269,7 +285,7 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	dead := false
 	for _, src := range sources {
 		alive := src.States(func(key string, s policy.Snapshot) {
-			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 {
+			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 && s.RepeatsSentOnce == 0 {
 				return
 			}
 			obs := r.attrs.get(key).base.obs
@@ -284,6 +300,9 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			}
 			if s.RateLimitStore != 0 {
 				o.ObserveInt64(r.store, int64(s.RateLimitStore), obs...)
+			}
+			if s.RepeatsSentOnce != 0 {
+				o.ObserveInt64(r.sentOnce, int64(s.RepeatsSentOnce), obs...)
 			}
 		})
 		if !alive {

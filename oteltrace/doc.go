@@ -47,6 +47,10 @@
 //	                                                         resilix.retry_after (when the gate gave a hint)
 //	resilix.retry.skipped     a failed attempt was not       resilix.attempt.number (the failed one),
 //	                          retried, attempts were left    resilix.retry.reason, resilix.gate (reason gate)
+//	resilix.pushback          a 429 or 503 with Retry-After  http.response.status_code, resilix.retry_after
+//	                          armed the throttler's pushback
+//	resilix.header.malformed  a header could not be parsed   http.header (its name; never its value)
+//	                          (or a tenant id not written)
 //
 // The values are the names the policy package gives them:
 //
@@ -67,7 +71,8 @@
 //   - resilix.priority: critical, degraded, best_effort or bulk;
 //   - resilix.tenant.heavy: whether the request's tenant was above its
 //     fair share when refused;
-//   - resilix.retry_after: the refusal's hint, in seconds;
+//   - resilix.retry_after: the refusal's hint, or on resilix.pushback the
+//     answer's Retry-After, in seconds;
 //   - resilix.retry.reason: not_replayable, deadline, budget, retry_after,
 //     body_error, permanent or gate (policy.SkipReason).
 //

@@ -17,6 +17,8 @@ const (
 	eventHedgeSuppressed = "resilix.hedge.suppressed"
 	eventRefused         = "resilix.refused"
 	eventRetrySkipped    = "resilix.retry.skipped"
+	eventPushback        = "resilix.pushback"
+	eventMalformed       = "resilix.header.malformed"
 )
 
 // The attribute names; the package doc says which event carries which.
@@ -40,11 +42,13 @@ const (
 	attrHeavy      = attribute.Key("resilix.tenant.heavy")
 	attrRetryAfter = attribute.Key("resilix.retry_after")
 	attrSkip       = attribute.Key("resilix.retry.reason")
+	attrHeader     = attribute.Key("http.header")
 )
 
 // New returns an Observer that adds an event to the span in each event's
 // Context for every wire attempt, hedge started, won or suppressed,
-// refusal and skipped retry, and sets http.request.resend_count on the
+// refusal, skipped retry, answer that armed pushback and malformed
+// header, and sets http.request.resend_count on the
 // span of a call that sent more than one wire attempt. The package doc lists the events
 // and their attributes.
 //
@@ -62,6 +66,8 @@ func New() *policy.Observer {
 		HedgeStarted:    hedgeStarted,
 		HedgeWon:        hedgeWon,
 		HedgeSuppressed: hedgeSuppressed,
+		Pushback:        pushback,
+		MalformedHeader: malformedHeader,
 	}
 }
 
@@ -168,4 +174,29 @@ func retrySkipped(k policy.RetrySkip) {
 		kv = append(kv, attrGate.String(k.Gate.String()))
 	}
 	span.AddEvent(eventRetrySkipped, trace.WithAttributes(kv...))
+}
+
+func pushback(p policy.Pushback) {
+	span, ok := recording(p.Context)
+	if !ok {
+		return
+	}
+	span.AddEvent(eventPushback, trace.WithAttributes(
+		attrKey.String(p.Key),
+		attrStatus.Int(p.StatusCode),
+		attrRetryAfter.Float64(p.RetryAfter.Seconds()),
+	))
+}
+
+// malformedHeader records the header's name, not its value: a value that
+// does not parse may be anything, of any length.
+func malformedHeader(m policy.MalformedHeader) {
+	span, ok := recording(m.Context)
+	if !ok {
+		return
+	}
+	span.AddEvent(eventMalformed, trace.WithAttributes(
+		attrKey.String(m.Key),
+		attrHeader.String(m.Header),
+	))
 }

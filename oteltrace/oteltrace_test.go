@@ -73,6 +73,8 @@ func TestEvents(t *testing.T) {
 		Err: &policy.RejectedError{Gate: policy.GateRateLimit, RetryAfter: 1500 * time.Millisecond}})
 	obs.Refused(policy.Refusal{Context: ctx, Key: "a.test", Kind: policy.AttemptFirst, Gate: policy.GateBreaker,
 		Priority: shedding.Critical, Err: &policy.RejectedError{Gate: policy.GateBreaker}})
+	obs.Pushback(policy.Pushback{Context: ctx, Key: "a.test", StatusCode: 429, RetryAfter: 2 * time.Second})
+	obs.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: "a.test", Header: "Resilix-Priority", Value: "urgent!"})
 	obs.CallDone(policy.CallInfo{Context: ctx, Key: "a.test", Outcome: policy.Success, WireAttempts: 3, StatusCode: 200})
 	span.End()
 
@@ -92,6 +94,8 @@ func TestEvents(t *testing.T) {
 		"resilix.hedge.suppressed resilix.hedge.reason=budget resilix.key=a.test",
 		"resilix.refused resilix.attempt.kind=hedge resilix.gate=rate_limit resilix.key=a.test resilix.priority=bulk resilix.retry_after=1.5 resilix.tenant.heavy=true",
 		"resilix.refused resilix.attempt.kind=first resilix.gate=breaker resilix.key=a.test resilix.priority=critical resilix.tenant.heavy=false",
+		"resilix.pushback http.response.status_code=429 resilix.key=a.test resilix.retry_after=2",
+		"resilix.header.malformed http.header=Resilix-Priority resilix.key=a.test",
 	}
 	if diff := cmp.Diff(want, events(spans[0])); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -138,6 +142,8 @@ func allEvents(obs *policy.Observer, ctx context.Context) {
 	obs.HedgeStarted(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 2})
 	obs.HedgeWon(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 2})
 	obs.HedgeSuppressed(policy.HedgeSuppression{Context: ctx, Key: "a.test", Reason: policy.HedgeWarming})
+	obs.Pushback(policy.Pushback{Context: ctx, Key: "a.test", StatusCode: 503, RetryAfter: time.Second})
+	obs.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: "a.test", Header: "Retry-After", Value: "soon"})
 }
 
 // TestNoSpanCostsNothing: without a recording span in the context (none,
@@ -172,7 +178,7 @@ func TestNoSpanCostsNothing(t *testing.T) {
 	}
 }
 
-// BenchmarkEvents is the cost of one round of the seven events, without a
+// BenchmarkEvents is the cost of one round of the nine events, without a
 // span in the context and with a recording one.
 func BenchmarkEvents(b *testing.B) {
 	tp := sdktrace.NewTracerProvider() // records, exports nothing
