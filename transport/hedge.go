@@ -55,7 +55,7 @@ type round struct {
 	// and for the inline leg's per-attempt timeout, expires, whichever
 	// comes first (a zero time is none); expired says that it cancelled
 	// the inline leg before its headers came.
-	timer   *time.Timer
+	timer   *alarm // nil once stopped
 	due     time.Time
 	expires time.Time
 	expired bool
@@ -96,7 +96,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.live = 1
 	r.mu.Lock()
 	r.due = now.Add(wait)
-	r.timer = time.AfterFunc(r.nextLocked().Sub(now), r.fire)
+	r.timer = newAlarm(c.start, r.nextLocked().Sub(now), r, nil)
 	r.mu.Unlock()
 
 	done := false
@@ -129,7 +129,16 @@ func (r *round) nextLocked() time.Time {
 // unless the round is over. r.mu is held.
 func (r *round) armLocked(now time.Time) {
 	if next := r.nextLocked(); !next.IsZero() && !r.over {
-		r.timer.Reset(next.Sub(now))
+		r.timer.t.Reset(next.Sub(now))
+	}
+}
+
+// stopLocked stops the round's timer, once: a stopped alarm may be in
+// another round's hands by the next call. r.mu is held.
+func (r *round) stopLocked() {
+	if r.timer != nil {
+		r.timer.stop()
+		r.timer = nil
 	}
 }
 
@@ -355,7 +364,7 @@ func (r *round) report(l *leg) {
 	if l == r.legs[0] {
 		// The inline leg is back: whatever happens, no more legs start.
 		r.over = true
-		r.timer.Stop()
+		r.stopLocked()
 	}
 	defer r.cond.Broadcast()
 	if l.lost {
@@ -412,9 +421,7 @@ func (r *round) report(l *leg) {
 // goroutine is waiting on, is cancelled at once (by discard), as is every
 // leg of an abandoned round.
 func (r *round) decideLocked(spare bool) []*leg {
-	if !r.over { // an over round's timer is stopped already
-		r.timer.Stop()
-	}
+	r.stopLocked()
 	r.decided, r.over = true, true
 	var losers []*leg
 	for _, o := range r.legs {

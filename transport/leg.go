@@ -33,7 +33,7 @@ type leg struct {
 	// is held when the attempt has a timeout or may be discarded.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	timer  *time.Timer // Timeout.PerAttempt, or the call's Override
+	timer  *alarm // Timeout.PerAttempt, or the call's Override
 	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
 	// timeout the round's timer keeps (round.expires) instead of a timer
 	// of its own.
@@ -129,8 +129,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		// with the hedges'.
 		l.round.expires, l.roundTimed = l.dispatch.Add(d), true
 	default:
-		cancel := l.cancel
-		l.timer = time.AfterFunc(d, func() { cancel(policy.ErrAttemptTimeout) })
+		l.timer = newAlarm(c.start, d, nil, l.cancel)
 	}
 }
 
@@ -167,7 +166,7 @@ func (c *call) send(l *leg) {
 	fired := false // the attempt's timer fired before its headers came
 	switch {
 	case l.timer != nil:
-		fired = !l.timer.Stop()
+		fired = !l.timer.stop()
 	case l.roundTimed:
 		fired = l.round.headers()
 	}
@@ -264,7 +263,7 @@ func (c *call) send(l *leg) {
 // the dependency.
 func (c *call) abandon(l *leg) {
 	if l.timer != nil {
-		l.timer.Stop()
+		l.timer.stop()
 	}
 	c.unadmit(l, time.Now())
 	free(l.cancel, nil)
