@@ -3,6 +3,7 @@ package gate
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/resilix/resilix/policy"
@@ -14,9 +15,14 @@ import (
 type Budget struct {
 	ratio, perSecond, max float64
 
+	// full is true while tokens is max: a Deposit then has nothing to
+	// add, and returns after one atomic load (the healthy case, where
+	// nothing withdraws). Written under mu.
+	full atomic.Bool
+
 	mu     sync.Mutex
 	tokens float64
-	last   time.Time // when the floor was last accrued
+	last   time.Time // when the floor was last accrued; stale while full
 }
 
 // NewBudget returns the runtime state of b, full, or nil when b is off
@@ -32,12 +38,18 @@ func NewBudget(b policy.Budget, now time.Time) *Budget {
 		last:      now,
 	}
 	bb.tokens = bb.max
+	bb.full.Store(true)
 	return bb
 }
 
 // accrue adds the floor's tokens for the time since the last accrual. The
 // caller holds b.mu.
 func (b *Budget) accrue(now time.Time) {
+	if b.full.Load() {
+		// Full until now, whatever last says: nothing accrued.
+		b.last = now
+		return
+	}
 	if dt := now.Sub(b.last); dt > 0 {
 		b.tokens = min(b.max, b.tokens+b.perSecond*dt.Seconds())
 		b.last = now
@@ -49,9 +61,13 @@ func (b *Budget) Deposit(now time.Time) {
 	if b == nil {
 		return
 	}
+	if b.full.Load() {
+		return
+	}
 	b.mu.Lock()
 	b.accrue(now)
 	b.tokens = min(b.max, b.tokens+b.ratio)
+	b.full.Store(b.tokens >= b.max)
 	b.mu.Unlock()
 }
 
@@ -68,6 +84,7 @@ func (b *Budget) Withdraw(now time.Time) bool {
 		return false
 	}
 	b.tokens--
+	b.full.Store(false)
 	return true
 }
 

@@ -83,3 +83,28 @@ func TestBudgetAllocs(t *testing.T) {
 		t.Fatalf("Deposit+Withdraw allocate %v times", n)
 	}
 }
+
+// TestBudgetFullAccruesNothing: a budget that stayed full for an hour
+// (Deposits there return at once, without reading or writing the time of
+// the last accrual) owes nothing for that hour once it is drawn down: the
+// floor accrues from the moment it stopped being full.
+func TestBudgetFullAccruesNothing(t *testing.T) {
+	b := newBudget(policy.Budget{Ratio: 0.1, MinPerSecond: 1, Max: 3}, t0)
+	later := t0.Add(time.Hour)
+	b.Deposit(later)
+	for range 3 {
+		if !b.Withdraw(later) {
+			t.Fatal("a full budget refused a withdrawal")
+		}
+	}
+	if got := b.Balance(later); got != 0 {
+		t.Fatalf("balance %v right after emptying it, want 0: the hour it was full accrued", got)
+	}
+	if got := b.Balance(later.Add(2 * time.Second)); got != 2 {
+		t.Errorf("balance %v two seconds later, want 2 (the floor, 1 a second)", got)
+	}
+	b.Deposit(later.Add(time.Hour)) // full again, through accrual: back on the fast path
+	if got := b.Balance(later.Add(time.Hour)); got != 3 {
+		t.Errorf("balance %v, want Max (3)", got)
+	}
+}
