@@ -33,17 +33,18 @@ func TestAllocationBudgets(t *testing.T) {
 	}{
 		{"no policy", plain(policy.Set{}), context.Background(), 1},
 		{"retry", plain(policy.Set{Retry: &policy.Retry{}}), context.Background(), 1},
-		// A context and its cancel func, a timer and its func, and one
-		// allocation for the request copy and the body wrapper.
-		{"retry+breaker+timeout", plain(policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}), context.Background(), 6},
+		// A context and its cancel func, and one allocation for the
+		// request copy and the body wrapper; the timer comes from the
+		// pool (see alarm).
+		{"retry+breaker+timeout", plain(policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: timeout}), context.Background(), 4},
 		// The caller's deadline comes before the attempt's would: the
 		// attempt needs neither a timer nor a context of its own.
 		{"retry+timeout, the caller's deadline first", plain(policy.Set{Retry: &policy.Retry{}, Timeout: timeout}), soon, 1},
 		// The round (with the inline leg's request copy and body
-		// wrapper), its one timer and its func, the inline leg's context
-		// and its cancel func.
-		{"hedge armed", hedging(policy.Set{Hedge: &policy.Hedge{}}), context.Background(), 6},
-		{"every policy, nothing firing", hedging(fullSet()), context.Background(), 6},
+		// wrapper), the inline leg's context and its cancel func; the
+		// round's one timer comes from the pool.
+		{"hedge armed", hedging(policy.Set{Hedge: &policy.Hedge{}}), context.Background(), 4},
+		{"every policy, nothing firing", hedging(fullSet()), context.Background(), 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := tc.new(t)
