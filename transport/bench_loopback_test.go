@@ -463,7 +463,9 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // call (hedges and retries), the connections each client dialled per
 // thousand calls, and the process's CPU time per call during each client's
 // segments (client and server together; see cpuTime); and logs the same as
-// a table row:
+// a table row. The cases named h2c- run the same over HTTP/2 without TLS
+// (prior knowledge), where a cancelled request resets its stream and
+// keeps the connection, which over HTTP/1.1 it closes:
 //
 //	go test -run '^$' -bench Throughput -count 10 ./transport
 func BenchmarkThroughput(b *testing.B) {
@@ -475,28 +477,44 @@ func BenchmarkThroughput(b *testing.B) {
 	for _, pc := range []struct {
 		name string
 		set  policy.Set
+		h2c  bool
 	}{
-		{"none", policy.Set{}},
-		{"Retry", policy.Set{Retry: &policy.Retry{}}},
-		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}},
-		{"Throttler", policy.Set{Throttler: &policy.Throttler{}}},
-		{"Breaker", policy.Set{Breaker: &policy.Breaker{}}},
-		{"Limiter", policy.Set{Limiter: &policy.Limiter{}}},
-		{"Bulkhead", policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 4 * callers}}},
-		{"RateLimit", policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1e9}}},
-		{"Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}},
-		{"all", fullSet()},
+		{"none", policy.Set{}, false},
+		{"Retry", policy.Set{Retry: &policy.Retry{}}, false},
+		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
+		{"Throttler", policy.Set{Throttler: &policy.Throttler{}}, false},
+		{"Breaker", policy.Set{Breaker: &policy.Breaker{}}, false},
+		{"Limiter", policy.Set{Limiter: &policy.Limiter{}}, false},
+		{"Bulkhead", policy.Set{Bulkhead: &policy.Bulkhead{MaxConcurrent: 4 * callers}}, false},
+		{"RateLimit", policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1e9}}, false},
+		{"Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}, false},
+		{"all", fullSet(), false},
+		{"h2c-none", policy.Set{}, true},
+		{"h2c-Hedge", policy.Set{Hedge: &policy.Hedge{}}, true},
+		{"h2c-Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}, true},
+		{"h2c-all", fullSet(), true},
 	} {
 		b.Run(pc.name, func(b *testing.B) {
 			var served atomic.Int64
 			up := httptestutil.NewUpstream(httptestutil.Options{})
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				served.Add(1)
 				up.ServeHTTP(w, r)
 			}))
+			if pc.h2c {
+				srv.Config.Protocols = new(http.Protocols)
+				srv.Config.Protocols.SetUnencryptedHTTP2(true)
+			}
+			srv.Start()
 			defer srv.Close()
 			var bareDials, dials atomic.Int64
 			bareBase, base := dialCounting(2*callers, &bareDials), dialCounting(2*callers, &dials)
+			if pc.h2c {
+				for _, t := range []*http.Transport{bareBase, base} {
+					t.Protocols = new(http.Protocols)
+					t.Protocols.SetUnencryptedHTTP2(true)
+				}
+			}
 			defer bareBase.CloseIdleConnections()
 			defer base.CloseIdleConnections()
 			tr := mustNew(b, Config{Base: base, Policies: pc.set})
