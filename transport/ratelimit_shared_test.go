@@ -157,3 +157,89 @@ func TestSharedRateLimitFieldsNeedAStore(t *testing.T) {
 		t.Fatalf("local rate limit: Measured %+v, want a rate limit with no store", m)
 	}
 }
+
+// gatedStore is a policy.SharedLimiter in memory whose asks answer at once
+// while it is open, and otherwise wait for it to open or for their
+// context (StoreTimeout) to end. It counts the asks by key.
+type gatedStore struct {
+	mu   sync.Mutex
+	open chan struct{} // closed: open
+	asks map[string]int
+}
+
+func (s *gatedStore) Take(ctx context.Context, key string, n int) (int, time.Duration, error) {
+	s.mu.Lock()
+	s.asks[key]++
+	open := s.open
+	s.mu.Unlock()
+	select {
+	case <-open:
+		return n, 0, nil
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+}
+
+// TestEvictionWithALeaseAskInFlight: a call spending a leased token starts
+// the ask for the next lease on a goroutine of its own and returns; its
+// scope is then idle and may be evicted while the ask is still waiting on
+// the store. The ask ends within StoreTimeout whatever became of its scope
+// (the bubble ends only when every goroutine has), what it brings back is
+// lost with the scope (at most one lease), and the key's next call starts
+// afresh: a new scope, a new lease, nothing carried over.
+func TestEvictionWithALeaseAskInFlight(t *testing.T) {
+	for _, answer := range []string{"times out", "answers"} {
+		t.Run("the ask "+answer, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := &gatedStore{open: make(chan struct{}), asks: map[string]int{}}
+				close(store.open)
+				// Only a.test is rate limited: b.test and c.test, which
+				// take its place, ask no store.
+				tr := mustNew(t, Config{Base: okBase{}, MaxKeys: 2, PerKey: map[string]policy.Set{"a.test": {RateLimit: &policy.RateLimit{
+					PerSecond: 100, Burst: 1, Shared: store, Lease: 4, StoreTimeout: 50 * time.Millisecond,
+				}}}})
+				call := func(host string) {
+					t.Helper()
+					if err := getClose(t, tr, "http://"+host+"/"); err != nil {
+						t.Fatalf("%s: %v", host, err)
+					}
+				}
+				call("a.test") // the first lease: 4 tokens, one spent
+				synctest.Wait()
+				store.mu.Lock()
+				store.open = make(chan struct{}) // asks wait from now on
+				store.mu.Unlock()
+				call("a.test") // 2 left: the next lease is asked for
+				synctest.Wait()
+				if got := store.asks["a.test"]; got != 2 {
+					t.Fatalf("%d asks for a.test, want the first lease and the next", got)
+				}
+				call("b.test")
+				call("c.test")
+				if tr.Measured("a.test").Known {
+					t.Fatal("a.test's scope was kept past MaxKeys with no call in it")
+				}
+				if answer == "answers" {
+					close(store.open) // within StoreTimeout: no time has passed
+				}
+				time.Sleep(time.Second) // every ask has ended
+				synctest.Wait()
+				store.mu.Lock()
+				select {
+				case <-store.open:
+				default:
+					close(store.open)
+				}
+				store.mu.Unlock()
+				call("a.test")
+				m := tr.Measured("a.test")
+				if m.RateLimitStore != policy.StoreUp || m.RateLimitLeased != 3 {
+					t.Errorf("a.test after its scope was evicted: store %v, %d leased; want up and a fresh lease of 4, one spent", m.RateLimitStore, m.RateLimitLeased)
+				}
+				if got := store.asks["a.test"]; got != 3 {
+					t.Errorf("%d asks for a.test, want 3 (the evicted scope's two, the new scope's one)", got)
+				}
+			})
+		})
+	}
+}
