@@ -19,8 +19,9 @@ import (
 
 // TestOtelmetricsCountsTheServer: with otelmetrics' Observer in its
 // Config, a server's refusals are counted in resilix.shed with readable
-// gate names and its limit is a resilix.limiter.limit gauge, all under the
-// key Config.Name.
+// gate names, its limit is a resilix.limiter.limit gauge and a priority
+// it could not parse is in resilix.headers.malformed, all under the key
+// Config.Name.
 func TestOtelmetricsCountsTheServer(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	obs, err := otelmetrics.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
@@ -86,6 +87,8 @@ func TestOtelmetricsCountsTheServer(t *testing.T) {
 		"resilix.shed{gate=deadline,key=search,priority=bulk}":      1,
 		"resilix.shed{gate=admission,key=search,priority=degraded}": 1,
 		"resilix.limiter.limit{key=search}":                         1,
+		// The priority "nonsense", treated as absent.
+		"resilix.headers.malformed{http.header=Resilix-Priority,key=search}": 1,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
