@@ -1,7 +1,6 @@
 package otelmetrics_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -11,10 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-
 	"github.com/resilix/resilix/httptestutil"
-	"github.com/resilix/resilix/otelmetrics"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
 )
@@ -34,13 +30,7 @@ type budgetRun struct {
 // transport with Retry and Attempts 3 (the defaults) and the given budget.
 // It runs inside a synctest bubble, so time is virtual.
 func runBudget(t *testing.T, budget policy.Budget, calls, callers int) budgetRun {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	obs, err := otelmetrics.New(mp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, obs := newObserver(t)
 	up := httptestutil.NewUpstream(httptestutil.Options{
 		Latency: httptestutil.Uniform(5*time.Millisecond, 15*time.Millisecond),
 		Faults:  []httptestutil.Fault{{Probability: 0.3, Status: http.StatusServiceUnavailable}},

@@ -93,13 +93,7 @@ func TestExemplars(t *testing.T) {
 // TestNilContext: an event built by hand, without a Context, is recorded
 // rather than making the SDK panic.
 func TestNilContext(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	obs, err := otelmetrics.New(mp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, obs := newObserver(t)
 	obs.CallDone(policy.CallInfo{Key: "a.test", Outcome: policy.Success})
 	obs.AttemptDone(policy.AttemptInfo{Key: "a.test", Kind: policy.AttemptFirst, Outcome: policy.Success})
 	obs.Refused(policy.Refusal{Key: "a.test", Gate: policy.GateBreaker})

@@ -223,13 +223,7 @@ func call(t *testing.T, c *http.Client, url string, prio shedding.Priority, got 
 // the transport's own state.
 func TestTransport(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
-		obs, err := otelmetrics.New(mp)
-		if err != nil {
-			t.Fatal(err)
-		}
+		reader, obs := newObserver(t)
 		tl := &tally{counts: map[string]float64{}, sums: map[string]float64{}}
 
 		// a.test: mostly 5-15ms, 4% at 300ms, 5% 503s. Hedged, retried,
@@ -400,13 +394,7 @@ func TestTransport(t *testing.T) {
 // TestSharedObserver gives one Observer to two transports: the counters
 // add up and the gauges show the keys of both.
 func TestSharedObserver(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	obs, err := otelmetrics.New(mp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, obs := newObserver(t)
 	up := httptestutil.NewUpstream(httptestutil.Options{})
 	// The observer holds transports weakly: a transport nobody keeps may
 	// be collected, gauges and all, before the reader collects.
@@ -460,4 +448,18 @@ func TestNewNilProvider(t *testing.T) {
 	if _, err := otelmetrics.New(nil); err == nil {
 		t.Fatal("New(nil) returned no error")
 	}
+}
+
+// newObserver returns otelmetrics' Observer on a MeterProvider of its own,
+// shut down with the test, and the reader that collects from it.
+func newObserver(t *testing.T) (*sdkmetric.ManualReader, *policy.Observer) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	obs, err := otelmetrics.New(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reader, obs
 }

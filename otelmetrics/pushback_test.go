@@ -1,7 +1,6 @@
 package otelmetrics_test
 
 import (
-	"context"
 	"errors"
 	"maps"
 	"net/http"
@@ -11,10 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/resilix/resilix/httptestutil"
-	"github.com/resilix/resilix/otelmetrics"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
 )
@@ -26,13 +23,7 @@ import (
 // resilix.shed with gate throttler.
 func TestPushbacks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		defer mp.Shutdown(context.Background())
-		obs, err := otelmetrics.New(mp)
-		if err != nil {
-			t.Fatal(err)
-		}
+		reader, obs := newObserver(t)
 		tl := &tally{counts: map[string]float64{}, sums: map[string]float64{}}
 		up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(time.Millisecond)})
 		ov := httptestutil.NewOverload(up, httptestutil.OverloadOptions{})

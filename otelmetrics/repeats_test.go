@@ -7,11 +7,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/resilix/resilix/attempt"
 	"github.com/resilix/resilix/httptestutil"
-	"github.com/resilix/resilix/otelmetrics"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
 )
@@ -21,13 +19,7 @@ import (
 // repeat (resilix.repeats.sent_once, read from the snapshot), and headers
 // that could not be parsed (resilix.headers.malformed, by header name).
 func TestRepeatsAndMalformedHeaders(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	obs, err := otelmetrics.New(mp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, obs := newObserver(t)
 	failing := httptestutil.NewUpstream(httptestutil.Options{Faults: []httptestutil.Fault{{Probability: 1, Status: http.StatusServiceUnavailable}}})
 	tr, err := transport.New(transport.Config{
 		Base:     hosts{"a.test": httptestutil.InMemory(failing)},

@@ -1,13 +1,10 @@
 package otelmetrics_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/resilix/resilix/otelmetrics"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -15,13 +12,7 @@ import (
 // shared rate-limit store, as policy.StoreState numbers it; a key whose
 // rate limit has no store, or that has none, has no point.
 func TestStoreGauge(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	obs, err := otelmetrics.New(mp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, obs := newObserver(t)
 	obs.Attach(fixedStates{
 		"up.test":       {Known: true, HasRateLimit: true, RateLimitStore: policy.StoreUp, RateLimitLeased: 7},
 		"fallback.test": {Known: true, HasRateLimit: true, RateLimitStore: policy.StoreFallback},
