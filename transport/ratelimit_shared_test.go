@@ -214,13 +214,17 @@ func TestEvictionWithALeaseAskInFlight(t *testing.T) {
 				if got := store.asks["a.test"]; got != 2 {
 					t.Fatalf("%d asks for a.test, want the first lease and the next", got)
 				}
+				// A moment apart, so that a.test is the least recently
+				// used (in a bubble, time stands still between calls).
+				time.Sleep(time.Millisecond)
 				call("b.test")
+				time.Sleep(time.Millisecond)
 				call("c.test")
 				if tr.Measured("a.test").Known {
 					t.Fatal("a.test's scope was kept past MaxKeys with no call in it")
 				}
 				if answer == "answers" {
-					close(store.open) // within StoreTimeout: no time has passed
+					close(store.open) // 2 ms into the ask's StoreTimeout of 50 ms
 				}
 				time.Sleep(time.Second) // every ask has ended
 				synctest.Wait()
