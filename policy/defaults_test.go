@@ -99,7 +99,7 @@ func TestRateLimitDefaults(t *testing.T) {
 
 func TestHedgeDefaults(t *testing.T) {
 	got := Hedge{WinRate: &WinRate{}}.WithDefaults()
-	if got.Quantile != 0.95 || got.MaxConcurrent != 2 || got.MinSamples != 20 ||
+	if got.Quantile != 0.95 || got.MaxConcurrent != 3 || got.MinSamples != 20 ||
 		got.Window != 30*time.Second || got.SuppressAt != 0.5 ||
 		got.WinRate.Floor != 0.1 || got.WinRate.MinAllowance != 0.05 || got.WinRate.MinSamples != 10 {
 		t.Fatalf("defaults %+v %+v", got, *got.WinRate)

@@ -4,8 +4,10 @@ import (
 	"time"
 )
 
-// Hedge sends a second copy of a slow call and takes whichever answers
-// first, cancelling the other.
+// Hedge sends another copy of a slow call and takes whichever answers
+// first, cancelling the others: a second copy once the call has waited the
+// threshold, and, by default, a third a threshold later if neither has
+// answered (see MaxConcurrent).
 //
 // A call is slow when it has waited longer than a live quantile of the
 // scope's recent latency, never a constant: during a brownout the quantile
@@ -25,8 +27,19 @@ type Hedge struct {
 	Quantile float64
 
 	// MaxConcurrent is the most legs of one call in flight at once,
-	// the first included. If zero, 2 is used; otherwise at least 2, and
-	// at most the Set's Attempts, which bound the legs of a call in all.
+	// the first included; each leg after the second is sent a threshold
+	// after the one before. If zero, 3 is used, and the Set's Attempts
+	// bound it; otherwise it must be at least 2 and at most Attempts,
+	// which bound the legs of a call in all.
+	//
+	// The third leg is for the calls whose hedge drew the slow tail too:
+	// with 3% of calls slow, 0.09% of calls are slow on both legs, which
+	// is the p99.9, and only they get a third. On this project's bimodal
+	// benchmark it took p99.9 from 15.8 ms (median of 8 runs; 150 ms in
+	// the worst) to 14.3 ms (17.2 ms worst) for 4.3% extra wire calls
+	// instead of 4.15%, and it adds nothing in a brownout, where the
+	// threshold follows the latency (1.80% either way). The budget bounds
+	// every leg alike. Set 2 for at most one hedge per call.
 	MaxConcurrent int
 
 	// MinSamples is the number of latencies the window must hold
@@ -87,7 +100,7 @@ func (w *WinRate) validate() error {
 // WithDefaults returns h with every zero field set to its default.
 func (h Hedge) WithDefaults() Hedge {
 	h.Quantile = or(h.Quantile, 0.95)
-	h.MaxConcurrent = or(h.MaxConcurrent, 2)
+	h.MaxConcurrent = or(h.MaxConcurrent, 3)
 	h.MinSamples = or(h.MinSamples, 20)
 	h.Window = or(h.Window, 30*time.Second)
 	h.SuppressAt = or(h.SuppressAt, 0.5)

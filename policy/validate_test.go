@@ -280,7 +280,7 @@ func TestSetCombinationsThatCannotDoWhatTheySay(t *testing.T) {
 		{Set{Attempts: 2, Hedge: &Hedge{MaxConcurrent: 3}},
 			"policy: Hedge.MaxConcurrent (3) must be <= Attempts (2): a call never has more legs than Attempts"},
 		{Set{Hedge: &Hedge{MaxConcurrent: 3}}, ""},
-		{Set{Attempts: 2, Hedge: &Hedge{}}, ""}, // the default MaxConcurrent, 2
+		{Set{Attempts: 2, Hedge: &Hedge{}}, ""}, // the default MaxConcurrent (3) is bounded by Attempts
 		{Set{Attempts: 5, Hedge: &Hedge{MaxConcurrent: 5}}, ""},
 	} {
 		err := tc.set.Validate()

@@ -131,11 +131,11 @@ func (p *hedgeProbe) report(b *testing.B, tr *Transport, key string) {
 
 // BenchmarkHedgingBimodal: 97% of calls take 4ms, 3% take 150ms. Without
 // hedging p99 is the slow mode; hedging at p95 should cut it to about two
-// fast calls for about 5% more wire calls. With two legs a slow call whose
-// hedge is slow too (0.03 × 0.03 of calls, about 2 of the 2000) stays at
-// 150ms, and p99.9 is the second slowest call; "3-legs" lets a third leg
-// go one threshold after the second (MaxConcurrent 3, of Attempts 3). The
-// hedging clients also report what hedgeProbe saw: the hedges' lateness,
+// fast calls for about 5% more wire calls. A slow call whose hedge is slow
+// too (0.03 × 0.03 of calls, about 2 of the 2000; p99.9 is the second
+// slowest call) gets a third leg one threshold after the second (the
+// default MaxConcurrent, 3); with "2-legs" (MaxConcurrent 2) it stays at
+// 150ms. The hedging clients also report what hedgeProbe saw: the hedges' lateness,
 // the threshold, the budget's refusals, and why the calls still slow after
 // 100ms were.
 func BenchmarkHedgingBimodal(b *testing.B) {
@@ -145,7 +145,7 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 	}{
 		{"net-http", nil},
 		{"resilix-p95", &policy.Hedge{Quantile: 0.95}},
-		{"resilix-p95-3-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 3}},
+		{"resilix-p95-2-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 2}},
 	} {
 		b.Run(hc.name, func(b *testing.B) {
 			up := httptestutil.NewUpstream(httptestutil.Options{
@@ -185,9 +185,21 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 // BenchmarkHedgingBrownout: the upstream was calm (4ms) and every call now
 // takes 35-45ms. The measured load starts at the switch, so it includes the
 // moment the quantile catches up; the extra wire calls should stay near
-// 1 - q rather than every call being hedged against the calm threshold.
+// 1 - q rather than every call being hedged against the calm threshold,
+// with the default third leg ("resilix-p95") as with two ("2-legs").
 func BenchmarkHedgingBrownout(b *testing.B) {
-	c := hedgingClient(b)
+	for _, hc := range []struct {
+		name  string
+		hedge *policy.Hedge
+	}{
+		{"resilix-p95", &policy.Hedge{Quantile: 0.95}},
+		{"resilix-p95-2-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 2}},
+	} {
+		b.Run(hc.name, func(b *testing.B) { hedgingBrownout(b, hedgingClientWith(b, hc.hedge)) })
+	}
+}
+
+func hedgingBrownout(b *testing.B, c *http.Client) {
 	for b.Loop() {
 		up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(4 * time.Millisecond)})
 		srv := httptest.NewServer(up)

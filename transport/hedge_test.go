@@ -144,8 +144,11 @@ func warm(t *testing.T, rt http.RoundTripper, n int) {
 	}
 }
 
+// hedgeSet hedges once per call at most: the tests that use it were
+// written for two legs. TestThirdLegForTheDoublySlow covers the default's
+// third.
 func hedgeSet() policy.Set {
-	return policy.Set{Hedge: &policy.Hedge{}}
+	return policy.Set{Hedge: &policy.Hedge{MaxConcurrent: 2}}
 }
 
 func TestBrownoutStopsTheHedgingItWouldOtherwiseCause(t *testing.T) {
@@ -606,4 +609,57 @@ func TestHedgedTailStaysInTheWindow(t *testing.T) {
 			t.Fatalf("threshold %v then %v: want the fast mode, then well above it", calm, slow)
 		}
 	})
+}
+
+// TestThirdLegForTheDoublySlow: with the default MaxConcurrent (3), a call
+// whose first leg and hedge are both slow gets a third leg a threshold
+// after the hedge, and the third's answer wins; with MaxConcurrent 2 the
+// call waits for the slow legs. A call whose hedge answers gets no third.
+func TestThirdLegForTheDoublySlow(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		maxConcurrent int
+		fastHedge     bool // the first hedge answers at once
+		wantWire      int64
+		wantStarted   int
+		wantUnder     time.Duration // the call's duration, at most
+		wantOver      time.Duration // and at least
+	}{
+		// The threshold is about 10.5 ms (the bucket above the warm
+		// calls' 10 ms), and every fast leg takes 10 ms.
+		{"default, both slow", 0, false, 3, 2, 35 * time.Millisecond, 30 * time.Millisecond},
+		{"default, the hedge answers", 0, true, 2, 1, 25 * time.Millisecond, 20 * time.Millisecond},
+		{"two legs, both slow", 2, false, 2, 1, 110 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+					switch {
+					case i < 30, i == 31 && tc.fastHedge, i >= 32:
+						return 10 * time.Millisecond, 200
+					}
+					return 100 * time.Millisecond, 200 // the first leg, and the first hedge unless fast
+				}}
+				var ev hedgeEvents
+				tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{MaxConcurrent: tc.maxConcurrent}}, Observer: ev.observer()})
+				warm(t, tr, 30)
+				start := time.Now()
+				code, err := do(t, t.Context(), tr)
+				took := time.Since(start)
+				if err != nil || code != 200 {
+					t.Fatalf("got %d, %v", code, err)
+				}
+				synctest.Wait()
+				if wire := base.calls.Load() - 30; wire != tc.wantWire {
+					t.Errorf("%d wire calls, want %d", wire, tc.wantWire)
+				}
+				if s, _ := ev.counts(); s != tc.wantStarted {
+					t.Errorf("%d hedges started, want %d", s, tc.wantStarted)
+				}
+				if took < tc.wantOver || took > tc.wantUnder {
+					t.Errorf("the call took %v, want between %v and %v", took, tc.wantOver, tc.wantUnder)
+				}
+			})
+		})
+	}
 }

@@ -209,7 +209,7 @@ func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 		HedgeStarted: func(policy.HedgeInfo) { started.Add(1) },
 		HedgeWon:     func(policy.HedgeInfo) { won.Add(1) },
 	}
-	set := policy.Set{Hedge: &policy.Hedge{MinSamples: 5}, Budget: policy.Budget{Ratio: -1}}
+	set := policy.Set{Hedge: &policy.Hedge{MinSamples: 5, MaxConcurrent: 2}, Budget: policy.Budget{Ratio: -1}}
 	c := &http.Client{Transport: mustNew(t, Config{Base: base, Policies: set, Observer: obs})}
 	get := func() {
 		resp, err := c.Get(srv.URL)

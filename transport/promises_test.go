@@ -434,7 +434,7 @@ func TestLegIsEvidenceOrDiscardedNeverBoth(t *testing.T) {
 		}
 		var mu sync.Mutex
 		var hedgeEvents []policy.AttemptInfo
-		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}, Classify: classify}, Observer: &policy.Observer{
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{MaxConcurrent: 2}, Classify: classify}, Observer: &policy.Observer{
 			AttemptDone: func(a policy.AttemptInfo) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -505,7 +505,7 @@ func TestFirstRetryBacksOffBaseDelay(t *testing.T) {
 			Retry:    &policy.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second},
 			// The median stays at the warm-up's 10ms however many 50ms
 			// legs the test adds, so the first round always hedges.
-			Hedge:  &policy.Hedge{Quantile: 0.5},
+			Hedge:  &policy.Hedge{Quantile: 0.5, MaxConcurrent: 2},
 			Budget: policy.Budget{Ratio: -1},
 		}
 		var ev hedgeEvents

@@ -251,7 +251,7 @@ func TestIfDecidesWhichLegWinsAHedgedRound(t *testing.T) {
 				var ev hedgeEvents
 				set := policy.Set{
 					Retry: &policy.Retry{If: tc.If},
-					Hedge: &policy.Hedge{},
+					Hedge: &policy.Hedge{MaxConcurrent: 2},
 				}
 				tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 				warm(t, tr, 30)

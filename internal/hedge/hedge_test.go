@@ -126,7 +126,7 @@ func TestGateOrder(t *testing.T) {
 	near := t0.Add(time.Millisecond) // closer than the 10ms median
 	ok := Due{Live: 1, Wire: 1, Attempts: 3, Priority: shedding.Critical}
 	with := func(f func(*Due)) Due { d := ok; f(&d); return d }
-	full := func(d *Due) { d.Live = 2 }
+	full := func(d *Due) { d.Live = 3 } // the default MaxConcurrent
 	bulk := func(d *Due) { d.Priority = shedding.Bulk }
 	for _, tc := range []struct {
 		name string
