@@ -13,6 +13,7 @@ import (
 
 	"github.com/resilix/resilix/attempt"
 	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -102,23 +103,8 @@ func Handler(next http.Handler, cfg Config) (http.Handler, error) {
 	if next == nil {
 		errs = append(errs, errors.New("admission: next is nil"))
 	}
-	headers := [...]struct{ field, value, def string }{
-		{"PriorityHeader", cfg.PriorityHeader, "Resilix-Priority"},
-		{"TenantHeader", cfg.TenantHeader, "Resilix-Tenant"},
-		{"TimeoutHeader", cfg.TimeoutHeader, "Resilix-Timeout-Ms"},
-		{"AttemptHeader", cfg.AttemptHeader, "Resilix-Attempt"},
-	}
-	var names [len(headers)]string
-	for i, h := range headers {
-		name, err := headerName(h.field, h.value, h.def)
-		errs = append(errs, err)
-		names[i] = name
-		for j := range i {
-			if name != "" && name == names[j] {
-				errs = append(errs, fmt.Errorf("admission: %s and %s are both %q", headers[j].field, h.field, name))
-			}
-		}
-	}
+	names, herrs := httpx.Headers{cfg.PriorityHeader, cfg.TenantHeader, cfg.TimeoutHeader, cfg.AttemptHeader}.Canonical("admission")
+	errs = append(errs, herrs...)
 	if !cfg.DefaultPriority.Valid() {
 		errs = append(errs, fmt.Errorf("admission: DefaultPriority must be one of critical, degraded, best_effort or bulk, got %v", cfg.DefaultPriority))
 	}

@@ -141,10 +141,10 @@ func TestHandlerValidates(t *testing.T) {
 			`admission: AttemptHeader "(a)" is not a valid header name`,
 		}},
 		{"one header twice", ok, Config{TimeoutHeader: "x-same", AttemptHeader: "X-Same"}, []string{
-			`admission: TimeoutHeader and AttemptHeader are both "X-Same"`,
+			`admission: TimeoutHeader and AttemptHeader are both the header "X-Same"`,
 		}},
 		{"a default taken", ok, Config{TenantHeader: "resilix-priority"}, []string{
-			`admission: PriorityHeader and TenantHeader are both "Resilix-Priority"`,
+			`admission: PriorityHeader and TenantHeader are both the header "Resilix-Priority"`,
 		}},
 		{"priority", ok, Config{DefaultPriority: 9}, []string{
 			"admission: DefaultPriority must be one of critical, degraded, best_effort or bulk, got priority(9)",

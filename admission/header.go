@@ -1,13 +1,11 @@
 package admission
 
 import (
-	"fmt"
 	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/shedding"
 )
 
@@ -84,14 +82,4 @@ func reported(v string) string {
 		v = v[:n]
 	}
 	return strings.Clone(v)
-}
-
-// headerName validates a configured header name, def when empty, and
-// returns it in canonical form (httpx.HeaderName).
-func headerName(field, v, def string) (string, error) {
-	name, ok := httpx.HeaderName(v, def)
-	if !ok {
-		return "", fmt.Errorf("admission: %s %q is not a valid header name", field, name)
-	}
-	return name, nil
 }

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -124,19 +123,4 @@ func validHeaderValue(v string) bool {
 		}
 	}
 	return true
-}
-
-// distinctHeaders reports the configured header names that name the same
-// header, which would then carry two things at once. fields and names are
-// parallel; an empty name (invalid, reported already) is skipped.
-func distinctHeaders(fields, names []string) []error {
-	var errs []error
-	for i := range names {
-		for j := i + 1; j < len(names); j++ {
-			if names[i] != "" && names[i] == names[j] {
-				errs = append(errs, fmt.Errorf("transport: %s and %s are both the header %q", fields[i], fields[j], names[i]))
-			}
-		}
-	}
-	return errs
 }

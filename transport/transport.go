@@ -309,17 +309,9 @@ func New(cfg Config) (*Transport, error) {
 	if cfg.MaxKeys < 0 {
 		errs = append(errs, fmt.Errorf("transport: MaxKeys must be >= 0, got %d", cfg.MaxKeys))
 	}
-	ph, err := headerName("PriorityHeader", cfg.PriorityHeader, "Resilix-Priority")
-	errs = append(errs, err)
-	th, err := headerName("TenantHeader", cfg.TenantHeader, "Resilix-Tenant")
-	errs = append(errs, err)
-	toh, err := headerName("TimeoutHeader", cfg.TimeoutHeader, "Resilix-Timeout-Ms")
-	errs = append(errs, err)
-	ah, err := headerName("AttemptHeader", cfg.AttemptHeader, "Resilix-Attempt")
-	errs = append(errs, err)
-	errs = append(errs, distinctHeaders(
-		[]string{"PriorityHeader", "TenantHeader", "TimeoutHeader", "AttemptHeader"},
-		[]string{ph, th, toh, ah})...)
+	headers, herrs := httpx.Headers{cfg.PriorityHeader, cfg.TenantHeader, cfg.TimeoutHeader, cfg.AttemptHeader}.Canonical("transport")
+	errs = append(errs, herrs...)
+	ph, th, toh, ah := headers[0], headers[1], headers[2], headers[3]
 	def, err := compile(cfg.Policies)
 	errs = append(errs, prefixed("transport: Policies", err)...)
 	var perKey map[string]*chain
@@ -617,16 +609,6 @@ func checkRequest(req *http.Request) (*http.Request, error) {
 		return r, nil
 	}
 	return req, nil
-}
-
-// headerName validates a configured header name, def when empty, and
-// returns it in canonical form (httpx.HeaderName).
-func headerName(field, v, def string) (string, error) {
-	name, ok := httpx.HeaderName(v, def)
-	if !ok {
-		return "", fmt.Errorf("transport: %s %q is not a valid header name", field, name)
-	}
-	return name, nil
 }
 
 // CloseIdleConnections closes the idle connections of the base

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -125,6 +126,47 @@ func Permanent(err error) bool {
 	)
 	return errors.As(err, &verify) || errors.As(err, &unknown) ||
 		errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// The default names of the headers resilix reads and writes across
+// services, as transport.Config and admission.Config document them.
+const (
+	PriorityHeader = "Resilix-Priority"
+	TenantHeader   = "Resilix-Tenant"
+	TimeoutHeader  = "Resilix-Timeout-Ms"
+	AttemptHeader  = "Resilix-Attempt"
+)
+
+// Headers is the four configured header names of a transport or a
+// server: priority, tenant, timeout and attempt, in that order, each
+// empty for its default.
+type Headers [4]string
+
+// headerFields names Headers' entries as the Config fields that set them.
+var headerFields = Headers{"PriorityHeader", "TenantHeader", "TimeoutHeader", "AttemptHeader"}
+
+// Canonical returns h with defaults applied and every name in canonical
+// form (HeaderName), and an error, prefixed with prefix, for each name
+// that is not valid and for each two that name the same header, which
+// would then carry two things at once.
+func (h Headers) Canonical(prefix string) (Headers, []error) {
+	var errs []error
+	defaults := Headers{PriorityHeader, TenantHeader, TimeoutHeader, AttemptHeader}
+	var names Headers
+	for i, v := range h {
+		name, ok := HeaderName(v, defaults[i])
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: %s %q is not a valid header name", prefix, headerFields[i], name))
+			continue
+		}
+		names[i] = name
+		for j := range i {
+			if names[j] == name {
+				errs = append(errs, fmt.Errorf("%s: %s and %s are both the header %q", prefix, headerFields[j], headerFields[i], name))
+			}
+		}
+	}
+	return names, errs
 }
 
 // HeaderName returns the configured header name v, or def when v is
