@@ -44,10 +44,8 @@ type OverloadStats struct {
 // [NewOverload]; the zero value is not usable. It is safe for concurrent
 // use.
 type Overload struct {
-	next       http.Handler
-	status     int
-	retryAfter string
-	delay      time.Duration
+	next http.Handler
+	refusal
 
 	mu    sync.Mutex
 	until time.Time
@@ -61,17 +59,7 @@ func NewOverload(next http.Handler, o OverloadOptions) *Overload {
 	if next == nil {
 		next = NewUpstream(Options{})
 	}
-	ov := &Overload{next: next, status: o.Status, retryAfter: o.RetryAfter, delay: o.Delay}
-	if ov.status == 0 {
-		ov.status = http.StatusServiceUnavailable
-	}
-	switch ov.retryAfter {
-	case "":
-		ov.retryAfter = "1"
-	case "-":
-		ov.retryAfter = ""
-	}
-	return ov
+	return &Overload{next: next, refusal: newRefusal(o.Status, http.StatusServiceUnavailable, o.RetryAfter, o.Delay)}
 }
 
 // Begin overloads the server from now for d, replacing any overload in
@@ -98,7 +86,7 @@ func (o *Overload) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o.refused.Add(1)
-	refuse(w, r, o.status, o.retryAfter, o.delay)
+	o.refusal.write(w, r)
 }
 
 // Stats returns the counts so far.

@@ -57,12 +57,10 @@ type RateLimitStats struct {
 // is exact in virtual time. Create it with [NewRateLimit]; the zero value
 // is not usable. It is safe for concurrent use.
 type RateLimit struct {
-	next       http.Handler
-	rate       float64
-	burst      float64
-	status     int
-	retryAfter string
-	delay      time.Duration
+	next  http.Handler
+	rate  float64
+	burst float64
+	refusal
 
 	mu     sync.Mutex
 	tokens float64
@@ -78,24 +76,13 @@ func NewRateLimit(next http.Handler, o RateLimitOptions) *RateLimit {
 		next = NewUpstream(Options{})
 	}
 	l := &RateLimit{
-		next:       next,
-		rate:       o.PerSecond,
-		burst:      float64(max(o.Burst, 1)),
-		status:     o.Status,
-		retryAfter: o.RetryAfter,
-		delay:      o.Delay,
+		next:    next,
+		rate:    o.PerSecond,
+		burst:   float64(max(o.Burst, 1)),
+		refusal: newRefusal(o.Status, http.StatusTooManyRequests, o.RetryAfter, o.Delay),
 	}
 	if !(l.rate > 0) { // NaN too
 		l.rate = 0
-	}
-	if l.status == 0 {
-		l.status = http.StatusTooManyRequests
-	}
-	switch l.retryAfter {
-	case "":
-		l.retryAfter = "1"
-	case "-":
-		l.retryAfter = ""
 	}
 	l.tokens = l.burst
 	return l
@@ -109,7 +96,7 @@ func (l *RateLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l.refused.Add(1)
-	refuse(w, r, l.status, l.retryAfter, l.delay)
+	l.refusal.write(w, r)
 }
 
 // take takes a token at now, if there is one.
@@ -132,17 +119,39 @@ func (l *RateLimit) Stats() RateLimitStats {
 	return RateLimitStats{Admitted: l.admitted.Load(), Refused: l.refused.Load()}
 }
 
-// refuse answers r with status and, unless it is empty, a Retry-After,
-// after delay, with an empty body; a request whose context ends during
-// the delay gets nothing.
-func refuse(w http.ResponseWriter, r *http.Request, status int, retryAfter string, delay time.Duration) {
-	if !timing.Sleep(r.Context(), delay) {
+// refusal is how an [Overload] or a [RateLimit] refuses a request: its
+// status, its Retry-After ("" for none) and how long it waits first.
+type refusal struct {
+	status     int
+	retryAfter string
+	delay      time.Duration
+}
+
+// newRefusal returns the refusal the options describe: status, or def
+// when zero; retryAfter, "1" when empty and none when "-"; delay.
+func newRefusal(status, def int, retryAfter string, delay time.Duration) refusal {
+	if status == 0 {
+		status = def
+	}
+	switch retryAfter {
+	case "":
+		retryAfter = "1"
+	case "-":
+		retryAfter = ""
+	}
+	return refusal{status: status, retryAfter: retryAfter, delay: delay}
+}
+
+// write answers r with the refusal, after its delay, unless r's context
+// ends first: then it writes nothing.
+func (f refusal) write(w http.ResponseWriter, r *http.Request) {
+	if !timing.Sleep(r.Context(), f.delay) {
 		return
 	}
 	h := w.Header()
-	if retryAfter != "" {
-		h.Set("Retry-After", retryAfter)
+	if f.retryAfter != "" {
+		h.Set("Retry-After", f.retryAfter)
 	}
 	h.Set("Content-Length", "0")
-	w.WriteHeader(status)
+	w.WriteHeader(f.status)
 }
