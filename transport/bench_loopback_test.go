@@ -42,10 +42,6 @@ func reportLoad(b *testing.B, res httptestutil.LoadResult, wire int64) {
 	b.ReportMetric(0, "ns/op") // one op is a whole load; its time says nothing
 }
 
-func hedgingClient(b *testing.B) *http.Client {
-	return hedgingClientWith(b, &policy.Hedge{Quantile: 0.95})
-}
-
 func hedgingClientWith(b *testing.B, h *policy.Hedge) *http.Client {
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * loadWorkers}
 	b.Cleanup(base.CloseIdleConnections)
