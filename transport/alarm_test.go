@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -76,4 +77,102 @@ func TestPooledTimeoutsFireForTheirOwnCall(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestAlarmRingsWhenDueAndOnlyThen holds the alarm's lazy timer, in a
+// bubble so that each ring's time is exact: an alarm rings at the time it
+// was armed for, a later time set while its timer waits for an earlier
+// one moves the ring to it (the timer fires, finds the alarm not due and
+// sets itself again), an earlier one moves the timer, and a stopped alarm
+// never rings though its timer fires.
+func TestAlarmRingsWhenDueAndOnlyThen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu    sync.Mutex
+			start = time.Now()
+			rang  []time.Duration
+		)
+		ring := func(cause error) {
+			if cause != policy.ErrAttemptTimeout {
+				t.Errorf("rang with %v", cause)
+			}
+			mu.Lock()
+			rang = append(rang, time.Since(start))
+			mu.Unlock()
+		}
+		got := func() []time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(rang)
+		}
+		restart := func() {
+			mu.Lock()
+			rang, start = nil, time.Now()
+			mu.Unlock()
+		}
+		ms := time.Millisecond
+
+		a := newAlarm(start, start.Add(10*ms), nil, ring)
+		time.Sleep(5 * ms)
+		a.arm(start.Add(20 * ms)) // later: no timer work now
+		time.Sleep(50 * ms)
+		if !slices.Equal(got(), []time.Duration{20 * ms}) || a.stop() {
+			t.Fatalf("armed for 10ms, moved to 20ms: rang at %v, want [20ms] and stop false", got())
+		}
+
+		restart()
+		a = newAlarm(time.Now(), time.Now().Add(30*ms), nil, ring)
+		a.arm(time.Now().Add(15 * ms)) // earlier: the timer moves
+		time.Sleep(50 * ms)
+		if !slices.Equal(got(), []time.Duration{15 * ms}) {
+			t.Fatalf("armed for 30ms, moved to 15ms: rang at %v, want [15ms]", got())
+		}
+
+		restart()
+		a = newAlarm(time.Now(), time.Now().Add(10*ms), nil, ring)
+		time.Sleep(5 * ms)
+		if !a.stop() {
+			t.Fatal("stopped before it was due: stop false")
+		}
+		time.Sleep(50 * ms) // the timer fires at 10ms, idle
+		if len(got()) != 0 {
+			t.Fatalf("a stopped alarm rang at %v", got())
+		}
+	})
+}
+
+// TestPooledAlarmTakesItsOwnTime holds the reuse of a pooled alarm whose
+// timer is still set for its last call, outside any bubble (so with the
+// pool): a next call due earlier than that timer still rings in time, and
+// a call due later is not rung when the timer set for the last call fires.
+func TestPooledAlarmTakesItsOwnTime(t *testing.T) {
+	rang := make(chan time.Time, 4)
+	ring := func(error) { rang <- time.Now() }
+
+	start := time.Now()
+	newAlarm(start, start.Add(time.Hour), nil, ring).stop()
+	start = time.Now()
+	newAlarm(start, start.Add(5*time.Millisecond), nil, ring) // likely the same alarm
+	select {
+	case at := <-rang:
+		if at.Sub(start) < 5*time.Millisecond {
+			t.Fatalf("rang after %v, before the 5ms it was armed for", at.Sub(start))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an alarm armed for 5ms, taken from the pool with its timer set for an hour, never rang")
+	}
+
+	start = time.Now()
+	newAlarm(start, start.Add(5*time.Millisecond), nil, ring).stop()
+	start = time.Now()
+	a := newAlarm(start, start.Add(time.Hour), nil, ring) // the timer for 5ms is still set
+	time.Sleep(50 * time.Millisecond)
+	if !a.stop() {
+		t.Fatal("an alarm armed for an hour rang, or was disarmed, within 50ms")
+	}
+	select {
+	case at := <-rang:
+		t.Fatalf("an alarm rang %v after the stop of its last call", at.Sub(start))
+	default:
+	}
 }

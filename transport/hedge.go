@@ -10,6 +10,7 @@ import (
 
 	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -96,7 +97,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.live = 1
 	r.mu.Lock()
 	r.due = now.Add(wait)
-	r.timer = newAlarm(c.start, r.nextLocked().Sub(now), r, nil)
+	r.timer = newAlarm(c.start, r.nextLocked(), r, nil)
 	r.mu.Unlock()
 
 	done := false
@@ -125,11 +126,11 @@ func (r *round) nextLocked() time.Time {
 	return r.expires
 }
 
-// armLocked sets the round's timer for what is next pending, as of now,
-// unless the round is over. r.mu is held.
-func (r *round) armLocked(now time.Time) {
+// armLocked sets the round's timer for what is next pending, unless the
+// round is over. r.mu is held.
+func (r *round) armLocked() {
 	if next := r.nextLocked(); !next.IsZero() && !r.over {
-		r.timer.t.Reset(next.Sub(now))
+		r.timer.arm(next)
 	}
 }
 
@@ -153,9 +154,9 @@ func (r *round) headers() (expired bool) {
 
 // fire runs on the round's timer. It cancels the inline leg if its
 // per-attempt timeout has come, and sends a hedge if one is due (see
-// hedge), re-arming the timer for what is left.
-func (r *round) fire() {
-	now := time.Now()
+// hedge), re-arming the timer for what is left. now is when the timer
+// rang.
+func (r *round) fire(now time.Time) {
 	r.mu.Lock()
 	if r.over {
 		r.mu.Unlock()
@@ -169,7 +170,7 @@ func (r *round) fire() {
 	if due {
 		r.due = time.Time{} // the hedge sets the next one, if it starts
 	}
-	r.armLocked(now)
+	r.armLocked()
 	r.mu.Unlock()
 	if expire {
 		r.first.cancel(policy.ErrAttemptTimeout)
@@ -243,7 +244,7 @@ func (r *round) hedge(now time.Time) {
 			r.cond.Broadcast()
 			r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
 			r.refused++
-			r.armLocked(now)
+			r.armLocked()
 		}
 		r.mu.Unlock()
 		closeBody(body)
@@ -262,7 +263,7 @@ func (r *round) hedge(now time.Time) {
 	r.firing, firing = false, false
 	if r.live < r.max && c.wire < c.attempts {
 		r.due = now.Add(r.threshold)
-		r.armLocked(now)
+		r.armLocked()
 	}
 	r.mu.Unlock()
 
@@ -395,7 +396,7 @@ func (r *round) report(l *leg) {
 	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
 	var now time.Time // read only when something needs it
 	if len(losers) > 0 || won {
-		now = time.Now()
+		now = timing.Since(c.start)
 	}
 	r.discard(losers, now)
 	c.attemptDone(l)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -113,23 +114,28 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	if c.s.chain.propagate {
 		c.stamp(l)
 	}
-	if c.s.chain.timed || timesAttemptsOf(c.t.obs) {
-		l.dispatch = admitted
-		if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
-			// A gate may have made the leg wait, and a wait is not the
-			// dependency's latency. (Hedge legs never wait at a gate.)
-			l.dispatch = time.Now()
-		}
+	timed := c.s.chain.timed || timesAttemptsOf(c.t.obs)
+	if !timed && d == 0 {
+		return
+	}
+	// When the leg leaves. A gate may have made it wait, and a wait is
+	// neither the dependency's latency nor the attempt's time. (Hedge
+	// legs never wait at a gate.)
+	sent := admitted
+	if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
+		sent = timing.Since(admitted)
+	}
+	if timed {
+		l.dispatch = sent
 	}
 	switch {
 	case d == 0:
 	case l.round != nil:
-		// The inline leg of a hedged round (a hedging chain is timed,
-		// so l.dispatch is set): the round's one timer keeps its time,
-		// with the hedges'.
-		l.round.expires, l.roundTimed = l.dispatch.Add(d), true
+		// The inline leg of a hedged round: the round's one timer keeps
+		// its time, with the hedges'.
+		l.round.expires, l.roundTimed = sent.Add(d), true
 	default:
-		l.timer = newAlarm(c.start, d, nil, l.cancel)
+		l.timer = newAlarm(c.start, sent.Add(d), nil, l.cancel)
 	}
 }
 
@@ -158,7 +164,7 @@ func (c *call) send(l *leg) {
 	sent = true
 	var now time.Time // only read when the leg is timed
 	if !l.dispatch.IsZero() {
-		now = time.Now()
+		now = timing.Since(l.dispatch)
 		l.latency = now.Sub(l.dispatch)
 	}
 	resp, err = sane(resp, err)

@@ -28,3 +28,43 @@ func TestSleep(t *testing.T) {
 		}
 	})
 }
+
+func TestSince(t *testing.T) {
+	start := time.Now()
+	before := time.Now()
+	now := Since(start)
+	after := time.Now()
+	if now.Before(before) || now.After(after) {
+		t.Fatalf("Since = %v, want between %v and %v", now, before, after)
+	}
+	if now.Round(0) == now {
+		t.Fatal("Since lost the monotonic clock reading")
+	}
+	if d := now.Round(0).Sub(after.Round(0)); d > time.Second || d < -time.Second {
+		t.Fatalf("Since's wall clock is %v from time.Now's", d)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		time.Sleep(time.Second)
+		if got, want := Since(start), time.Now(); !got.Equal(want) {
+			t.Fatalf("in a bubble Since = %v, want time.Now %v", got, want)
+		}
+	})
+}
+
+var sinkTime time.Time
+
+// BenchmarkSince is Since against time.Now, the reading it replaces.
+func BenchmarkSince(b *testing.B) {
+	start := time.Now()
+	b.Run("Since", func(b *testing.B) {
+		for b.Loop() {
+			sinkTime = Since(start)
+		}
+	})
+	b.Run("time.Now", func(b *testing.B) {
+		for b.Loop() {
+			sinkTime = time.Now()
+		}
+	})
+}
