@@ -125,6 +125,72 @@ func (p *hedgeProbe) report(b *testing.B, tr *Transport, key string) {
 	b.ReportMetric(float64(p.slowNotHedged), "slow-unhedged")
 }
 
+// idealHedge is the reference BenchmarkHedgingBimodal measures the
+// quantile hedge against, written for the benchmark alone: the least a
+// hedge can do. It sends the request, and a copy after a fixed delay if
+// the first has not answered, takes whichever answers first and cancels
+// the other, with no estimator, budget, gate or pool: its delay is the
+// p95 of 2000 unhedged calls measured just before. What it gets is the
+// limit "the threshold plus one fast call" sets on this machine, as the
+// issue of performance asked for it.
+type idealHedge struct {
+	base  http.RoundTripper
+	delay time.Duration
+}
+
+type idealAnswer struct {
+	resp   *http.Response
+	err    error
+	cancel context.CancelFunc
+}
+
+func (h idealHedge) RoundTrip(r *http.Request) (*http.Response, error) {
+	answers := make(chan idealAnswer, 2)
+	send := func() {
+		ctx, cancel := context.WithCancel(r.Context())
+		resp, err := h.base.RoundTrip(r.Clone(ctx))
+		answers <- idealAnswer{resp, err, cancel}
+	}
+	go send()
+	legs := 1
+	t := time.NewTimer(h.delay)
+	var a idealAnswer
+	select {
+	case a = <-answers:
+	case <-t.C:
+		legs = 2
+		go send()
+		a = <-answers
+	}
+	t.Stop()
+	if legs == 2 {
+		go func() { // the loser is cancelled at once, and what it got closed
+			l := <-answers
+			l.cancel()
+			if l.resp != nil {
+				l.resp.Body.Close()
+			}
+		}()
+	}
+	if a.err != nil {
+		a.cancel()
+		return nil, a.err
+	}
+	a.resp.Body = &cancelOnClose{ReadCloser: a.resp.Body, cancel: a.cancel}
+	return a.resp, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
 // BenchmarkHedgingBimodal: 97% of calls take 4ms, 3% take 150ms. Without
 // hedging p99 is the slow mode; hedging at p95 should cut it to about two
 // fast calls for about 5% more wire calls. A slow call whose hedge is slow
@@ -133,7 +199,8 @@ func (p *hedgeProbe) report(b *testing.B, tr *Transport, key string) {
 // default MaxConcurrent, 3); with "2-legs" (MaxConcurrent 2) it stays at
 // 150ms. The hedging clients also report what hedgeProbe saw: the hedges' lateness,
 // the threshold, the budget's refusals, and why the calls still slow after
-// 100ms were.
+// 100ms were. "ideal-p95" is the reference idealHedge, at the p95 of the
+// unhedged calls measured first, with two legs at most.
 func BenchmarkHedgingBimodal(b *testing.B) {
 	for _, hc := range []struct {
 		name  string
@@ -142,6 +209,7 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 		{"net-http", nil},
 		{"resilix-p95", &policy.Hedge{Quantile: 0.95}},
 		{"resilix-p95-2-legs", &policy.Hedge{Quantile: 0.95, MaxConcurrent: 2}},
+		{"ideal-p95", nil},
 	} {
 		b.Run(hc.name, func(b *testing.B) {
 			up := httptestutil.NewUpstream(httptestutil.Options{
@@ -156,6 +224,12 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 				probe *hedgeProbe
 				tr    *Transport
 			)
+			var ideal time.Duration
+			if hc.name == "ideal-p95" {
+				res := httptestutil.Load{Calls: loadCalls, Workers: loadWorkers}.Run(c, srv.URL) // learn
+				ideal = res.Quantile(0.95)
+				c = &http.Client{Transport: idealHedge{base: base, delay: ideal}}
+			}
 			if hc.hedge != nil {
 				probe = &hedgeProbe{}
 				tr = mustNew(b, Config{Base: base, Policies: policy.Set{Hedge: hc.hedge}, Observer: probe.observer()})
@@ -172,6 +246,9 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 				reportLoad(b, res, up.Stats().Requests)
 				if probe != nil {
 					probe.report(b, tr, strings.TrimPrefix(srv.URL, "http://"))
+				}
+				if ideal > 0 {
+					b.ReportMetric(float64(ideal)/float64(time.Millisecond), "threshold-ms")
 				}
 			}
 		})
