@@ -550,7 +550,9 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // segments (client and server together; see cpuTime); and logs the same as
 // a table row. The cases named h2c- run the same over HTTP/2 without TLS
 // (prior knowledge), where a cancelled request resets its stream and
-// keeps the connection, which over HTTP/1.1 it closes:
+// keeps the connection, which over HTTP/1.1 it closes. The cases named
+// cancellable are not resilix: they are net/http with a cancellable
+// context per call (see cancellable), the floor of Timeout and Hedge:
 //
 //	go test -run '^$' -bench Throughput -count 10 ./transport
 func BenchmarkThroughput(b *testing.B) {
@@ -564,6 +566,7 @@ func BenchmarkThroughput(b *testing.B) {
 		set  policy.Set
 		h2c  bool
 	}{
+		{"cancellable", policy.Set{}, false},
 		{"none", policy.Set{}, false},
 		{"Retry", policy.Set{Retry: &policy.Retry{}}, false},
 		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
@@ -574,6 +577,7 @@ func BenchmarkThroughput(b *testing.B) {
 		{"RateLimit", policy.Set{RateLimit: &policy.RateLimit{PerSecond: 1e9}}, false},
 		{"Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}, false},
 		{"all", fullSet(), false},
+		{"h2c-cancellable", policy.Set{}, true},
 		{"h2c-none", policy.Set{}, true},
 		{"h2c-Hedge", policy.Set{Hedge: &policy.Hedge{}}, true},
 		{"h2c-Timeout", policy.Set{Timeout: &policy.Timeout{PerAttempt: time.Second}}, true},
@@ -602,7 +606,10 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			defer bareBase.CloseIdleConnections()
 			defer base.CloseIdleConnections()
-			tr := mustNew(b, Config{Base: base, Policies: pc.set})
+			var tr http.RoundTripper = mustNew(b, Config{Base: base, Policies: pc.set})
+			if strings.HasSuffix(pc.name, "cancellable") {
+				tr = cancellable{base}
+			}
 			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
 			closedLoop(bare, srv.URL, callers, 3*segment, 0) // warm up both, and teach resilix the latency
 			closedLoop(res, srv.URL, callers, 3*segment, 0)
@@ -646,6 +653,24 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cancellable is BenchmarkThroughput's reference for what a context costs
+// net/http: plain net/http, each call under a cancellable context of its
+// own, cancelled as the body is closed. It is the least any per-attempt
+// timeout or hedge leg over net/http can cost, since cutting an attempt
+// short takes a context net/http watches.
+type cancellable struct{ base http.RoundTripper }
+
+func (c cancellable) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(r.Context())
+	resp, err := c.base.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
 }
 
 // dialCounting is a connection pool of at most idle idle connections a
