@@ -8,26 +8,35 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
-// An alarm is the timer of a per-attempt timeout or of a hedged round: a
-// time.AfterFunc timer that rings at a time set by arm, unless stop
-// disarms it first.
+// An alarm is the timer of a per-attempt timeout: a time.AfterFunc timer
+// that cancels the attempt's context with policy.ErrAttemptTimeout at a
+// time set when it is armed, unless stop disarms it first.
 //
-// Nearly every alarm is disarmed before it is due (headers come back
-// before the timeout), so disarming and re-arming touch no runtime timer:
-// stop only clears the time, and the timer, left set, fires when it was
-// due, finds nothing to do and rests. An alarm disarmed in time goes back
-// to a pool, and the next call's arm moves its timer only when the timer
-// is not already set for an earlier time; a timer that fires before the
-// alarm is due sets itself again for what is left. So a call that ends
-// before its timeout costs a lock and an unlock where a timer's Reset
-// and Stop cost twice as much (the per-attempt timeout of
-// BenchmarkRoundTrip), and a timer may fire once, idle, up to a timeout
-// after its last call; it holds nothing of that call.
+// Nearly every per-attempt timeout is disarmed long before it is due
+// (headers come back in a small part of PerAttempt), so disarming and
+// re-arming one touch no runtime timer: stop only clears the time, and
+// the timer, left set, fires when it was due, finds nothing to do and
+// rests. An alarm goes back to a pool when stopped, and the next call
+// moves its timer only when the timer is not already set for an earlier
+// time; a timer that fires before the alarm is due sets itself again for
+// what is left. So a call that ends before its timeout costs a lock and
+// an unlock where a timer's Reset and Stop cost twice as much
+// (BenchmarkRoundTrip's retry+timeout: 447 to 406 ns), and a timer may
+// fire once, idle, up to a PerAttempt after its last call, holding
+// nothing of that call. The trade is lost when PerAttempt is within a
+// few times the latency: each fire is a goroutine, and a timer set for
+// a call in flight fires every PerAttempt (2 ms on calls of 0.27 ms: a
+// fire for one call in eight, where a stopped timer would fire only for
+// the calls that time out).
 //
-// Only a call made outside a testing/synctest bubble takes an alarm from
-// the pool: a timer belongs to the bubble it was created in, and one
+// A hedged round's timer, due at the hedge threshold (about the
+// latency's p95), would be in that case on every call, so it is a
+// roundTimer, stopped when the round is over.
+//
+// Only a call made outside a testing/synctest bubble takes a timer from
+// a pool: a timer belongs to the bubble it was created in, and one
 // created in a bubble that has ended would never fire in the next. A call
-// inside a bubble gets a fresh alarm, which is dropped after use. A call
+// inside a bubble gets a fresh one, which is dropped after use. A call
 // tells which it is by its start time, which has no monotonic clock
 // reading inside a bubble (see inBubble).
 type alarm struct {
@@ -40,55 +49,47 @@ type alarm struct {
 	at time.Time
 	// set is when the timer is set to fire; zero when it is not set.
 	set time.Time
-	// When the alarm is due, ring calls round.fire, or, when round is
-	// nil, cancel(policy.ErrAttemptTimeout); both are nil while it is
+	// cancel cancels the attempt when the alarm is due; nil while it is
 	// disarmed, so that an alarm in the pool holds nothing of a call.
-	round  *round
 	cancel context.CancelCauseFunc
 }
 
 // alarms holds the pooled alarms, disarmed.
 var alarms sync.Pool
 
-// newAlarm returns an alarm armed for at, which rings r.fire when r is not
-// nil, else cancel(policy.ErrAttemptTimeout). start is the call's start
-// time, which says whether the call runs in a synctest bubble.
-func newAlarm(start, at time.Time, r *round, cancel context.CancelCauseFunc) *alarm {
+// newAlarm returns an alarm armed for at, which then calls
+// cancel(policy.ErrAttemptTimeout). start is the call's start time, which
+// says whether the call runs in a synctest bubble.
+func newAlarm(start, at time.Time, cancel context.CancelCauseFunc) *alarm {
 	pooled := !inBubble(start)
 	if pooled {
 		if a, _ := alarms.Get().(*alarm); a != nil {
-			a.mu.Lock()
-			a.round, a.cancel = r, cancel
-			a.armLocked(at)
-			a.mu.Unlock()
+			a.rearm(at, cancel)
 			return a
 		}
 	}
-	a := &alarm{pooled: pooled, at: at, set: at, round: r, cancel: cancel}
+	a := &alarm{pooled: pooled, at: at, set: at, cancel: cancel}
 	a.mu.Lock() // fire may run before a.t is assigned
 	a.t = time.AfterFunc(time.Until(at), a.fire)
 	a.mu.Unlock()
 	return a
 }
 
-// arm sets the alarm for at, which replaces any time it was set for.
-func (a *alarm) arm(at time.Time) {
+// rearm arms a stopped alarm again, for at and cancel. Its timer moves
+// only when it is not set, or set for later than at.
+func (a *alarm) rearm(at time.Time, cancel context.CancelCauseFunc) {
 	a.mu.Lock()
-	a.armLocked(at)
-	a.mu.Unlock()
-}
-
-func (a *alarm) armLocked(at time.Time) {
-	a.at = at
+	a.at, a.cancel = at, cancel
 	if a.set.IsZero() || at.Before(a.set) {
 		a.set = at
 		a.t.Reset(time.Until(at))
 	}
+	a.mu.Unlock()
 }
 
-// fire runs when the timer fires: it rings the alarm if it is due, sets
-// the timer again if the alarm is armed for later, and otherwise lets the
-// timer rest.
+// fire runs when the timer fires: it cancels the attempt if the alarm is
+// due, sets the timer again if the alarm is armed for later, and
+// otherwise lets the timer rest.
 func (a *alarm) fire() {
 	now := time.Now()
 	a.mu.Lock()
@@ -104,28 +105,66 @@ func (a *alarm) fire() {
 		return
 	}
 	a.at = time.Time{}
-	r, cancel := a.round, a.cancel
+	cancel := a.cancel
 	a.mu.Unlock()
-	if r != nil {
-		r.fire(now)
-		return
-	}
 	cancel(policy.ErrAttemptTimeout)
 }
 
 // stop disarms the alarm and reports whether it was disarmed before it
 // rang, as time.Timer.Stop does. The alarm must not be used again: it goes
-// back to the pool when it came from there. Whatever ring it has begun
-// runs on without it.
+// back to the pool when it came from there. A cancel it has begun runs on
+// without it.
 func (a *alarm) stop() bool {
 	a.mu.Lock()
 	armed := !a.at.IsZero()
-	a.at, a.round, a.cancel = time.Time{}, nil, nil
+	a.at, a.cancel = time.Time{}, nil
 	a.mu.Unlock()
 	if a.pooled {
 		alarms.Put(a)
 	}
 	return armed
+}
+
+// A roundTimer is a hedged round's one timer, for its next hedge and its
+// inline leg's timeout (see round.fire). Stopped in time, it goes back to
+// a pool (when it came from there); one that fired is left to the garbage
+// collector, since its round.fire may still be running. r is set before
+// the timer is armed and read only by the timer's func.
+type roundTimer struct {
+	t      *time.Timer
+	pooled bool
+	r      *round
+}
+
+// roundTimers holds the pooled round timers, stopped.
+var roundTimers sync.Pool
+
+// newRoundTimer returns a timer that calls r.fire at at. start is the
+// call's start time, as for newAlarm.
+func newRoundTimer(start, at time.Time, r *round) *roundTimer {
+	if !inBubble(start) {
+		if rt, _ := roundTimers.Get().(*roundTimer); rt != nil {
+			rt.r = r
+			rt.t.Reset(time.Until(at))
+			return rt
+		}
+	}
+	rt := &roundTimer{pooled: !inBubble(start), r: r}
+	rt.t = time.AfterFunc(time.Until(at), rt.ring)
+	return rt
+}
+
+func (rt *roundTimer) ring() { rt.r.fire(time.Now()) }
+
+// arm sets the timer again, for at.
+func (rt *roundTimer) arm(at time.Time) { rt.t.Reset(time.Until(at)) }
+
+// stop stops the timer. It must not be used again.
+func (rt *roundTimer) stop() {
+	if rt.t.Stop() && rt.pooled {
+		rt.r = nil
+		roundTimers.Put(rt)
+	}
 }
 
 // inBubble reports whether a time read by time.Now was read inside a

@@ -80,11 +80,12 @@ func TestPooledTimeoutsFireForTheirOwnCall(t *testing.T) {
 }
 
 // TestAlarmRingsWhenDueAndOnlyThen holds the alarm's lazy timer, in a
-// bubble so that each ring's time is exact: an alarm rings at the time it
-// was armed for, a later time set while its timer waits for an earlier
-// one moves the ring to it (the timer fires, finds the alarm not due and
-// sets itself again), an earlier one moves the timer, and a stopped alarm
-// never rings though its timer fires.
+// bubble so that each ring's time is exact, re-arming a stopped alarm as
+// the pool does outside bubbles: an alarm rings at the time it was armed
+// for; one stopped and armed again for later while its timer waits for
+// the earlier time rings at the later (the timer fires, finds the alarm
+// not due and sets itself again); one armed again for earlier moves its
+// timer; and a stopped alarm never rings though its timer fires.
 func TestAlarmRingsWhenDueAndOnlyThen(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var (
@@ -112,24 +113,28 @@ func TestAlarmRingsWhenDueAndOnlyThen(t *testing.T) {
 		}
 		ms := time.Millisecond
 
-		a := newAlarm(start, start.Add(10*ms), nil, ring)
+		a := newAlarm(start, start.Add(10*ms), ring)
 		time.Sleep(5 * ms)
-		a.arm(start.Add(20 * ms)) // later: no timer work now
+		if !a.stop() {
+			t.Fatal("stopped before it was due: stop false")
+		}
+		a.rearm(start.Add(20*ms), ring) // later: no timer work now
 		time.Sleep(50 * ms)
 		if !slices.Equal(got(), []time.Duration{20 * ms}) || a.stop() {
-			t.Fatalf("armed for 10ms, moved to 20ms: rang at %v, want [20ms] and stop false", got())
+			t.Fatalf("armed for 10ms, again for 20ms: rang at %v, want [20ms] and stop false", got())
 		}
 
 		restart()
-		a = newAlarm(time.Now(), time.Now().Add(30*ms), nil, ring)
-		a.arm(time.Now().Add(15 * ms)) // earlier: the timer moves
+		a = newAlarm(time.Now(), time.Now().Add(30*ms), ring)
+		a.stop()
+		a.rearm(time.Now().Add(15*ms), ring) // earlier: the timer moves
 		time.Sleep(50 * ms)
 		if !slices.Equal(got(), []time.Duration{15 * ms}) {
-			t.Fatalf("armed for 30ms, moved to 15ms: rang at %v, want [15ms]", got())
+			t.Fatalf("armed for 30ms, again for 15ms: rang at %v, want [15ms]", got())
 		}
 
 		restart()
-		a = newAlarm(time.Now(), time.Now().Add(10*ms), nil, ring)
+		a = newAlarm(time.Now(), time.Now().Add(10*ms), ring)
 		time.Sleep(5 * ms)
 		if !a.stop() {
 			t.Fatal("stopped before it was due: stop false")
@@ -150,9 +155,9 @@ func TestPooledAlarmTakesItsOwnTime(t *testing.T) {
 	ring := func(error) { rang <- time.Now() }
 
 	start := time.Now()
-	newAlarm(start, start.Add(time.Hour), nil, ring).stop()
+	newAlarm(start, start.Add(time.Hour), ring).stop()
 	start = time.Now()
-	newAlarm(start, start.Add(5*time.Millisecond), nil, ring) // likely the same alarm
+	newAlarm(start, start.Add(5*time.Millisecond), ring) // likely the same alarm
 	select {
 	case at := <-rang:
 		if at.Sub(start) < 5*time.Millisecond {
@@ -163,9 +168,9 @@ func TestPooledAlarmTakesItsOwnTime(t *testing.T) {
 	}
 
 	start = time.Now()
-	newAlarm(start, start.Add(5*time.Millisecond), nil, ring).stop()
+	newAlarm(start, start.Add(5*time.Millisecond), ring).stop()
 	start = time.Now()
-	a := newAlarm(start, start.Add(time.Hour), nil, ring) // the timer for 5ms is still set
+	a := newAlarm(start, start.Add(time.Hour), ring) // the timer for 5ms is still set
 	time.Sleep(50 * time.Millisecond)
 	if !a.stop() {
 		t.Fatal("an alarm armed for an hour rang, or was disarmed, within 50ms")

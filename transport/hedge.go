@@ -56,7 +56,7 @@ type round struct {
 	// and for the inline leg's per-attempt timeout, expires, whichever
 	// comes first (a zero time is none); expired says that it cancelled
 	// the inline leg before its headers came.
-	timer   *alarm // nil once stopped
+	timer   *roundTimer // nil once stopped
 	due     time.Time
 	expires time.Time
 	expired bool
@@ -97,7 +97,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.live = 1
 	r.mu.Lock()
 	r.due = now.Add(wait)
-	r.timer = newAlarm(c.start, r.nextLocked(), r, nil)
+	r.timer = newRoundTimer(c.start, r.nextLocked(), r)
 	r.mu.Unlock()
 
 	done := false

@@ -135,7 +135,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		// its time, with the hedges'.
 		l.round.expires, l.roundTimed = sent.Add(d), true
 	default:
-		l.timer = newAlarm(c.start, sent.Add(d), nil, l.cancel)
+		l.timer = newAlarm(c.start, sent.Add(d), l.cancel)
 	}
 }
 
