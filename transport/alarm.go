@@ -139,25 +139,22 @@ type roundTimer struct {
 // roundTimers holds the pooled round timers, stopped.
 var roundTimers sync.Pool
 
-// newRoundTimer returns a timer that calls r.fire at at. start is the
+// newRoundTimer returns a timer that calls r.fire after d. start is the
 // call's start time, as for newAlarm.
-func newRoundTimer(start, at time.Time, r *round) *roundTimer {
+func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
 	if !inBubble(start) {
 		if rt, _ := roundTimers.Get().(*roundTimer); rt != nil {
 			rt.r = r
-			rt.t.Reset(time.Until(at))
+			rt.t.Reset(d)
 			return rt
 		}
 	}
 	rt := &roundTimer{pooled: !inBubble(start), r: r}
-	rt.t = time.AfterFunc(time.Until(at), rt.ring)
+	rt.t = time.AfterFunc(d, rt.ring)
 	return rt
 }
 
-func (rt *roundTimer) ring() { rt.r.fire(time.Now()) }
-
-// arm sets the timer again, for at.
-func (rt *roundTimer) arm(at time.Time) { rt.t.Reset(time.Until(at)) }
+func (rt *roundTimer) ring() { rt.r.fire() }
 
 // stop stops the timer. It must not be used again.
 func (rt *roundTimer) stop() {

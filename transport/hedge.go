@@ -97,7 +97,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.live = 1
 	r.mu.Lock()
 	r.due = now.Add(wait)
-	r.timer = newRoundTimer(c.start, r.nextLocked(), r)
+	r.timer = newRoundTimer(c.start, r.nextLocked().Sub(now), r)
 	r.mu.Unlock()
 
 	done := false
@@ -126,11 +126,11 @@ func (r *round) nextLocked() time.Time {
 	return r.expires
 }
 
-// armLocked sets the round's timer for what is next pending, unless the
-// round is over. r.mu is held.
-func (r *round) armLocked() {
+// armLocked sets the round's timer for what is next pending, as of now,
+// unless the round is over. r.mu is held.
+func (r *round) armLocked(now time.Time) {
 	if next := r.nextLocked(); !next.IsZero() && !r.over {
-		r.timer.arm(next)
+		r.timer.t.Reset(next.Sub(now))
 	}
 }
 
@@ -154,9 +154,9 @@ func (r *round) headers() (expired bool) {
 
 // fire runs on the round's timer. It cancels the inline leg if its
 // per-attempt timeout has come, and sends a hedge if one is due (see
-// hedge), re-arming the timer for what is left. now is when the timer
-// rang.
-func (r *round) fire(now time.Time) {
+// hedge), re-arming the timer for what is left.
+func (r *round) fire() {
+	now := time.Now()
 	r.mu.Lock()
 	if r.over {
 		r.mu.Unlock()
@@ -170,7 +170,7 @@ func (r *round) fire(now time.Time) {
 	if due {
 		r.due = time.Time{} // the hedge sets the next one, if it starts
 	}
-	r.armLocked()
+	r.armLocked(now)
 	r.mu.Unlock()
 	if expire {
 		r.first.cancel(policy.ErrAttemptTimeout)
@@ -244,7 +244,7 @@ func (r *round) hedge(now time.Time) {
 			r.cond.Broadcast()
 			r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
 			r.refused++
-			r.armLocked()
+			r.armLocked(now)
 		}
 		r.mu.Unlock()
 		closeBody(body)
@@ -263,7 +263,7 @@ func (r *round) hedge(now time.Time) {
 	r.firing, firing = false, false
 	if r.live < r.max && c.wire < c.attempts {
 		r.due = now.Add(r.threshold)
-		r.armLocked()
+		r.armLocked(now)
 	}
 	r.mu.Unlock()
 
