@@ -30,8 +30,9 @@ func TestRedisRateUnderContention(t *testing.T) {
 	short := 100 * float64(c.lo-c.granted) / float64(c.lo)
 	t.Logf("redis_rate: %d granted at %d/s with burst %d (%d partial grants); the clock gives %d to %d: %.1f%% short",
 		c.granted, contendRate, contendBurst, c.partial, c.lo, c.hi, short)
-	// TestTakeIsExact allows two asks' worth below lo, 2.5% of it.
-	if short < 4 {
+	// TestTakeIsExact allows two asks' worth below lo, 2.5% of it;
+	// redis_rate falls 3.6–4.3% short on this project's machine.
+	if short < 3 {
 		t.Errorf("redis_rate granted %d, %.1f%% short of %d: no longer short by much more than TestTakeIsExact allows", c.granted, short, c.lo)
 	}
 }
