@@ -21,7 +21,7 @@ import (
 // time; a timer that fires before the alarm is due sets itself again for
 // what is left. So a call that ends before its timeout costs a lock and
 // an unlock where a timer's Reset and Stop cost twice as much
-// (BenchmarkRoundTrip's retry+timeout: 447 to 406 ns), and a timer may
+// (BenchmarkRoundTrip's retry+timeout: 432 to 384 ns), and a timer may
 // fire once, idle, up to a PerAttempt after its last call, holding
 // nothing of that call. The trade is lost when PerAttempt is within a
 // few times the latency: each fire is a goroutine, and a timer kept busy
