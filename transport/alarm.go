@@ -158,12 +158,17 @@ func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
 
 func (rt *roundTimer) ring() { rt.r.fire() }
 
-// stop stops the timer. It must not be used again.
-func (rt *roundTimer) stop() {
-	if rt.t.Stop() && rt.pooled {
+// stop stops the timer and reports whether it was stopped before its
+// func began. It must not be used again.
+func (rt *roundTimer) stop() bool {
+	if !rt.t.Stop() {
+		return false
+	}
+	if rt.pooled {
 		rt.r = nil
 		roundTimers.Put(rt)
 	}
+	return true
 }
 
 // inBubble reports whether a time read by time.Now was read inside a

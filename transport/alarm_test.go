@@ -2,9 +2,12 @@ package transport
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -180,4 +183,60 @@ func TestPooledAlarmTakesItsOwnTime(t *testing.T) {
 		t.Fatalf("an alarm rang %v after the stop of its last call", at.Sub(start))
 	default:
 	}
+}
+
+// TestPooledRoundsServeTheirOwnCall runs, outside any bubble (so with the
+// pool of rounds), hedging calls whose latency straddles the threshold
+// (the median), from several goroutines: the round's timer fires in about
+// half of them, while the budget, soon empty, refuses most hedges, so
+// that a fire often runs on, suppressing its hedge, after the caller has
+// its answer. A round whose timer fired must never go back to the pool
+// (under -race, reusing it while that fire reads it is a data race), and
+// every call must get the answer to its own request.
+func TestPooledRoundsServeTheirOwnCall(t *testing.T) {
+	var refused, started atomic.Int64
+	tr := mustNew(t, Config{
+		Observer: &policy.Observer{
+			HedgeStarted: func(policy.HedgeInfo) { started.Add(1) },
+			HedgeSuppressed: func(s policy.HedgeSuppression) {
+				if s.Reason == policy.HedgeBudget {
+					refused.Add(1)
+				}
+			},
+		},
+		Base: fakeRT(func(r *http.Request) (*http.Response, error) {
+			d := time.Duration(200+rand.IntN(1600)) * time.Microsecond
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return respond(r, 200, "Id", r.Header.Get("Id")), nil
+		}),
+		Policies: policy.Set{Hedge: &policy.Hedge{Quantile: 0.5, MinSamples: 5}},
+	})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 150 {
+				id := strconv.Itoa(g*1000 + i)
+				req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
+				req.Header.Set("Id", id)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Errorf("call %s: %v", id, err)
+					continue
+				}
+				if got := resp.Header.Get("Id"); got != id {
+					t.Errorf("call %s got the answer to %s", id, got)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if started.Load() == 0 || refused.Load() == 0 {
+		t.Fatalf("%d hedges started, %d refused by the budget: the test must see both", started.Load(), refused.Load())
+	}
+	t.Logf("%d hedges started, %d refused by the budget", started.Load(), refused.Load())
 }

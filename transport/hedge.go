@@ -38,9 +38,9 @@ type round struct {
 	threshold time.Duration
 	getBody   func() (io.ReadCloser, error) // the request's, read once by the caller
 
-	first  leg        // the inline leg, legs[0]
-	own    ownRequest // the inline leg's request copy and body wrapper
-	legBuf [3]*leg    // legs' storage for the default MaxConcurrent
+	first  leg     // the inline leg, legs[0]
+	legBuf [3]*leg // legs' storage for the default MaxConcurrent
+	pooled bool    // taken from rounds, and may go back (see release)
 
 	mu      sync.Mutex
 	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
@@ -61,6 +61,41 @@ type round struct {
 	expires time.Time
 	expired bool
 	refused int // hedges the budget refused in this round: later tries back off
+	// rang: the timer's func has run, or may run, so a fire may still be
+	// using the round after the caller is done with it.
+	rang bool
+}
+
+// rounds holds the rounds that ended without their timer ever firing:
+// most rounds, since most calls are not hedged.
+var rounds sync.Pool
+
+// newRound returns a zero round, from the pool unless the call runs in a
+// synctest bubble (see alarm).
+func newRound(start time.Time) *round {
+	if !inBubble(start) {
+		if r, _ := rounds.Get().(*round); r != nil {
+			return r
+		}
+		return &round{pooled: true}
+	}
+	return new(round)
+}
+
+// release puts the round back in the pool once the caller has its
+// answer, when nothing else can still reach it: no hedge leg was sent (a
+// hedge leg's goroutine, its grace timer and its drain hold the round),
+// and the timer never fired (a fire may run on after it has re-armed the
+// timer, or after the round was decided). The inline leg's request copy
+// and body wrapper, which the caller keeps, are not in the round.
+func (r *round) release() {
+	r.mu.Lock()
+	reusable := r.pooled && !r.rang && len(r.legs) == 1
+	r.mu.Unlock()
+	if reusable {
+		*r = round{pooled: true}
+		rounds.Put(r)
+	}
 }
 
 // hedgeAfter reports whether this round hedges and, if so, the threshold
@@ -88,10 +123,11 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
-	r := &round{c: *c, h: h, max: h.Config().MaxConcurrent, threshold: threshold, first: *first, getBody: c.req.GetBody}
+	r := newRound(c.start)
+	r.c, r.h, r.max, r.threshold, r.first, r.getBody = *c, h, h.Config().MaxConcurrent, threshold, *first, c.req.GetBody
 	r.cond.L = &r.mu
 	l := &r.first
-	l.round, l.own = r, &r.own
+	l.round = r
 	r.c.prepare(l, kind, body, true, now)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
@@ -113,6 +149,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	resp, err := r.collect()
 	done = true
 	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
+	r.release()
 	return resp, err
 }
 
@@ -138,7 +175,9 @@ func (r *round) armLocked(now time.Time) {
 // another round's hands by the next call. r.mu is held.
 func (r *round) stopLocked() {
 	if r.timer != nil {
-		r.timer.stop()
+		if !r.timer.stop() {
+			r.rang = true
+		}
 		r.timer = nil
 	}
 }
@@ -158,6 +197,7 @@ func (r *round) headers() (expired bool) {
 func (r *round) fire() {
 	now := time.Now()
 	r.mu.Lock()
+	r.rang = true
 	if r.over {
 		r.mu.Unlock()
 		return
