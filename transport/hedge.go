@@ -40,7 +40,6 @@ type round struct {
 
 	first  leg     // the inline leg, legs[0]
 	legBuf [3]*leg // legs' storage for the default MaxConcurrent
-	pooled bool    // taken from rounds, and may go back (see release)
 
 	mu      sync.Mutex
 	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
@@ -77,23 +76,23 @@ func newRound(start time.Time) *round {
 		if r, _ := rounds.Get().(*round); r != nil {
 			return r
 		}
-		return &round{pooled: true}
 	}
 	return new(round)
 }
 
-// release puts the round back in the pool once the caller has its
-// answer, when nothing else can still reach it: no hedge leg was sent (a
-// hedge leg's goroutine, its grace timer and its drain hold the round),
-// and the timer never fired (a fire may run on after it has re-armed the
-// timer, or after the round was decided). The inline leg's request copy
-// and body wrapper, which the caller keeps, are not in the round.
+// release puts the round back in the pool (outside a synctest bubble)
+// once the caller has its answer, when nothing else can still reach it:
+// its timer never fired. A fire may run on after it has re-armed the
+// timer or after the round was decided, and only a fire sends hedge legs,
+// whose goroutines, grace timers and drains hold the round. The inline
+// leg's request copy and body wrapper, which the caller keeps, are not in
+// the round.
 func (r *round) release() {
 	r.mu.Lock()
-	reusable := r.pooled && !r.rang && len(r.legs) == 1
+	reusable := !r.rang && !inBubble(r.c.start)
 	r.mu.Unlock()
 	if reusable {
-		*r = round{pooled: true}
+		*r = round{}
 		rounds.Put(r)
 	}
 }
@@ -171,8 +170,9 @@ func (r *round) armLocked(now time.Time) {
 	}
 }
 
-// stopLocked stops the round's timer, once: a stopped alarm may be in
-// another round's hands by the next call. r.mu is held.
+// stopLocked stops the round's timer, once: a stopped timer may be in
+// another round's hands by the next call. A timer that could not be
+// stopped before its func began marks the round rang. r.mu is held.
 func (r *round) stopLocked() {
 	if r.timer != nil {
 		if !r.timer.stop() {

@@ -107,13 +107,12 @@
 //
 // An idle Transport holds no goroutine: state moves lazily, from the time
 // of the calls that read it. The goroutines a call needs (a hedge) end
-// with it, as does Timeout.Idle's one timer per response body when the
-// body is read to its end, fails or is closed. The timer of a per-attempt
-// timeout or of a hedged round is disarmed when its call no longer needs
-// it, not stopped, so that the next call can take it over without a
-// timer operation: it fires once, at most a PerAttempt (or a hedge
-// threshold) after its last call, holding nothing of that call, and
-// rests.
+// with it, as do a hedged round's timer and Timeout.Idle's one timer per
+// response body (when the body is read to its end, fails or is closed).
+// The timer of a per-attempt timeout is disarmed when its call no longer
+// needs it, not stopped, so that the next call can take it over without a
+// timer operation: it fires once, at most a PerAttempt after its last
+// call, holding nothing of that call, and rests.
 //
 // # Across services
 //

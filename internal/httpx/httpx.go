@@ -146,7 +146,7 @@ type Headers [4]string
 var headerFields = Headers{"PriorityHeader", "TenantHeader", "TimeoutHeader", "AttemptHeader"}
 
 // Canonical returns h with defaults applied and every name in canonical
-// form (HeaderName), and an error, prefixed with prefix, for each name
+// form (headerName), and an error, prefixed with prefix, for each name
 // that is not valid and for each two that name the same header, which
 // would then carry two things at once.
 func (h Headers) Canonical(prefix string) (Headers, []error) {
@@ -154,7 +154,7 @@ func (h Headers) Canonical(prefix string) (Headers, []error) {
 	defaults := Headers{PriorityHeader, TenantHeader, TimeoutHeader, AttemptHeader}
 	var names Headers
 	for i, v := range h {
-		name, ok := HeaderName(v, defaults[i])
+		name, ok := headerName(v, defaults[i])
 		if !ok {
 			errs = append(errs, fmt.Errorf("%s: %s %q is not a valid header name", prefix, headerFields[i], name))
 			continue
@@ -169,11 +169,11 @@ func (h Headers) Canonical(prefix string) (Headers, []error) {
 	return names, errs
 }
 
-// HeaderName returns the configured header name v, or def when v is
+// headerName returns the configured header name v, or def when v is
 // empty, in canonical form, so that a hot path can index a Header
 // directly; ok is false when the name is not a token of RFC 9110 and no
 // request could carry it.
-func HeaderName(v, def string) (name string, ok bool) {
+func headerName(v, def string) (name string, ok bool) {
 	if v == "" {
 		v = def
 	}
