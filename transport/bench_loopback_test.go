@@ -139,19 +139,23 @@ type idealHedge struct {
 }
 
 type idealAnswer struct {
-	resp   *http.Response
-	err    error
-	cancel context.CancelFunc
+	leg  int
+	resp *http.Response
+	err  error
 }
 
 func (h idealHedge) RoundTrip(r *http.Request) (*http.Response, error) {
+	var cancels [2]context.CancelFunc
 	answers := make(chan idealAnswer, 2)
-	send := func() {
+	send := func(leg int) {
 		ctx, cancel := context.WithCancel(r.Context())
-		resp, err := h.base.RoundTrip(r.Clone(ctx))
-		answers <- idealAnswer{resp, err, cancel}
+		cancels[leg] = cancel
+		go func() {
+			resp, err := h.base.RoundTrip(r.Clone(ctx))
+			answers <- idealAnswer{leg, resp, err}
+		}()
 	}
-	go send()
+	send(0)
 	legs := 1
 	t := time.NewTimer(h.delay)
 	var a idealAnswer
@@ -159,24 +163,23 @@ func (h idealHedge) RoundTrip(r *http.Request) (*http.Response, error) {
 	case a = <-answers:
 	case <-t.C:
 		legs = 2
-		go send()
+		send(1)
 		a = <-answers
 	}
 	t.Stop()
 	if legs == 2 {
-		go func() { // the loser is cancelled at once, and what it got closed
-			l := <-answers
-			l.cancel()
-			if l.resp != nil {
+		cancels[1-a.leg]() // the loser is cancelled at once, and what it got closed
+		go func() {
+			if l := <-answers; l.resp != nil {
 				l.resp.Body.Close()
 			}
 		}()
 	}
 	if a.err != nil {
-		a.cancel()
+		cancels[a.leg]()
 		return nil, a.err
 	}
-	a.resp.Body = &cancelOnClose{ReadCloser: a.resp.Body, cancel: a.cancel}
+	a.resp.Body = &cancelOnClose{ReadCloser: a.resp.Body, cancel: cancels[a.leg]}
 	return a.resp, nil
 }
 
