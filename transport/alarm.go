@@ -2,8 +2,10 @@ package transport
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/resilix/resilix/policy"
 )
@@ -72,7 +74,24 @@ func newAlarm(start, at time.Time, cancel context.CancelCauseFunc) *alarm {
 	}
 	a := &alarm{pooled: pooled, at: at, set: at, cancel: cancel}
 	a.mu.Lock() // fire may run before a.t is assigned
-	a.t = time.AfterFunc(time.Until(at), a.fire)
+	if pooled {
+		// The pool drops what it holds at garbage collections, and a
+		// disarmed alarm's timer may still be set for up to a
+		// PerAttempt. The timer reaches the alarm through a weak
+		// pointer, so that a dropped alarm is collected (and its
+		// timer stopped) rather than kept until the timer fires: else
+		// each swing of concurrency would leave alarms behind for a
+		// PerAttempt.
+		w := weak.Make(a)
+		a.t = time.AfterFunc(time.Until(at), func() {
+			if a := w.Value(); a != nil {
+				a.fire()
+			}
+		})
+		runtime.AddCleanup(a, func(t *time.Timer) { t.Stop() }, a.t)
+	} else {
+		a.t = time.AfterFunc(time.Until(at), a.fire)
+	}
 	a.mu.Unlock()
 	return a
 }

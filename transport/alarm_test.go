@@ -4,12 +4,14 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/resilix/resilix/policy"
 )
@@ -250,4 +252,23 @@ func TestPooledRoundsServeTheirOwnCall(t *testing.T) {
 		t.Fatalf("%d hedges started, suppressed %v: the test must see hedges both started and refused by the budget", started, refused)
 	}
 	t.Logf("%d hedges started, suppressed %v", started, refused)
+}
+
+// TestADroppedAlarmIsCollected: an alarm the pool drops (the garbage
+// collector empties sync.Pools) while its timer is still set, an hour
+// ahead, must not be kept alive by that timer; else every swing of
+// concurrency would leave alarms behind for a PerAttempt, and memory
+// would grow with PerAttempt times the rate of swings.
+func TestADroppedAlarmIsCollected(t *testing.T) {
+	start := time.Now()
+	a := newAlarm(start, start.Add(time.Hour), func(error) {})
+	w := weak.Make(a)
+	a.stop() // into the pool, its timer still set for an hour
+	a = nil
+	for range 4 { // the pool's primary and victim caches, and slack
+		runtime.GC()
+	}
+	if w.Value() != nil {
+		t.Fatal("a pooled alarm dropped by the pool is still reachable: its pending timer holds it")
+	}
 }
