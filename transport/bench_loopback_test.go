@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/internal/fixedhedge"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 )
@@ -125,64 +126,6 @@ func (p *hedgeProbe) report(b *testing.B, tr *Transport, key string) {
 	b.ReportMetric(float64(p.slowNotHedged), "slow-unhedged")
 }
 
-// idealHedge is the reference BenchmarkHedgingBimodal measures the
-// quantile hedge against, written for the benchmark alone: the least a
-// hedge can do. It sends the request, and a copy after a fixed delay if
-// the first has not answered, takes whichever answers first and cancels
-// the other, with no estimator, budget, gate or pool: its delay is the
-// p95 of 2000 unhedged calls measured just before. What it gets is the
-// limit "the threshold plus one fast call" sets on this machine, as the
-// issue of performance asked for it.
-type idealHedge struct {
-	base  http.RoundTripper
-	delay time.Duration
-}
-
-type idealAnswer struct {
-	leg  int
-	resp *http.Response
-	err  error
-}
-
-func (h idealHedge) RoundTrip(r *http.Request) (*http.Response, error) {
-	var cancels [2]context.CancelFunc
-	answers := make(chan idealAnswer, 2)
-	send := func(leg int) {
-		ctx, cancel := context.WithCancel(r.Context())
-		cancels[leg] = cancel
-		go func() {
-			resp, err := h.base.RoundTrip(r.Clone(ctx))
-			answers <- idealAnswer{leg, resp, err}
-		}()
-	}
-	send(0)
-	legs := 1
-	t := time.NewTimer(h.delay)
-	var a idealAnswer
-	select {
-	case a = <-answers:
-	case <-t.C:
-		legs = 2
-		send(1)
-		a = <-answers
-	}
-	t.Stop()
-	if legs == 2 {
-		cancels[1-a.leg]() // the loser is cancelled at once, and what it got closed
-		go func() {
-			if l := <-answers; l.resp != nil {
-				l.resp.Body.Close()
-			}
-		}()
-	}
-	if a.err != nil {
-		cancels[a.leg]()
-		return nil, a.err
-	}
-	a.resp.Body = &cancelOnClose{ReadCloser: a.resp.Body, cancel: cancels[a.leg]}
-	return a.resp, nil
-}
-
 type cancelOnClose struct {
 	io.ReadCloser
 	cancel context.CancelFunc
@@ -202,8 +145,12 @@ func (b *cancelOnClose) Close() error {
 // default MaxConcurrent, 3); with "2-legs" (MaxConcurrent 2) it stays at
 // 150ms. The hedging clients also report what hedgeProbe saw: the hedges' lateness,
 // the threshold, the budget's refusals, and why the calls still slow after
-// 100ms were. "ideal-p95" is the reference idealHedge, at the p95 of the
-// unhedged calls measured first, with two legs at most.
+// 100ms were. "ideal-p95" is the reference: the least a hedge can do, a
+// second copy after a fixed delay, the first answer taken and the other
+// cancelled, with no estimator, budget, gate or pool (fixedhedge.Hedger),
+// its delay the p95 of 2000 unhedged calls measured just before. What it
+// gets is the limit "the threshold plus one fast call" sets on this
+// machine.
 func BenchmarkHedgingBimodal(b *testing.B) {
 	for _, hc := range []struct {
 		name  string
@@ -231,7 +178,7 @@ func BenchmarkHedgingBimodal(b *testing.B) {
 			if hc.name == "ideal-p95" {
 				res := httptestutil.Load{Calls: loadCalls, Workers: loadWorkers}.Run(c, srv.URL) // learn
 				ideal = res.Quantile(0.95)
-				c = &http.Client{Transport: idealHedge{base: base, delay: ideal}}
+				c = &http.Client{Transport: fixedhedge.Hedger{Base: base, Delay: ideal}}
 			}
 			if hc.hedge != nil {
 				probe = &hedgeProbe{}

@@ -7,7 +7,7 @@
 //  2. a brownout, every call now ~40ms: resilix again, unchanged, while
 //     the quantile follows the latency up; then the same brownout through
 //     a hedger with a fixed delay, set to the threshold resilix had
-//     learned while calm (fixedDelay, in fixed.go).
+//     learned while calm (fixedhedge.Hedger, in internal/fixedhedge).
 //
 // It prints p50/p99/p99.9 and the extra wire calls hedging cost, as
 // measured: the calls the upstream received.
@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/internal/fixedhedge"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
 )
@@ -117,7 +118,7 @@ func run(w io.Writer, calls int, serve backend) ([]row, error) {
 	up.SetLatency(httptestutil.Uniform(35*time.Millisecond, 45*time.Millisecond))
 	rows = append(rows, measure("brownout: all calls ~40ms", "resilix hedge p95", hedged, calls/2))
 	brown := rt.Measured(key).HedgeThreshold
-	fixed := &http.Client{Transport: fixedDelay{base: pool(), delay: calm}}
+	fixed := &http.Client{Transport: fixedhedge.Hedger{Base: pool(), Delay: calm}}
 	rows = append(rows, measure("brownout: all calls ~40ms", "fixed delay "+ms(calm).String(), fixed, calls/2))
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

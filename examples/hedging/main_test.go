@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/internal/fixedhedge"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -101,7 +102,7 @@ func TestFixedDelay(t *testing.T) {
 			}
 			return okResponse(r), nil
 		}))
-		client := &http.Client{Transport: fixedDelay{base: wire, delay: 10 * time.Millisecond}}
+		client := &http.Client{Transport: fixedhedge.Hedger{Base: wire, Delay: 10 * time.Millisecond}}
 		get := func() time.Duration {
 			start := time.Now()
 			resp, err := client.Get("http://upstream.test/")

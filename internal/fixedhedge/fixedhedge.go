@@ -1,4 +1,7 @@
-package main
+// Package fixedhedge is the textbook hedged request with a constant
+// delay, which the hedging demo and benchmarks compare resilix with. It is
+// not part of resilix.
+package fixedhedge
 
 import (
 	"context"
@@ -7,16 +10,14 @@ import (
 	"time"
 )
 
-// fixedDelay is the hedger the demo compares resilix with, not part of
-// resilix: the textbook hedged request with a constant delay. It sends the
-// request and, if no answer has come after delay, sends a second copy; the
-// first answer (response or error) wins, and the other leg is cancelled
-// and its response, if one comes, closed. It copies requests with Clone,
-// which shares the body, so it is for requests without one, which is all
-// the demo sends.
-type fixedDelay struct {
-	base  http.RoundTripper
-	delay time.Duration
+// Hedger sends the request and, if no answer has come after Delay, sends
+// a second copy; the first answer (response or error) wins, and the other
+// leg is cancelled at once and its response, if one comes, closed. It has
+// no estimator, budget or gate. It copies requests with Clone, which
+// shares the body, so it is for requests without one.
+type Hedger struct {
+	Base  http.RoundTripper
+	Delay time.Duration
 }
 
 // leg is one copy's answer.
@@ -26,7 +27,7 @@ type leg struct {
 	err  error
 }
 
-func (f fixedDelay) RoundTrip(req *http.Request) (*http.Response, error) {
+func (f Hedger) RoundTrip(req *http.Request) (*http.Response, error) {
 	answers := make(chan leg, 2)
 	var cancels []context.CancelFunc
 	send := func() {
@@ -34,13 +35,13 @@ func (f fixedDelay) RoundTrip(req *http.Request) (*http.Response, error) {
 		n := len(cancels)
 		cancels = append(cancels, cancel)
 		go func() {
-			resp, err := f.base.RoundTrip(req.Clone(ctx))
+			resp, err := f.Base.RoundTrip(req.Clone(ctx))
 			answers <- leg{n, resp, err}
 		}()
 	}
 
 	send()
-	timer := time.NewTimer(f.delay)
+	timer := time.NewTimer(f.Delay)
 	var won leg
 	select {
 	case won = <-answers:
