@@ -500,9 +500,21 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // segments (client and server together; see cpuTime); and logs the same as
 // a table row. The cases named h2c- run the same over HTTP/2 without TLS
 // (prior knowledge), where a cancelled request resets its stream and
-// keeps the connection, which over HTTP/1.1 it closes. The cases named
-// cancellable are not resilix: they are net/http with a cancellable
-// context per call (see cancellable), the floor of Timeout and Hedge:
+// keeps the connection, which over HTTP/1.1 it closes. Five cases are
+// not resilix but references, on the same footing (the same turns, the
+// same kind of pool): cancellable is net/http with a cancellable context
+// per call (see cancellable), the floor of Timeout and Hedge; goroutine
+// is net/http with each call sent from a goroutine of its own (see
+// onGoroutine), the least a hedger pays to keep its first leg off the
+// caller's goroutine; redial-1% is net/http closing the connection after
+// one call in a hundred (see redial), what ten dials and teardowns per
+// thousand calls cost; deadline is
+// net/http under context.WithTimeout of a second per call (see deadline),
+// what a caller who sets its own per-call deadline pays, against which
+// Timeout's second per attempt is measured; textbook-Hedge is the
+// textbook hedger (fixedhedge.Hedger: a goroutine per copy, the loser
+// cancelled at once, no budget) with its delay set to the threshold a
+// resilix Hedge learned on the same server just before:
 //
 //	go test -run '^$' -bench Throughput -count 10 ./transport
 func BenchmarkThroughput(b *testing.B) {
@@ -517,6 +529,10 @@ func BenchmarkThroughput(b *testing.B) {
 		h2c  bool
 	}{
 		{"cancellable", policy.Set{}, false},
+		{"deadline", policy.Set{}, false},
+		{"goroutine", policy.Set{}, false},
+		{"redial-1%", policy.Set{}, false},
+		{"textbook-Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
 		{"none", policy.Set{}, false},
 		{"Retry", policy.Set{Retry: &policy.Retry{}}, false},
 		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
@@ -556,13 +572,28 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			defer bareBase.CloseIdleConnections()
 			defer base.CloseIdleConnections()
-			var tr http.RoundTripper = mustNew(b, Config{Base: base, Policies: pc.set})
-			if strings.HasSuffix(pc.name, "cancellable") {
-				tr = cancellable{base}
-			}
-			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
+			rtr := mustNew(b, Config{Base: base, Policies: pc.set})
+			var delay time.Duration // textbook-Hedge's
+			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: rtr}
 			closedLoop(bare, srv.URL, callers, 3*segment, 0) // warm up both, and teach resilix the latency
 			closedLoop(res, srv.URL, callers, 3*segment, 0)
+			switch {
+			case strings.HasSuffix(pc.name, "cancellable"):
+				res.Transport = cancellable{base}
+			case pc.name == "deadline":
+				res.Transport = deadline{base, time.Second}
+			case pc.name == "goroutine":
+				res.Transport = onGoroutine{base}
+			case pc.name == "redial-1%":
+				res.Transport = &redial{base: base, every: 100}
+			case pc.name == "textbook-Hedge":
+				closedLoop(res, srv.URL, callers, 7*segment, 0) // a threshold from a longer window
+				delay = rtr.Measured(strings.TrimPrefix(srv.URL, "http://")).HedgeThreshold
+				if delay <= 0 {
+					b.Fatal("the warm-up taught resilix no hedging threshold")
+				}
+				res.Transport = fixedhedge.Hedger{Base: base, Delay: delay}
+			}
 			for b.Loop() {
 				var bareRun, resRun loopResult
 				var bareWire, resWire int64
@@ -594,6 +625,9 @@ func BenchmarkThroughput(b *testing.B) {
 					b.ReportMetric(float64(bareCPU.Microseconds())/float64(max(bareRun.ok, 1)), "bare-cpu-µs/call")
 					b.ReportMetric(float64(resCPU.Microseconds())/float64(max(resRun.ok, 1)), "resilix-cpu-µs/call")
 				}
+				if delay > 0 {
+					b.ReportMetric(float64(delay.Microseconds()), "delay-µs")
+				}
 				b.ReportMetric(0, "ns/op")
 				b.Logf("| %s | %.1fk req/s | %.1fk req/s (%.3f×) | %+.2f%% | %.2f / %.2f dials per 1000 calls |", pc.name,
 					bareRun.rate()/1000, resRun.rate()/1000, ratio, extra, perK(bareDials.Load(), bareWire), perK(dials.Load(), resWire))
@@ -621,6 +655,61 @@ func (c cancellable) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	return resp, nil
+}
+
+// deadline is BenchmarkThroughput's reference for Timeout: plain
+// net/http, each call under context.WithTimeout(d) of its own, cancelled
+// as the body is closed, as a caller that bounds its calls itself does.
+type deadline struct {
+	base http.RoundTripper
+	d    time.Duration
+}
+
+func (c deadline) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), c.d)
+	resp, err := c.base.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// onGoroutine is BenchmarkThroughput's reference for a first leg sent off
+// the caller's goroutine: plain net/http, each call's RoundTrip on a
+// goroutine of its own while the caller waits for its answer.
+type onGoroutine struct{ base http.RoundTripper }
+
+func (c onGoroutine) RoundTrip(r *http.Request) (*http.Response, error) {
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := c.base.RoundTrip(r)
+		ch <- answer{resp, err}
+	}()
+	a := <-ch
+	return a.resp, a.err
+}
+
+// redial is BenchmarkThroughput's reference for what a dial costs: plain
+// net/http that closes the connection after one call in every, so that
+// the next call on it dials a new one.
+type redial struct {
+	base  http.RoundTripper
+	every int64
+	n     atomic.Int64
+}
+
+func (c *redial) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.n.Add(1)%c.every == 0 {
+		r = r.Clone(r.Context())
+		r.Close = true
+	}
+	return c.base.RoundTrip(r)
 }
 
 // dialCounting is a connection pool of at most idle idle connections a
