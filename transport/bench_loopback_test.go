@@ -500,7 +500,7 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // segments (client and server together; see cpuTime); and logs the same as
 // a table row. The cases named h2c- run the same over HTTP/2 without TLS
 // (prior knowledge), where a cancelled request resets its stream and
-// keeps the connection, which over HTTP/1.1 it closes. Five cases are
+// keeps the connection, which over HTTP/1.1 it closes. Four cases are
 // not resilix but references, on the same footing (the same turns, the
 // same kind of pool): cancellable is net/http with a cancellable context
 // per call (see cancellable), the floor of Timeout and Hedge; goroutine
@@ -508,13 +508,10 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // onGoroutine), the least a hedger pays to keep its first leg off the
 // caller's goroutine; redial-1% is net/http closing the connection after
 // one call in a hundred (see redial), what ten dials and teardowns per
-// thousand calls cost; deadline is
-// net/http under context.WithTimeout of a second per call (see deadline),
-// what a caller who sets its own per-call deadline pays, against which
-// Timeout's second per attempt is measured; textbook-Hedge is the
-// textbook hedger (fixedhedge.Hedger: a goroutine per copy, the loser
-// cancelled at once, no budget) with its delay set to the threshold a
-// resilix Hedge learned on the same server just before:
+// thousand calls cost; and deadline is net/http under
+// context.WithTimeout of a second per call (see deadline), what a caller
+// who sets its own per-call deadline pays, against which Timeout's second
+// per attempt is measured:
 //
 //	go test -run '^$' -bench Throughput -count 10 ./transport
 func BenchmarkThroughput(b *testing.B) {
@@ -532,7 +529,6 @@ func BenchmarkThroughput(b *testing.B) {
 		{"deadline", policy.Set{}, false},
 		{"goroutine", policy.Set{}, false},
 		{"redial-1%", policy.Set{}, false},
-		{"textbook-Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
 		{"none", policy.Set{}, false},
 		{"Retry", policy.Set{Retry: &policy.Retry{}}, false},
 		{"Hedge", policy.Set{Hedge: &policy.Hedge{}}, false},
@@ -573,7 +569,6 @@ func BenchmarkThroughput(b *testing.B) {
 			defer bareBase.CloseIdleConnections()
 			defer base.CloseIdleConnections()
 			rtr := mustNew(b, Config{Base: base, Policies: pc.set})
-			var delay time.Duration // textbook-Hedge's
 			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: rtr}
 			closedLoop(bare, srv.URL, callers, 3*segment, 0) // warm up both, and teach resilix the latency
 			closedLoop(res, srv.URL, callers, 3*segment, 0)
@@ -586,13 +581,6 @@ func BenchmarkThroughput(b *testing.B) {
 				res.Transport = onGoroutine{base}
 			case pc.name == "redial-1%":
 				res.Transport = &redial{base: base, every: 100}
-			case pc.name == "textbook-Hedge":
-				closedLoop(res, srv.URL, callers, 7*segment, 0) // a threshold from a longer window
-				delay = rtr.Measured(strings.TrimPrefix(srv.URL, "http://")).HedgeThreshold
-				if delay <= 0 {
-					b.Fatal("the warm-up taught resilix no hedging threshold")
-				}
-				res.Transport = fixedhedge.Hedger{Base: base, Delay: delay}
 			}
 			for b.Loop() {
 				var bareRun, resRun loopResult
@@ -624,9 +612,6 @@ func BenchmarkThroughput(b *testing.B) {
 				if bareCPU > 0 {
 					b.ReportMetric(float64(bareCPU.Microseconds())/float64(max(bareRun.ok, 1)), "bare-cpu-µs/call")
 					b.ReportMetric(float64(resCPU.Microseconds())/float64(max(resRun.ok, 1)), "resilix-cpu-µs/call")
-				}
-				if delay > 0 {
-					b.ReportMetric(float64(delay.Microseconds()), "delay-µs")
 				}
 				b.ReportMetric(0, "ns/op")
 				b.Logf("| %s | %.1fk req/s | %.1fk req/s (%.3f×) | %+.2f%% | %.2f / %.2f dials per 1000 calls |", pc.name,
