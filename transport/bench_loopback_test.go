@@ -503,13 +503,13 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 // keeps the connection, which over HTTP/1.1 it closes. Four cases are
 // not resilix but references, on the same footing (the same turns, the
 // same kind of pool): cancellable is net/http with a cancellable context
-// per call (see cancellable), the floor of Timeout and Hedge; goroutine
+// per call (see ownContext), the floor of Timeout and Hedge; goroutine
 // is net/http with each call sent from a goroutine of its own (see
 // onGoroutine), the least a hedger pays to keep its first leg off the
 // caller's goroutine; redial-1% is net/http closing the connection after
 // one call in a hundred (see redial), what ten dials and teardowns per
 // thousand calls cost; and deadline is net/http under
-// context.WithTimeout of a second per call (see deadline), what a caller
+// context.WithTimeout of a second per call (see ownContext), what a caller
 // who sets its own per-call deadline pays, against which Timeout's second
 // per attempt is measured:
 //
@@ -574,9 +574,9 @@ func BenchmarkThroughput(b *testing.B) {
 			closedLoop(res, srv.URL, callers, 3*segment, 0)
 			switch {
 			case strings.HasSuffix(pc.name, "cancellable"):
-				res.Transport = cancellable{base}
+				res.Transport = ownContext{base, 0}
 			case pc.name == "deadline":
-				res.Transport = deadline{base, time.Second}
+				res.Transport = ownContext{base, time.Second}
 			case pc.name == "goroutine":
 				res.Transport = onGoroutine{base}
 			case pc.name == "redial-1%":
@@ -624,34 +624,26 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// cancellable is BenchmarkThroughput's reference for what a context costs
-// net/http: plain net/http, each call under a cancellable context of its
-// own, cancelled as the body is closed. It is the least any per-attempt
-// timeout or hedge leg over net/http can cost, since cutting an attempt
-// short takes a context net/http watches.
-type cancellable struct{ base http.RoundTripper }
+// ownContext is BenchmarkThroughput's reference for what a context costs
+// net/http: plain net/http, each call under a context of its own,
+// cancelled as the body is closed; with a timeout, made by
+// context.WithTimeout, as by a caller that bounds its calls itself. A
+// cancellable context (no timeout) is the least any per-attempt timeout or
+// hedge leg over net/http can cost, since cutting an attempt short takes
+// a context net/http watches.
+type ownContext struct {
+	base    http.RoundTripper
+	timeout time.Duration // none when zero: context.WithCancel
+}
 
-func (c cancellable) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithCancel(r.Context())
-	resp, err := c.base.RoundTrip(r.WithContext(ctx))
-	if err != nil {
-		cancel()
-		return nil, err
+func (c ownContext) RoundTrip(r *http.Request) (*http.Response, error) {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if c.timeout > 0 {
+		ctx, cancel = context.WithTimeout(r.Context(), c.timeout)
+	} else {
+		ctx, cancel = context.WithCancel(r.Context())
 	}
-	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil
-}
-
-// deadline is BenchmarkThroughput's reference for Timeout: plain
-// net/http, each call under context.WithTimeout(d) of its own, cancelled
-// as the body is closed, as a caller that bounds its calls itself does.
-type deadline struct {
-	base http.RoundTripper
-	d    time.Duration
-}
-
-func (c deadline) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), c.d)
 	resp, err := c.base.RoundTrip(r.WithContext(ctx))
 	if err != nil {
 		cancel()
