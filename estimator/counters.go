@@ -40,6 +40,12 @@ func NewCounters(window time.Duration, n int, now time.Time) *Counters {
 	}
 }
 
+// Slice returns how wide the slices are that a window of the given length
+// is kept in (a window of zero or less means 30s). A count dated up to a
+// slice early lands in its own slice or the one before it, and leaves the
+// sums at most a slice sooner.
+func Slice(window time.Duration) time.Duration { return orDefaultWindow(window) / rings }
+
 // Len returns the number of counters.
 func (c *Counters) Len() int {
 	if c == nil {

@@ -209,3 +209,37 @@ func BenchmarkCountersSums(b *testing.B) {
 		c.Sums(now, dst)
 	}
 }
+
+// TestCountersDatedASliceEarly holds Slice's promise: a count added with a
+// time up to a slice before the newest writer's is summed, whether its ring
+// holds that slice or a stale one, and leaves the sums no more than a slice
+// sooner than one dated on time.
+func TestCountersDatedASliceEarly(t *testing.T) {
+	if got, want := Slice(4*time.Second), time.Second; got != want {
+		t.Fatalf("Slice(4s) = %v, want %v", got, want)
+	}
+	if got, want := Slice(0), 30*time.Second/4; got != want {
+		t.Fatalf("Slice(0) = %v, want %v", got, want)
+	}
+	origin := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return origin.Add(d) }
+	c := NewCounters(4*time.Second, 1, origin)
+	c.Add(at(5*time.Second+500*time.Millisecond), 0, 7) // epoch 5, in the ring epoch 9 will use
+	now := at(10*time.Second + 200*time.Millisecond)    // epoch 10
+	c.Add(now, 0, 1)
+	c.Add(now.Add(-900*time.Millisecond), 0, 1) // epoch 9: its ring held epoch 5
+	c.Add(now.Add(-100*time.Millisecond), 0, 1) // epoch 10, dated early within it
+	for _, step := range []struct {
+		at   time.Duration
+		want uint64
+	}{
+		{10*time.Second + 200*time.Millisecond, 3},
+		{12*time.Second + 999*time.Millisecond, 3},
+		{13 * time.Second, 2}, // epoch 9 has left
+		{14 * time.Second, 0},
+	} {
+		if got := c.Sum(at(step.at), 0); got != step.want {
+			t.Errorf("Sum at %v = %d, want %d", step.at, got, step.want)
+		}
+	}
+}

@@ -268,3 +268,90 @@ func TestLoopbackBreakerIsolatesHosts(t *testing.T) {
 		t.Fatalf("%d bodies open", tracker.Open())
 	}
 }
+
+// TestABreakerDatesSuccessesBySendAndFailuresByAnswer: where the breaker
+// is the only policy that learns from when an answer came, and the
+// per-attempt timeout holds an attempt to a slice of its window, a success
+// is dated by when it was sent and no clock is read at headers (see
+// chain.dateBySend). It must still be counted; and a failure, which may
+// trip the breaker, is dated by when it came back, so that an opening
+// lasts its full OpenFor from the answer that tripped it.
+func TestABreakerDatesSuccessesBySendAndFailuresByAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  policy.Set
+		want bool
+	}{
+		{"breaker+timeout", policy.Set{Breaker: &policy.Breaker{Window: 40 * time.Second}, Timeout: &policy.Timeout{PerAttempt: 10 * time.Second}}, true},
+		{"timeout over a slice", policy.Set{Breaker: &policy.Breaker{Window: 40 * time.Second}, Timeout: &policy.Timeout{PerAttempt: 11 * time.Second}}, false},
+		{"no timeout", policy.Set{Breaker: &policy.Breaker{}}, false},
+		{"with a hedge", policy.Set{Breaker: &policy.Breaker{}, Timeout: &policy.Timeout{PerAttempt: time.Second}, Hedge: &policy.Hedge{}}, false},
+		{"with a limiter", policy.Set{Breaker: &policy.Breaker{}, Timeout: &policy.Timeout{PerAttempt: time.Second}, Limiter: &policy.Limiter{}}, false},
+		{"with a throttler", policy.Set{Breaker: &policy.Breaker{}, Timeout: &policy.Timeout{PerAttempt: time.Second}, Throttler: &policy.Throttler{}}, false},
+	} {
+		ch, err := compile(tc.set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.dateBySend != tc.want {
+			t.Errorf("%s: dateBySend %v, want %v", tc.name, ch.dateBySend, tc.want)
+		}
+	}
+
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			latency = 4 * time.Second
+			openFor = 8 * time.Second // its jitter, a quarter, is under latency
+		)
+		up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(latency)})
+		set := policy.Set{
+			Breaker: &policy.Breaker{Window: 40 * time.Second, ConsecutiveFailures: 3, MinCalls: 1000, OpenFor: openFor},
+			Timeout: &policy.Timeout{PerAttempt: 10 * time.Second},
+		}
+		tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: set})
+		call := func() (int, error) {
+			resp, err := get(t, t.Context(), tr, "http://b.test/")
+			if err != nil {
+				return 0, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode, nil
+		}
+		// The scope, and its breaker's window, start with a first call;
+		// the rest come windows later, so that a success dated at any
+		// time before them would not be counted.
+		if code, err := call(); err != nil || code != 200 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		time.Sleep(100 * time.Second)
+		for range 3 {
+			if code, err := call(); err != nil || code != 200 {
+				t.Fatalf("got %d, %v", code, err)
+			}
+		}
+		up.SetFaults(always503...)
+		if code, err := call(); err != nil || code != 503 {
+			t.Fatalf("got %d, %v", code, err)
+		}
+		if got := tr.Measured("b.test").ErrorRate; got != 0.25 {
+			t.Fatalf("error rate %v after 3 slow successes and a failure, want 0.25: the successes were not counted", got)
+		}
+		for range 2 {
+			if code, err := call(); err != nil || code != 503 {
+				t.Fatalf("got %d, %v", code, err)
+			}
+		}
+		// Three failures in a row: open, for OpenFor (jittered up by at
+		// most a quarter) from the answer that tripped it, not from when
+		// it was sent, a latency earlier, which would leave less than
+		// OpenFor.
+		_, err := call()
+		var rej *policy.RejectedError
+		if !errors.As(err, &rej) || !errors.Is(err, policy.ErrCircuitOpen) {
+			t.Fatalf("after 3 failures: %v, want the breaker open", err)
+		}
+		if rej.RetryAfter < openFor || rej.RetryAfter >= openFor*5/4 {
+			t.Fatalf("RetryAfter %v, want in [%v, %v): the failure was dated by its send", rej.RetryAfter, openFor, openFor*5/4)
+		}
+	})
+}

@@ -162,8 +162,9 @@ func (c *call) send(l *leg) {
 	}()
 	resp, err := c.t.base.RoundTrip(l.req)
 	sent = true
-	var now time.Time // only read when the leg is timed
-	if !l.dispatch.IsZero() {
+	var now time.Time // the time of the answer: read only when the leg is timed
+	timed := !l.dispatch.IsZero()
+	if timed && (!s.chain.dateBySend || timesAttemptsOf(c.t.obs)) {
 		now = timing.Since(l.dispatch)
 		l.latency = now.Sub(l.dispatch)
 	}
@@ -212,6 +213,17 @@ func (c *call) send(l *leg) {
 			l.again = r.If(resp, err)
 		} else {
 			l.again = l.outcome == policy.Failure
+		}
+	}
+
+	if timed && now.IsZero() {
+		// dateBySend: only the breaker will learn, and only a failure
+		// needs the time it came back.
+		if l.outcome == policy.Success {
+			now = l.dispatch
+		} else {
+			now = timing.Since(l.dispatch)
+			l.latency = now.Sub(l.dispatch)
 		}
 	}
 

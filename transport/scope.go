@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/resilix/resilix/estimator"
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/policy"
@@ -34,6 +35,13 @@ type chain struct {
 	// timed is true when a policy learns from attempt latency or outcome
 	// times; otherwise the clock is not read around the wire call.
 	timed bool
+	// dateBySend is true when the breaker is the only policy that needs
+	// the time of an answer, and the per-attempt timeout bounds an attempt
+	// to a slice of its window: a success is then dated by when its
+	// attempt was sent, which lands it in its own slice or the one before
+	// (see estimator.Slice), and the clock is not read at headers. Any
+	// other outcome, which may trip the breaker, reads it.
+	dateBySend bool
 	// propagate is Set.Propagate: the wire attempts carry the call's
 	// priority, tenant, time left and attempt number (see stamp).
 	propagate bool
@@ -72,6 +80,8 @@ func compile(s policy.Set) (*chain, error) {
 		c.idle = s.Timeout.Idle
 	}
 	c.timed = c.hedge != nil || c.breaker != nil || c.throttler != nil || c.limiter != nil
+	c.dateBySend = c.breaker != nil && c.hedge == nil && c.throttler == nil && c.limiter == nil &&
+		c.timeout > 0 && c.timeout <= estimator.Slice(c.breaker.Window)
 	return c, nil
 }
 
