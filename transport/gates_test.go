@@ -355,3 +355,30 @@ func TestABreakerDatesSuccessesBySendAndFailuresByAnswer(t *testing.T) {
 		}
 	})
 }
+
+// TestAnObserverStillTimesSuccessesDatedBySend: an observer that takes
+// attempt latencies needs the time of every answer, so a chain whose
+// breaker would date successes by their send reads the clock for it.
+func TestAnObserverStillTimesSuccessesDatedBySend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const latency = 4 * time.Second
+		up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(latency)})
+		var got []time.Duration
+		tr := mustNew(t, Config{
+			Base: up.RoundTripper(),
+			Policies: policy.Set{
+				Breaker: &policy.Breaker{Window: 40 * time.Second},
+				Timeout: &policy.Timeout{PerAttempt: 10 * time.Second},
+			},
+			Observer: &policy.Observer{AttemptDone: func(a policy.AttemptInfo) { got = append(got, a.Latency) }},
+		})
+		resp, err := get(t, t.Context(), tr, "http://b.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if len(got) != 1 || got[0] != latency {
+			t.Fatalf("attempt latencies %v, want [%v]", got, latency)
+		}
+	})
+}
