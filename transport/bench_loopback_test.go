@@ -568,8 +568,7 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			defer bareBase.CloseIdleConnections()
 			defer base.CloseIdleConnections()
-			rtr := mustNew(b, Config{Base: base, Policies: pc.set})
-			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: rtr}
+			bare, res := &http.Client{Transport: bareBase}, &http.Client{Transport: mustNew(b, Config{Base: base, Policies: pc.set})}
 			closedLoop(bare, srv.URL, callers, 3*segment, 0) // warm up both, and teach resilix the latency
 			closedLoop(res, srv.URL, callers, 3*segment, 0)
 			switch {

@@ -165,8 +165,7 @@ func (c *call) send(l *leg) {
 	var now time.Time // the time of the answer: read only when the leg is timed
 	timed := !l.dispatch.IsZero()
 	if timed && (!s.chain.dateBySend || timesAttemptsOf(c.t.obs)) {
-		now = timing.Since(l.dispatch)
-		l.latency = now.Sub(l.dispatch)
+		now = l.answered()
 	}
 	resp, err = sane(resp, err)
 
@@ -222,8 +221,7 @@ func (c *call) send(l *leg) {
 		if l.outcome == policy.Success {
 			now = l.dispatch
 		} else {
-			now = timing.Since(l.dispatch)
-			l.latency = now.Sub(l.dispatch)
+			now = l.answered()
 		}
 	}
 
@@ -274,6 +272,14 @@ func (c *call) send(l *leg) {
 		resp.Body = wrapBody(resp.Body, r)
 	}
 	l.resp, l.err = resp, err
+}
+
+// answered reads the time leg l's answer came back, and sets its latency
+// from it.
+func (l *leg) answered() time.Time {
+	now := timing.Since(l.dispatch)
+	l.latency = now.Sub(l.dispatch)
+	return now
 }
 
 // abandon releases what a leg holds when its base panicked: its timer, its
