@@ -5,44 +5,67 @@ import (
 )
 
 // Breaker is a circuit breaker per scope: closed, open, half-open
-// (https://martinfowler.com/bliki/CircuitBreaker.html), with a trip point
-// that learns what normal looks like for the dependency.
+// (https://martinfowler.com/bliki/CircuitBreaker.html), which judges the
+// dependency against what is normal for it, so that a flaky host is not
+// taken for a dead one.
 //
 // Closed, it admits every attempt and counts outcomes over Window. After a
-// Failure it opens when ConsecutiveFailures attempts failed in a row, when
-// the window's failure rate reaches FailureRatio (if set), or when the rate
-// exceeds a trip point relative to the dependency's own baseline failure
-// rate, min(0.9, max(0.2, 3 × baseline)), or 0.5 until a baseline has been
-// learned: a service that always fails 10% of calls is healthy at 12% and
-// broken at 50%. A rate is judged only with MinCalls outcomes, two of them
-// failures: one unlucky call is never a trend.
+// Failure it opens on either of two rules:
+//
+//   - A run of failures that is improbable for the dependency's own
+//     failure rate p: the fewest k failures in a row with p^k ≤ 10⁻⁶, and
+//     at least five. A dead host trips after five calls, as does one that
+//     jumps to failing everything from a low baseline; a host that steadily
+//     fails 20% needs nine in a row, one at 35% fourteen, so steady
+//     flakiness never trips it. Failures of attempts that were in flight
+//     together count once in a run, so that many callers do not make runs
+//     likely. An explicit ConsecutiveFailures replaces this rule with a
+//     plain count.
+//   - A failure rate over the window that is, with 99.87% confidence (the
+//     lower Wilson bound at z = 3), above a trip point relative to the
+//     dependency's baseline failure rate, min(0.9, max(0.2, 3 × baseline)),
+//     or 0.5 until a baseline has been learned; or, when FailureRatio is
+//     set, at or above it. A rate is judged only with MinCalls outcomes,
+//     two of them failures: one unlucky call is never a trend.
+//
+// The baseline is learned continuously while closed, from every slice of
+// the window (Window/4) that holds MinCalls outcomes, as a moving average
+// over about twenty of them, each clamped to the trip point (so an outage
+// teaches at most the trip point), and is kept across openings: a service
+// that always fails 10% of calls is healthy at 12% and broken at 50%; one
+// that always fails 35% is healthy at 35%.
 //
 // Open, it refuses every attempt, every priority alike, with a
 // *RejectedError matching ErrCircuitOpen whose RetryAfter is the time left.
-// After OpenFor (jittered by up to 25%, so that breakers that opened
-// together do not probe in lockstep) it is half-open: Probes attempts go
-// through, and the first probe's Success closes it, a Failure opens it
-// again.
+// Recovery is a backoff: the first opening lasts FirstOpenFor, and after
+// each failed probe the next one lasts an eighth of the time since the
+// trip, up to OpenFor, so a short outage is over for callers about a second
+// after it ends while a long one costs a few probes every OpenFor. Each
+// opening is jittered up by as much as 25%, so that breakers that opened
+// together do not probe in lockstep. Half-open, Probes attempts go
+// through; the first probe's Success closes it, a Failure opens it again.
 //
 // It learns at response headers, from the outcome Classify gives, and holds
 // nothing past them. Canceled attempts (the caller gave up) and Discarded
 // ones (a hedge loser) teach it nothing. Observer.BreakerTransition hears
 // every change of state.
 type Breaker struct {
-	// ConsecutiveFailures trips the breaker after that many failures in a
-	// row. If zero, 5 is used. If negative, consecutive failures alone
-	// never trip it.
+	// ConsecutiveFailures, when positive, trips the breaker after that
+	// many failures in a row, whatever the dependency's normal failure
+	// rate. If zero, the run rule above is used: the run that trips grows
+	// with the dependency's own failure rate, from five. If negative, no
+	// run of failures trips it; only a rate does.
 	ConsecutiveFailures int
 
 	// FailureRatio, when positive, trips the breaker when the windowed
-	// failure rate reaches it, in (0, 1]: an absolute ceiling on top of
-	// the relative trip, which is always on. If zero, only the relative
-	// trip and ConsecutiveFailures apply.
+	// failure rate is, with confidence, at or above it, in (0, 1]: an
+	// absolute ceiling on top of the relative trip, which is always on. If
+	// zero, only the relative rules apply.
 	FailureRatio float64
 
 	// MinCalls is the number of outcomes the window must hold before a
 	// rate is judged (and at least two of them must be failures). It is
-	// also the fewest outcomes a period needs to count towards the
+	// also the fewest outcomes a slice needs to count towards the
 	// baseline. If zero, 20 is used.
 	MinCalls int
 
@@ -50,10 +73,16 @@ type Breaker struct {
 	// 30s is used.
 	Window time.Duration
 
-	// OpenFor is how long the breaker stays open before it lets probes
-	// through, before jitter: each opening lasts a uniform draw in
-	// [OpenFor, 1.25·OpenFor), so breakers that opened together do not
-	// probe together. If zero, 5s is used.
+	// FirstOpenFor is how long the first opening lasts, before jitter;
+	// later openings grow from it (see above). If zero, 1s is used, or
+	// OpenFor if that is shorter. If negative, every opening lasts OpenFor.
+	// It must not be above OpenFor.
+	FirstOpenFor time.Duration
+
+	// OpenFor is the longest an opening lasts before the breaker lets
+	// probes through, before jitter: each opening lasts a uniform draw in
+	// [d, 1.25·d) for its length d, at most OpenFor, so breakers that
+	// opened together do not probe together. If zero, 5s is used.
 	OpenFor time.Duration
 
 	// Probes is the number of calls admitted at once while half-open. If
@@ -62,22 +91,26 @@ type Breaker struct {
 }
 
 func (b *Breaker) validate() error {
+	openFor := or(b.OpenFor, 5*time.Second)
 	return joinErrs(
 		fieldErrIf(b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio,
 			"Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio),
 		fieldErrIf(b.MinCalls < 0, "Breaker.MinCalls", "must be >= 0, got %d", b.MinCalls),
 		fieldErrIf(b.Window < 0, "Breaker.Window", "must be >= 0, got %v", b.Window),
 		fieldErrIf(b.OpenFor < 0, "Breaker.OpenFor", "must be >= 0, got %v", b.OpenFor),
+		fieldErrIf(b.OpenFor >= 0 && b.FirstOpenFor > openFor,
+			"Breaker.FirstOpenFor", "(%v) must be <= Breaker.OpenFor (%v): OpenFor is the longest opening", b.FirstOpenFor, openFor),
 		fieldErrIf(b.Probes < 0, "Breaker.Probes", "must be >= 0, got %d", b.Probes),
 	)
 }
 
 // WithDefaults returns b with every zero field set to its default.
+// ConsecutiveFailures stays zero: that is the run rule.
 func (b Breaker) WithDefaults() Breaker {
-	b.ConsecutiveFailures = or(b.ConsecutiveFailures, 5)
 	b.MinCalls = or(b.MinCalls, 20)
 	b.Window = or(b.Window, 30*time.Second)
 	b.OpenFor = or(b.OpenFor, 5*time.Second)
+	b.FirstOpenFor = or(b.FirstOpenFor, min(time.Second, b.OpenFor))
 	b.Probes = or(b.Probes, 3)
 	return b
 }

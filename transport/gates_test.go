@@ -305,7 +305,7 @@ func TestABreakerDatesSuccessesBySendAndFailuresByAnswer(t *testing.T) {
 		)
 		up := httptestutil.NewUpstream(httptestutil.Options{Latency: httptestutil.Constant(latency)})
 		set := policy.Set{
-			Breaker: &policy.Breaker{Window: 40 * time.Second, ConsecutiveFailures: 3, MinCalls: 1000, OpenFor: openFor},
+			Breaker: &policy.Breaker{Window: 40 * time.Second, ConsecutiveFailures: 3, MinCalls: 1000, OpenFor: openFor, FirstOpenFor: -1},
 			Timeout: &policy.Timeout{PerAttempt: 10 * time.Second},
 		}
 		tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: set})

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -21,24 +22,65 @@ const (
 	// change does.
 	breakerTripFactor = 3.0
 	// breakerTripFloor: the trip point never goes below this, so a
-	// near-zero baseline does not make a couple of unlucky calls a trip
-	// (with 20 calls it takes 5 failures).
+	// near-zero baseline does not make a couple of unlucky calls a trip.
 	breakerTripFloor = 0.2
 	// breakerTripCeiling: the trip point never goes above this, so a
 	// dependency that routinely fails a third of its calls still trips
 	// when nearly everything fails.
 	breakerTripCeiling = 0.9
-	// WarmupTrip is the trip point until the first baseline period
-	// is measured (Hystrix's classic 50%): a fresh scope that fails 25% of
+	// WarmupTrip is the trip point until the first baseline sample is
+	// measured (Hystrix's classic 50%): a fresh scope that fails 25% of
 	// the time from the start is learned, not tripped into a loop.
 	WarmupTrip = 0.5
+	// breakerConfidence is the z of the bounds a rate is judged with: a
+	// window trips on its rate only when the rate's lower Wilson bound at
+	// z = 3 (one-sided 99.87%) is past the trip point, so that a window
+	// of a host steadily failing 35% does not cross 0.5 by chance (a bare
+	// rate over 20 calls does about one fresh window in ten).
+	breakerConfidence = 3.0
+	// breakerRunConfidence is the z of the upper bound that stands in for
+	// the baseline in the run rule before one is learned (97.7%): a host
+	// that looks healthy over a few calls is not yet trusted to be.
+	breakerRunConfidence = 2.0
 	// breakerBaselineSamples: the baseline is the plain mean of its first
-	// samples, then an EWMA with weight 1/breakerBaselineSamples, so its
-	// memory is about ten windows (five minutes at the default Window).
-	breakerBaselineSamples = 10
-	// breakerJitter: an opening lasts OpenFor × [1, 1+breakerJitter).
+	// samples, then an EWMA with weight 1/breakerBaselineSamples. A sample
+	// is one slice of the window (Window/4) holding at least MinCalls
+	// outcomes, so the memory is about twenty slices (two and a half
+	// minutes at the default Window).
+	breakerBaselineSamples = 20
+	// breakerJitter: an opening lasts its length × [1, 1+breakerJitter).
 	breakerJitter = 0.25
 )
+
+// The run rule. With the zero ConsecutiveFailures, a run of failures trips
+// only when it is improbable for the dependency's own failure rate p: the
+// run that trips is the shortest k with p^k at most breakerRunOdds, so that
+// at that rate a false trip comes less than once in a million attempts.
+// At p = 0.05 that is 5 failures, at 0.2 it is 9, at 0.35 it is 14, at 0.5
+// it is 20.
+const (
+	breakerRunOdds = 1e-6
+	// breakerRunMin: a run never trips shorter than this, however low the
+	// rate: a dead host trips after five calls, as the classic
+	// ConsecutiveFailures of 5 does.
+	breakerRunMin = 5
+	// breakerRunMax caps the run length, which grows without bound as p
+	// nears 1; the rate rule decides such a host.
+	breakerRunMax = 1 << 10
+	// breakerRunPrior is the rate that stands in for a host of which the
+	// window knows nothing but the run itself: low enough that its run is
+	// breakerRunMin, so that a host dead from its first call trips after
+	// five.
+	breakerRunPrior = 0.06
+)
+
+// breakerOpenShare: after the first opening, each opening lasts this share
+// of the time the dependency has been failing (since the trip that began
+// the openings), between FirstOpenFor and OpenFor. So each failed probe
+// lengthens the next opening, an outage is over for callers at most an
+// eighth of its length (and at least FirstOpenFor) after it ends, and a
+// long one costs a probe round every OpenFor.
+const breakerOpenShare = 1.0 / 8
 
 // Counter indexes in Breaker.win.
 const (
@@ -49,8 +91,8 @@ const (
 
 // Breaker is the runtime state of a Breaker, one per scope: the
 // classic closed → open → half-open → closed machine
-// (https://martinfowler.com/bliki/CircuitBreaker.html), with a trip rule
-// that learns what normal looks like for the dependency.
+// (https://martinfowler.com/bliki/CircuitBreaker.html), with trip rules
+// that learn what normal looks like for the dependency.
 //
 // # Admission
 //
@@ -68,10 +110,10 @@ const (
 // the outcome Classify gave them; the body plays no part. Success and
 // Failure are evidence. Canceled (the caller gave up) and Discarded (resilix
 // cancelled a hedge loser) record nothing, but give back a half-open probe
-// slot. Each state change starts a new generation, and a permit from an
-// earlier generation is ignored by Done: a call admitted while closed that
-// fails after the breaker opened counts for nothing, and neither does a
-// probe that finishes after another probe already decided.
+// slot. Each state change starts a new generation, and a
+// permit from an earlier generation is ignored by Done: a call admitted
+// while closed that fails after the breaker opened counts for nothing, and
+// neither does a probe that finishes after another probe already decided.
 //
 // # Tripping (closed → open)
 //
@@ -79,13 +121,34 @@ const (
 // four slices of Window/4, a sum covering the last three to four of them).
 // After a Failure it opens when any of these holds:
 //
-//   - ConsecutiveFailures failures in a row (unless that is negative);
-//   - the window's failure rate reaches FailureRatio, when that is set;
-//   - the window's failure rate exceeds the relative trip point.
+//   - a run of failures: ConsecutiveFailures in a row when that is set;
+//     with the zero value, the run rule below;
+//   - the window's failure rate is, with confidence, at or above
+//     FailureRatio, when that is set;
+//   - the window's failure rate is, with confidence, above the relative
+//     trip point.
 //
-// A rate is judged only when the window holds at least MinCalls
-// outcomes, at least two of them failures: one unlucky call is never a
-// trend.
+// The run rule. The failures in a row that trip are the fewest k with
+// p^k ≤ 10⁻⁶, and never fewer than five, where p is the baseline (below)
+// or, before there is one, the upper Wilson bound (z = 2) of the window's
+// failure rate outside the run itself (0.06, five failures, when the
+// window holds nothing else): a dead host trips after five calls, a
+// dependency that fails 20% of the time needs nine, one at 35% fourteen,
+// and a jump from a 5% baseline to 60% trips within some thirty calls.
+// Runs are counted so that concurrency alone does not make them: a
+// failure extends the run only when its attempt was admitted after the
+// run's last counted failure came back (or at that instant). Attempts that were in flight
+// together and failed together (a dropped connection under many callers)
+// are one failure of the run, not many; they still count in the rate.
+// An explicit ConsecutiveFailures counts plain failures in a row, as it
+// always has.
+//
+// A rate is judged only when the window holds at least MinCalls outcomes,
+// at least two of them failures, and then by its lower Wilson bound
+// (https://en.wikipedia.org/wiki/Binomial_proportion_confidence_interval#Wilson_score_interval)
+// at z = 3: with 20 calls a host steadily failing 35% would need 17
+// failures to pass 0.5 (about once in a million windows), and a dead host
+// passes it at the first judgement.
 //
 // The relative trip point is
 //
@@ -94,32 +157,39 @@ const (
 // or 0.5 while no baseline has been measured yet. The factor 3 puts the
 // trip about three standard deviations above a 10% baseline at 20 calls;
 // the floor 0.2 keeps a near-zero baseline from tripping on a couple of
-// unlucky calls (at 20 calls it takes 5 failures); the ceiling 0.9 lets a
-// dependency that routinely fails a third of its calls still trip when
-// nearly everything fails.
+// unlucky calls; the ceiling 0.9 lets a dependency that routinely fails a
+// third of its calls still trip when nearly everything fails.
 //
-// The baseline is the dependency's normal failure rate, learned while the
-// breaker is closed and healthy. Outcomes are also tallied per period of
-// one Window (extended until it holds MinCalls outcomes). When a period
-// ends with a failure rate at or below the trip point (it would not have
-// tripped the breaker), that rate is a sample: the baseline is the mean of
-// the first ten samples, then an EWMA giving each new sample a weight of
-// 0.1 (a memory of about ten windows). A
-// period that was unhealthy, or that ended in a trip, is not a sample, and
-// nothing is learned while open or half-open. All of this is computed
-// lazily from the now passed in; no timer or goroutine runs. A baseline
-// that drifts up slowly is followed (that is what relative means), up to
-// the 0.9 ceiling; FailureRatio is the absolute backstop. Rate reports the
-// window, the baseline and the trip point.
+// The baseline is the dependency's normal failure rate, learned
+// continuously while the breaker is closed. Outcomes are tallied per
+// period of one slice of the window (Window/4, extended until it holds
+// MinCalls outcomes); when a period ends, its failure rate, clamped to the
+// trip point, is a sample (before the first sample, a period above the
+// warm-up trip point is none): the baseline is the mean of the first twenty
+// samples, then an EWMA giving each new sample a weight of 1/20. A period
+// cut short by a trip is a sample too, without the run of failures that
+// ended it, when what is left holds MinCalls outcomes: a host whose normal
+// has moved is learned through its trips, while an outage, which trips on
+// its run, teaches nothing. Nothing is learned while open
+// or half-open, and the baseline is kept across openings. A dependency
+// whose normal changes is followed within minutes; FailureRatio is the
+// absolute backstop. All of this is computed lazily from the now passed
+// in; no timer or goroutine runs. Rate reports the window, the baseline
+// and the trip point.
 //
 // # Recovering
 //
-// An opening lasts OpenFor times a uniform draw in [1, 1.25), from a PCG
-// seeded at construction, so breakers that opened together do not probe in
-// lockstep. The move to half-open is lazy: the first Allow at or after that
-// instant makes it and reports it. A probe's Success closes the breaker
-// (with an empty window and consecutive count; the baseline is kept), its
-// Failure opens it again for a fresh jittered OpenFor.
+// The first opening lasts FirstOpenFor; after a failed probe, the next
+// lasts an eighth of the time since that first trip, at least FirstOpenFor
+// and at most OpenFor. So a short outage is over for callers about
+// FirstOpenFor after it ends, an outage of a minute at most eight seconds
+// after, and a long one costs one probe round per OpenFor. Each opening is
+// jittered by a uniform draw in [1, 1.25), from a PCG seeded at
+// construction, so breakers that opened together do not probe in lockstep.
+// With a negative FirstOpenFor every opening lasts OpenFor. The move to
+// half-open is lazy: the first Allow at or after that instant makes it and
+// reports it. A probe's Success closes the breaker (with an empty window
+// and run; the baseline is kept), its Failure opens it again.
 //
 // # Transitions
 //
@@ -132,12 +202,14 @@ const (
 // is off: it admits everything. A Breaker is safe for concurrent use;
 // each method holds one mutex for a few dozen instructions.
 type Breaker struct {
-	consecutive int // trip after this many failures in a row; <= 0 off
-	ratio       float64
-	minCalls    uint64
-	window      time.Duration
-	openFor     time.Duration
-	probes      int
+	consecutive  int // explicit: trip after this many failures in a row; 0: the run rule; < 0 off
+	ratio        float64
+	minCalls     uint64
+	window       time.Duration
+	slice        time.Duration // a baseline period's least length
+	openFor      time.Duration
+	firstOpenFor time.Duration // < 0: every opening is openFor
+	probes       int
 
 	// closedGen is gen while the breaker is closed, zero otherwise, so
 	// that Allow admits a call to a closed breaker with one atomic load.
@@ -147,11 +219,18 @@ type Breaker struct {
 	mu        sync.Mutex
 	state     policy.BreakerState
 	gen       uint64 // changes with every state change; permits carry it
-	failures  int    // consecutive failures while closed
 	win       *estimator.Counters
 	openUntil time.Time // while open: when half-open begins
+	failedAt  time.Time // the trip that began the current openings
 	probesOut int       // while half-open: probes admitted and not done
 	rng       rand.PCG
+
+	// The run of failures while closed: run counts those that extend it
+	// (all of them with an explicit ConsecutiveFailures; with the run rule,
+	// those admitted after runAt, when the run's last counted failure came
+	// back), runAll every failure since the last success.
+	run, runAll int
+	runAt       time.Time
 
 	// The baseline, and the period being tallied for its next sample.
 	baseline                    float64
@@ -161,20 +240,23 @@ type Breaker struct {
 }
 
 // NewBreaker returns the runtime state of cfg, closed, with an empty
-// window and no baseline. cfg must be valid (Set.Validate checks it). seed
-// seeds the OpenFor jitter; give each breaker its own (e.g. from a hash of
-// its key), so that breakers that open together probe apart.
+// window and no baseline. cfg must be valid (Set.Validate checks it) and
+// have its defaults applied. seed seeds the opening jitter; give each
+// breaker its own (e.g. from a hash of its key), so that breakers that
+// open together probe apart.
 func NewBreaker(cfg policy.Breaker, now time.Time, seed uint64) *Breaker {
 	b := &Breaker{
-		consecutive: cfg.ConsecutiveFailures,
-		ratio:       cfg.FailureRatio,
-		minCalls:    uint64(max(cfg.MinCalls, 1)),
-		window:      cfg.Window,
-		openFor:     cfg.OpenFor,
-		probes:      max(cfg.Probes, 1),
-		gen:         1, // the zero BreakerPermit is never current
-		win:         estimator.NewCounters(cfg.Window, breakerCounters, now),
-		periodStart: now,
+		consecutive:  cfg.ConsecutiveFailures,
+		ratio:        cfg.FailureRatio,
+		minCalls:     uint64(max(cfg.MinCalls, 1)),
+		window:       cfg.Window,
+		slice:        estimator.Slice(cfg.Window),
+		openFor:      cfg.OpenFor,
+		firstOpenFor: cfg.FirstOpenFor,
+		probes:       max(cfg.Probes, 1),
+		gen:          1, // the zero BreakerPermit is never current
+		win:          estimator.NewCounters(cfg.Window, breakerCounters, now),
+		periodStart:  now,
 	}
 	b.rng.Seed(seed, seed^0x9e3779b97f4a7c15)
 	b.closedGen.Store(b.gen)
@@ -187,6 +269,7 @@ func NewBreaker(cfg policy.Breaker, now time.Time, seed uint64) *Breaker {
 type BreakerPermit struct {
 	gen   uint64
 	probe bool
+	at    time.Time // when Allow admitted it
 }
 
 // BreakerDecision is Allow's answer.
@@ -252,13 +335,13 @@ func (b *Breaker) Allow(now time.Time) (p BreakerPermit, d BreakerDecision) {
 		return BreakerPermit{}, BreakerDecision{OK: true}
 	}
 	if gen := b.closedGen.Load(); gen != 0 {
-		return BreakerPermit{gen: gen}, BreakerDecision{OK: true}
+		return BreakerPermit{gen: gen, at: now}, BreakerDecision{OK: true}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case policy.BreakerClosed:
-		return BreakerPermit{gen: b.gen}, BreakerDecision{OK: true}
+		return BreakerPermit{gen: b.gen, at: now}, BreakerDecision{OK: true}
 	case policy.BreakerOpen:
 		if now.Before(b.openUntil) {
 			return BreakerPermit{}, BreakerDecision{RetryAfter: b.openUntil.Sub(now)}
@@ -271,7 +354,7 @@ func (b *Breaker) Allow(now time.Time) (p BreakerPermit, d BreakerDecision) {
 	}
 	b.probesOut++
 	d.OK = true
-	return BreakerPermit{gen: b.gen, probe: true}, d
+	return BreakerPermit{gen: b.gen, probe: true, at: now}, d
 }
 
 // Done releases a permit from Allow with the outcome of its call, and
@@ -295,13 +378,18 @@ func (b *Breaker) Done(now time.Time, p BreakerPermit, o policy.Outcome) Breaker
 		b.win.Add(now, breakerCalls, 1)
 		b.periodCalls++
 		if o == policy.Success {
-			b.failures = 0
+			b.run, b.runAll = 0, 0
 			return BreakerChange{}
 		}
 		b.win.Add(now, breakerFailures, 1)
 		b.periodFailures++
-		b.failures++
+		b.runAll++
+		if b.consecutive != 0 || b.run == 0 || !p.at.Before(b.runAt) {
+			b.run++
+			b.runAt = now
+		}
 		if b.shouldTrip(now) {
+			b.failedAt = now
 			b.open(now)
 			return BreakerChange{From: policy.BreakerClosed, To: policy.BreakerOpen}
 		}
@@ -383,31 +471,98 @@ func (b *Breaker) tripPoint() float64 {
 // shouldTrip reports whether the window, just after a failure, trips the
 // breaker. b.mu is held and the breaker is closed.
 func (b *Breaker) shouldTrip(now time.Time) bool {
-	if b.consecutive > 0 && b.failures >= b.consecutive {
+	if b.consecutive > 0 && b.run >= b.consecutive {
 		return true
 	}
 	var sums [breakerCounters]uint64
 	b.win.Sums(now, sums[:])
 	calls, failures := sums[breakerCalls], sums[breakerFailures]
+	if b.consecutive == 0 && b.run >= b.runTrip(calls, failures) {
+		return true
+	}
 	if calls < b.minCalls || failures < 2 {
 		return false
 	}
-	rate := float64(failures) / float64(calls)
-	return (b.ratio > 0 && rate >= b.ratio) || rate > b.relativeTrip()
+	lower := wilsonLower(float64(failures), float64(calls), breakerConfidence)
+	return (b.ratio > 0 && lower >= b.ratio) || lower > b.relativeTrip()
+}
+
+// runTrip returns the length of a run of failures that trips the breaker
+// under the run rule, given the window's sums. b.mu is held.
+func (b *Breaker) runTrip(calls, failures uint64) int {
+	p := b.baseline
+	if b.samples == 0 {
+		// No baseline yet: the window's own rate outside the run, at
+		// its upper bound, so that a few lucky calls do not make a
+		// flaky host look healthy.
+		run := uint64(b.runAll)
+		p = breakerRunPrior
+		if calls > run {
+			p = wilsonUpper(float64(failures-min(failures, run)), float64(calls-run), breakerRunConfidence)
+		}
+	}
+	return runLength(p)
+}
+
+// runLength returns the fewest failures in a row that are less likely than
+// breakerRunOdds for a dependency failing at rate p, within
+// [breakerRunMin, breakerRunMax].
+func runLength(p float64) int {
+	if p >= 1 || p != p {
+		return breakerRunMax
+	}
+	if p <= 0 {
+		return breakerRunMin
+	}
+	k := math.Ceil(math.Log(breakerRunOdds) / math.Log(p))
+	return int(min(max(k, breakerRunMin), breakerRunMax))
+}
+
+// wilsonLower and wilsonUpper return the bounds of the Wilson score
+// interval at z for f successes of n trials; n must be positive.
+func wilsonLower(f, n, z float64) float64 {
+	c, h := wilson(f, n, z)
+	return max(c-h, 0)
+}
+
+func wilsonUpper(f, n, z float64) float64 {
+	c, h := wilson(f, n, z)
+	return min(c+h, 1)
+}
+
+// wilson returns the centre and the half-width of the Wilson interval.
+func wilson(f, n, z float64) (centre, half float64) {
+	p, z2 := f/n, z*z
+	d := 1 + z2/n
+	return (p + z2/(2*n)) / d, z * math.Sqrt(p*(1-p)/n+z2/(4*n*n)) / d
 }
 
 // fold ends the baseline period if it is over, taking its failure rate as a
-// sample when it holds MinCalls outcomes and was healthy. A period with
-// too few outcomes goes on. b.mu is held and the breaker is closed.
+// sample (see sample). A period with too few outcomes goes on. b.mu is
+// held and the breaker is closed.
 func (b *Breaker) fold(now time.Time) {
-	if now.Sub(b.periodStart) < b.window || b.periodCalls < b.minCalls {
+	if now.Sub(b.periodStart) < b.slice || b.periodCalls < b.minCalls {
 		return
 	}
-	if rate := float64(b.periodFailures) / float64(b.periodCalls); rate <= b.tripPoint() {
-		b.samples = min(b.samples+1, breakerBaselineSamples)
-		b.baseline += (rate - b.baseline) / float64(b.samples)
-	}
+	b.sample()
 	b.startPeriod(now)
+}
+
+// sample folds the period's failure rate, clamped to the trip point, into
+// the baseline, if the period holds MinCalls outcomes. Before there is a
+// baseline, a period above the warm-up trip point is no sample: a host
+// failing from the start is not learned as normal. b.mu is held.
+func (b *Breaker) sample() {
+	if b.periodCalls < b.minCalls {
+		return
+	}
+	rate := float64(b.periodFailures) / float64(b.periodCalls)
+	if b.samples == 0 && rate > b.tripPoint() {
+		return
+	}
+	rate = min(rate, b.tripPoint())
+	b.samples = min(b.samples+1, breakerBaselineSamples)
+	b.baseline += (rate - b.baseline) / float64(b.samples)
 }
 
 func (b *Breaker) startPeriod(now time.Time) {
@@ -418,7 +573,7 @@ func (b *Breaker) startPeriod(now time.Time) {
 func (b *Breaker) setState(s policy.BreakerState) {
 	b.state = s
 	b.gen++
-	b.failures = 0
+	b.run, b.runAll = 0, 0
 	b.probesOut = 0
 	if s == policy.BreakerClosed {
 		b.closedGen.Store(b.gen)
@@ -427,12 +582,27 @@ func (b *Breaker) setState(s policy.BreakerState) {
 	}
 }
 
-// open opens the breaker at now for a jittered OpenFor. The period being
-// tallied ended in a trip and is dropped. b.mu is held.
+// open opens the breaker at now, for a jittered opening whose length grows
+// with the time since b.failedAt (see breakerOpenShare). The period being
+// tallied ended in a trip: it is a sample if it holds enough outcomes. b.mu
+// is held.
 func (b *Breaker) open(now time.Time) {
+	if b.state == policy.BreakerClosed {
+		// The run that tripped is what was improbable: the rest of the
+		// period is what the host was like before it.
+		run := uint64(b.runAll)
+		b.periodCalls -= min(run, b.periodCalls)
+		b.periodFailures -= min(run, b.periodFailures)
+		b.sample()
+	}
 	b.setState(policy.BreakerOpen)
+	d := b.openFor
+	if b.firstOpenFor >= 0 {
+		grown := time.Duration(float64(now.Sub(b.failedAt)) * breakerOpenShare)
+		d = min(max(grown, b.firstOpenFor), b.openFor)
+	}
 	u := float64(b.rng.Uint64()>>11) * 0x1p-53 // uniform in [0, 1)
-	b.openUntil = now.Add(b.openFor + time.Duration(u*breakerJitter*float64(b.openFor)))
+	b.openUntil = now.Add(d + time.Duration(u*breakerJitter*float64(d)))
 	b.startPeriod(now)
 }
 

@@ -3,6 +3,7 @@ package gate
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,7 +160,7 @@ func TestBreakerPct35Pattern(t *testing.T) {
 const bkS = time.Second
 
 func TestBreakerConsecutiveTrip(t *testing.T) {
-	cfg := policy.Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkS, Probes: 2}
+	cfg := policy.Breaker{ConsecutiveFailures: 3, OpenFor: 4 * bkS, FirstOpenFor: -1, Probes: 2}
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkCall, o: policy.Success, ok: true},
 		{at: 1 * bkS, op: bkCall, o: policy.Failure, ok: true},
@@ -184,7 +185,7 @@ func TestBreakerConsecutiveTrip(t *testing.T) {
 }
 
 func TestBreakerHalfOpenProbes(t *testing.T) {
-	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkS, Probes: 2}
+	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: 4 * bkS, FirstOpenFor: -1, Probes: 2}
 	full := [2]time.Duration{0, 0} // half-open with every slot taken: no hint
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
@@ -210,7 +211,7 @@ func TestBreakerHalfOpenProbes(t *testing.T) {
 }
 
 func TestBreakerLateResultsIgnored(t *testing.T) {
-	cfg := policy.Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkS, Probes: 1}
+	cfg := policy.Breaker{ConsecutiveFailures: 2, OpenFor: 4 * bkS, FirstOpenFor: -1, Probes: 1}
 	bkRun(t, cfg, []bkStep{
 		{at: 0, op: bkAllow, slot: 0, ok: true}, // closed-state permits that finish late
 		{at: 0, op: bkAllow, slot: 1, ok: true},
@@ -250,49 +251,57 @@ func TestBreakerRateRules(t *testing.T) {
 		s[len(s)-1].change, s[len(s)-1].state = bkTrip, policy.BreakerOpen
 		return s
 	}
+	repeat := func(pattern string, n int) string { return strings.Repeat(pattern, n) }
+	// A rate trips when its lower Wilson bound at z = 3 passes the trip
+	// point; the counts below are where it first does.
 	tests := []struct {
 		name  string
 		cfg   policy.Breaker
 		steps []bkStep
 	}{{
-		// Warm-up trip point 0.5: 5 of 10 is not above it, 6 of 11 is.
+		// Warm-up trip point 0.5: 9 of 9 is below MinCalls; 10 of 10 has
+		// a lower bound of 0.526 (9 of 10 would have 0.43).
 		name:  "MinCalls",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 10},
-		steps: append(calls(0, "FFFFSSSSSF"), tripAt(calls(10*bkS, "F"))...),
+		steps: append(calls(0, repeat("F", 9)), tripAt(calls(9*bkS, "F"))...),
 	}, {
+		name:  "MinCalls, not confident",
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 10},
+		steps: calls(0, "SFFFFFFFFF"), // 9 of 10: a lower bound of 0.43
+	}, {
+		// With MinCalls 1 a failure alone is no trend; it takes ten in a
+		// row for the bound to pass 0.5.
 		name:  "two failures",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 1},
-		steps: append(calls(0, "F"), tripAt(calls(bkS, "F"))...),
+		steps: append(calls(0, repeat("F", 9)), tripAt(calls(9*bkS, "F"))...),
 	}, {
+		// Half the calls failing, against FailureRatio 0.25: 14 of 28 is
+		// the first count whose lower bound (0.253) reaches it.
 		name:  "FailureRatio",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 8, FailureRatio: 0.25},
-		steps: tripAt(calls(0, "SSSFSSSF")),
-	}, {
-		name:  "FailureRatio needs two failures",
-		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.25},
-		steps: tripAt(calls(0, "SSSFSSSF")),
+		steps: tripAt(calls(0, repeat("SF", 14))),
 	}, {
 		name:  "consecutive off",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 100},
-		steps: calls(0, "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"),
+		steps: calls(0, repeat("F", 50)),
 	}, {
-		// 4 failures in 7 calls would reach FailureRatio; the first three
-		// have left the window by the time the last four come (2 in 4).
+		// 10 failures in 13 calls would pass 0.5; the first ten have
+		// left the window by the time the last three come.
 		name:  "old outcomes leave the window",
-		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, Window: 40 * bkS, FailureRatio: 0.55},
-		steps: append(calls(0, "FFS"), calls(60*bkS, "SFSF")...),
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 2, Window: 40 * bkS},
+		steps: append(calls(0, repeat("F", 9)), calls(60*bkS, "FFF")...),
 	}, {
 		// Closing starts an empty window: the failures that tripped it
 		// do not count again.
 		name: "closing empties the window",
-		cfg:  policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5, OpenFor: 4 * bkS},
-		steps: append(tripAt(calls(0, "SSFF")),
-			bkStep{at: 8 * bkS, op: bkAllow, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
-			bkStep{at: 8 * bkS, op: bkDone, o: policy.Success, ok: true, change: bkRecover},
-			bkStep{at: 9 * bkS, op: bkCall, o: policy.Failure, ok: true},
-			bkStep{at: 10 * bkS, op: bkCall, o: policy.Failure, ok: true},
-			bkStep{at: 11 * bkS, op: bkCall, o: policy.Success, ok: true},
-			bkStep{at: 12 * bkS, op: bkCall, o: policy.Success, ok: true},
+		cfg:  policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, OpenFor: 4 * bkS},
+		steps: append(tripAt(calls(0, repeat("F", 10))),
+			bkStep{at: 12 * bkS, op: bkAllow, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+			bkStep{at: 12 * bkS, op: bkDone, o: policy.Success, ok: true, change: bkRecover},
+			bkStep{at: 13 * bkS, op: bkCall, o: policy.Failure, ok: true},
+			bkStep{at: 14 * bkS, op: bkCall, o: policy.Failure, ok: true},
+			bkStep{at: 15 * bkS, op: bkCall, o: policy.Failure, ok: true},
+			bkStep{at: 16 * bkS, op: bkCall, o: policy.Success, ok: true},
 		),
 	}}
 	for _, tt := range tests {
@@ -317,7 +326,9 @@ func TestBreakerRelativeTrip(t *testing.T) {
 	}{
 		{"10% then 12% holds", bkEvery(10), bkPct12, false, 0.1},
 		{"10% then 50% trips", bkEvery(10), bkEvery(2), true, 0.1},
-		{"10% then 35% trips", bkEvery(10), bkPct35, true, 0.1},
+		// 35% over a 10% baseline (trip point 0.3) is not past it with
+		// confidence; with random failures a run of six would trip it.
+		{"10% then 35% holds by rate", bkEvery(10), bkPct35, false, 0.1},
 		{"20% then 35% holds", bkEvery(5), bkPct35, false, 0.2},
 		{"0% then 35% trips", bkNever, bkPct35, true, 0},
 	}
@@ -364,19 +375,15 @@ func TestBreakerWarmup(t *testing.T) {
 }
 
 // With a baseline of zero the floor decides: at MinCalls 20, one
-// failure never trips, and it takes a rate above 0.2.
+// failure never trips, and it takes a rate above 0.2 with confidence: after
+// 19 successes, 14 failures (the lower bound of 14 in 33 is 0.211).
 func TestBreakerNearZeroBaseline(t *testing.T) {
 	cfg := policy.Breaker{ConsecutiveFailures: -1, MinCalls: 20, Window: 40 * bkS}
 	steps := bkTraffic(0, bkS, 200, bkNever, false) // 0% for 200s
-	// Idle until 300s: the window empties. Then 19 successes and a failure.
+	// Idle until 300s: the window empties. Then 19 successes and failures.
 	steps = append(steps, bkTraffic(300*bkS, bkS, 19, bkNever, false)...)
-	steps = append(steps,
-		bkStep{at: 319 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 1 of 20: one failure is no trend
-		bkStep{at: 320 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 2 of 21 = 0.095
-		bkStep{at: 321 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 3 of 22 = 0.136
-		bkStep{at: 322 * bkS, op: bkCall, o: policy.Failure, ok: true},                                            // 4 of 23 = 0.174
-		bkStep{at: 323 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen}, // 5 of 24 = 0.208
-	)
+	steps = append(steps, bkTraffic(319*bkS, bkS, 13, func(int) bool { return true }, false)...)
+	steps = append(steps, bkStep{at: 332 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen})
 	b, _ := bkRun(t, cfg, steps[:200])
 	if r := b.Rate(bkStart.Add(250 * bkS)); !r.BaselineKnown || r.Baseline != 0 || r.TripPoint != 0.2 {
 		t.Fatalf("Rate = %+v, want a known baseline of 0 and the floor 0.2", r)
@@ -399,11 +406,14 @@ func TestBreakerRateReport(t *testing.T) {
 	if got.Judged() || got.Reached(0.5) {
 		t.Fatalf("one failure: Judged = %v, Reached(0.5) = %v, want false", got.Judged(), got.Reached(0.5))
 	}
-	p, _ := b.Allow(now)
-	b.Done(now, p, policy.Failure) // 2 of 5 = 0.4: trips at FailureRatio
-	got = b.Rate(now)
-	if !got.Judged() || !got.Reached(1) || b.State(now) != policy.BreakerOpen {
-		t.Fatalf("Rate = %+v, state %v: want judged, reached, open", got, b.State(now))
+	// Failures until the rate is at FailureRatio with confidence.
+	for b.State(now) == policy.BreakerClosed {
+		got = b.Rate(now)
+		p, _ := b.Allow(now)
+		b.Done(now, p, policy.Failure)
+	}
+	if !got.Judged() || !got.Reached(1) || got.Failures < 10 {
+		t.Fatalf("Rate before the trip = %+v: want judged, reached, and more than the bare 2 of 5", got)
 	}
 }
 
@@ -412,7 +422,7 @@ func TestBreakerRateReport(t *testing.T) {
 // afresh when a probe fails.
 func TestBreakerJitter(t *testing.T) {
 	const openFor = 4 * bkS
-	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: openFor}
+	cfg := policy.Breaker{ConsecutiveFailures: 1, OpenFor: openFor, FirstOpenFor: -1}
 	trip := func(b *Breaker, now time.Time) time.Duration {
 		p, d := b.Allow(now)
 		if !d.OK {
@@ -459,19 +469,23 @@ func TestBreakerJitter(t *testing.T) {
 
 func TestBreakerDefaults(t *testing.T) {
 	got := policy.Breaker{}.WithDefaults()
-	want := policy.Breaker{ConsecutiveFailures: 5, MinCalls: 20, Window: 30 * bkS, OpenFor: 5 * bkS, Probes: 3}
+	want := policy.Breaker{MinCalls: 20, Window: 30 * bkS, FirstOpenFor: bkS, OpenFor: 5 * bkS, Probes: 3}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("WithDefaults (-want +got):\n%s", diff)
 	}
-	// Defaults in action: five failures in a row trip; three probes.
+	if got := (policy.Breaker{OpenFor: 200 * time.Millisecond}).WithDefaults().FirstOpenFor; got != 200*time.Millisecond {
+		t.Fatalf("FirstOpenFor with a short OpenFor = %v, want OpenFor", got)
+	}
+	// Defaults in action: five failures in a row trip a fresh breaker;
+	// the first opening lasts a second; three probes.
 	steps := bkTraffic(0, bkS, 4, func(int) bool { return true }, false)
 	steps = append(steps,
 		bkStep{at: 4 * bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
-		bkStep{at: 5 * bkS, op: bkAllow, retry: [2]time.Duration{4 * bkS, 5*bkS + 250*time.Millisecond}, state: policy.BreakerOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 1, ok: true, state: policy.BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 2, ok: true, state: policy.BreakerHalfOpen},
-		bkStep{at: 11 * bkS, op: bkAllow, slot: 3, state: policy.BreakerHalfOpen},
+		bkStep{at: 4 * bkS, op: bkAllow, retry: [2]time.Duration{bkS, bkS + 250*time.Millisecond}, state: policy.BreakerOpen},
+		bkStep{at: 6 * bkS, op: bkAllow, slot: 0, ok: true, change: bkProbe, state: policy.BreakerHalfOpen},
+		bkStep{at: 6 * bkS, op: bkAllow, slot: 1, ok: true, state: policy.BreakerHalfOpen},
+		bkStep{at: 6 * bkS, op: bkAllow, slot: 2, ok: true, state: policy.BreakerHalfOpen},
+		bkStep{at: 6 * bkS, op: bkAllow, slot: 3, state: policy.BreakerHalfOpen},
 	)
 	bkRun(t, policy.Breaker{}, steps)
 }
