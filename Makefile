@@ -33,7 +33,7 @@ soak:
 	RESILIX_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 0 ./transport/ | grep -v '^=== '
 
 ## flaky: how the default chain treats a flaky host, measured over loopback
-## beside bare net/http and checked against targets (about 75s): steady 20%
+## beside bare net/http and checked against targets (about 80s): steady 20%
 ## 503s and resets, resets on fresh connections with Hedge, an 8s outage,
 ## a jump from 5% to 60% failing; one table per scenario. FLAKY is 1, or a
 ## duration for the steady scenarios (default 8s). No -race: the figures

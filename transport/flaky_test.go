@@ -41,7 +41,7 @@ import (
 func TestFlaky(t *testing.T) {
 	steady := flakySteady(t)
 	t.Run("steady", func(t *testing.T) { flakySteadyScenario(t, steady) })
-	t.Run("fresh-resets", func(t *testing.T) { flakyFreshResets(t, steady/2) })
+	t.Run("fresh-resets", func(t *testing.T) { flakyFreshResets(t, steady) })
 	t.Run("outage", flakyOutage)
 	t.Run("jump", flakyJump)
 }
@@ -372,9 +372,11 @@ func flakySteadyScenario(t *testing.T, d time.Duration) {
 // Scenario 2: Retry and Hedge on, every request on a connection of its own
 // (DisableKeepAlives on the base, so that net/http never retries a reset
 // of a reused connection below resilix), 16 callers at 2000 calls/s in
-// all; the server resets 20% of connections (all of them in the variant)
-// after reading the request and before answering. Wire calls are the
-// server's count of requests; every one came on a fresh connection.
+// all, for steady (8s: longer than the default breaker's OpenFor, so that
+// an opening is followed by its probes); the server resets 20% of
+// connections (all of them in the variant) after reading the request and
+// before answering. Wire calls are the server's count of requests; every
+// one came on a fresh connection.
 func flakyFreshResets(t *testing.T, d time.Duration) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const rate = 2000
