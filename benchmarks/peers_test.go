@@ -80,8 +80,8 @@ var retriers = []retrier{
 	}},
 }
 
-// resilixRetry is Retry with Attempts 3 and the default budget (10% of
-// calls, 1 token a second, 10 at most).
+// resilixRetry is Retry with Attempts 3 and the default budget (20% of
+// calls, 10 tokens a second, 10 at most; a retry that succeeds refunds).
 func resilixRetry() policy.Set {
 	return policy.Set{Attempts: 3, Retry: &policy.Retry{BaseDelay: retryBase, MaxDelay: retryMax}}
 }

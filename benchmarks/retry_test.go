@@ -21,8 +21,9 @@ import (
 //	go test -run '^$' -bench RetryDeadUpstream -count 5
 //
 // resilix's figure depends on the load's size: its budget starts with 10
-// tokens and earns 0.1 per call plus 1 a second, so n calls over t seconds
-// may add at most 10 + 0.1n + t retries. The peers' figures do not.
+// tokens and earns 0.2 per call plus 10 a second, and a failed retry earns
+// nothing back, so n calls over t seconds may add at most 10 + 0.2n + 10t
+// retries. The peers' figures do not.
 func BenchmarkRetryDeadUpstream(b *testing.B) {
 	const (
 		calls   = 2000

@@ -9,24 +9,43 @@ import (
 // of the traffic however badly the dependency behaves. Two amplifiers with
 // separate budgets would not bound the total.
 //
-// Every logical call deposits Ratio tokens; every retry or hedge withdraws
-// one, and is not sent when less than one is left. So that a quiet scope
-// can still retry, the bucket also fills at MinPerSecond tokens per second
-// whatever the traffic; it never holds more than Max, and a new scope
-// starts full. This is the shape of gRPC's retry throttling and Finagle's
-// RetryBudget. The zero value is on, with the defaults below.
+// It bounds waste, not help. Every logical call deposits Ratio tokens;
+// every retry or hedge withdraws one, and is not sent when less than one
+// is left; a retry whose answer is the call's success, and a hedge that
+// wins, refund theirs. So the tokens that stay spent are those of wire
+// calls whose answer the caller did not get: retries that failed, hedges
+// that lost, and the first leg of a hedged retry round that its hedge won
+// (that round refunds the hedge's token, not the retry's; a call refunds
+// at most once). So that a quiet scope can still retry, the bucket also
+// fills at MinPerSecond tokens per second whatever the traffic; it never
+// holds more than Max, and a new scope starts full.
+//
+// With the defaults, a host that fails a random 20% of attempts is retried
+// through: the 0.24 retries a call that takes (0.2 + 0.2²) withdraw, and
+// the 0.19 that succeed refund, leaving 0.05 a call spent of the 0.2
+// deposited. A full outage, where every retry and hedge fails, refunds
+// nothing: it costs at most Ratio more calls (a fifth), plus MinPerSecond
+// a second, plus the Max the bucket held when it began; at 1000 calls a
+// second, 1.21 wire calls a call. The shape is gRPC's retry throttling
+// and Finagle's RetryBudget; the ratio and the floor are Finagle's
+// defaults (20% of requests, at least 10 retries a second), and the ratio
+// is Envoy's retry budget's. The zero value is on, with the defaults
+// below.
 type Budget struct {
 	// Ratio is the tokens each logical call deposits: the long-run share of
-	// calls that may be retried or hedged. If zero, 0.1 is used. If
+	// calls that may be retried or hedged in vain. If zero, 0.2 is used. If
 	// negative, the budget is off and only Attempts bounds amplification.
 	Ratio float64
 
 	// MinPerSecond is the floor: tokens added per second whatever the
-	// traffic. If zero, 1 is used. If negative, there is no floor.
+	// traffic. If zero, 10 is used. If negative, there is no floor.
 	MinPerSecond float64
 
-	// Max is the most tokens the bucket holds, and what it starts with.
-	// If zero, 10 is used; otherwise it must be at least 1.
+	// Max is the most tokens the bucket holds, and what it starts with:
+	// the burst of retries and hedges it allows at once, and the most a
+	// full outage costs beyond the ratio and the floor. If zero, one
+	// second of the floor is used, MinPerSecond, and no less than 10;
+	// otherwise it must be at least 1.
 	Max float64
 }
 
@@ -43,8 +62,8 @@ func (b *Budget) validate() error {
 
 // WithDefaults returns b with every zero field set to its default.
 func (b Budget) WithDefaults() Budget {
-	b.Ratio = or(b.Ratio, 0.1)
-	b.MinPerSecond = or(b.MinPerSecond, 1)
-	b.Max = or(b.Max, 10)
+	b.Ratio = or(b.Ratio, 0.2)
+	b.MinPerSecond = or(b.MinPerSecond, 10)
+	b.Max = or(b.Max, max(10, b.MinPerSecond))
 	return b
 }

@@ -15,7 +15,8 @@
 //
 // Retry and Hedge are the amplifiers: they send more than one wire call
 // per logical call, and Set.Attempts bounds the wire calls of both together
-// while one Budget per key bounds them as a share of the traffic. The
+// while one Budget per key bounds those that do not pay off (retries that
+// fail, hedges that lose) as a share of the traffic. The
 // admission gates (Throttler, Breaker, Limiter, Bulkhead, RateLimit) are
 // asked by every wire attempt, hedges included, and either admit it with a
 // permit, released once with the attempt's outcome, or refuse it with a

@@ -21,6 +21,10 @@ import (
 // on the server). A body without GetBody is hedged from the copy
 // Set.ReplayBuffer keeps, once the first leg has sent all of it; a hedge
 // due before then is not sent (HedgeBodyPending).
+//
+// Each hedge withdraws one token from the scope's Budget as it starts,
+// after the admission gates, and gives it back if it wins: only the hedges
+// that lose or fail stay spent (HedgeBudget when none is left).
 type Hedge struct {
 	// Quantile of recent attempt latency after which a hedge is
 	// considered, in (0, 1). If zero, 0.95 is used.

@@ -29,10 +29,11 @@ import (
 // returns when it is set, or longer if the response asked for it with
 // Retry-After. It never sleeps past the caller's deadline: when the next
 // attempt could not start before it, the last response or error is
-// returned at once. Each retry withdraws
-// one token from the scope's Budget and passes the admission gates like
-// any attempt; when no token is left, or a gate refuses, the last response
-// or error is returned, and Observer.RetrySkipped says why. A response is
+// returned at once. Each retry withdraws one token from the scope's
+// Budget, which it gives back if its answer is the call's success, and
+// passes the admission gates like any attempt; when no token is left, or a
+// gate refuses, the last response or error is returned, and
+// Observer.RetrySkipped says why. A response is
 // thrown away only once the retry that supersedes it is admitted: it is
 // then drained in the background (at most 4 KiB, at most 100 ms, so its
 // connection can be reused without the caller waiting) and closed.

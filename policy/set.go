@@ -31,8 +31,8 @@ type Set struct {
 	// DefaultClassify is used.
 	Classify Classify
 
-	// Budget bounds retries and hedges together, as a fraction of the
-	// calls made. The zero value is the default budget; see Budget. It
+	// Budget bounds retries and hedges together, those that fail or lose,
+	// as a fraction of the calls made. The zero value is the default budget; see Budget. It
 	// only applies when Retry or Hedge is set.
 	Budget Budget
 

@@ -205,7 +205,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		}
 		c.retries++
 		now = time.Now()
-		*l = leg{}
+		*l = leg{paid: true}
 		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
@@ -252,8 +252,22 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	c.prepare(l, kind, body, false, now)
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
+	if l.paid && l.outcome == policy.Success && !l.again {
+		c.refund(timing.Since(c.start))
+	}
 	c.attemptDone(l)
 	return l.resp, l.err
+}
+
+// refund gives back the budget token of a leg whose answer is the call's
+// success: a retry whose round it answered, unhedged or as the round's
+// winner, or a hedge that won. A call refunds at most once, for the one
+// wire call its answer came from: in a hedged retry round won by a hedge
+// the hedge's token comes back and the retry's, which paid for the leg
+// that lost, stays spent. So what stays spent is a token for each wire
+// call the caller's answer did not come from, but the call's first.
+func (c *call) refund(now time.Time) {
+	c.s.budget.Refund(now)
 }
 
 // replayable reports whether the request may be sent more than once: its

@@ -297,7 +297,7 @@ func (r *round) hedge(now time.Time) {
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, body, true, now)
-	l.round = r
+	l.round, l.paid = r, true
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
@@ -434,9 +434,13 @@ func (r *round) report(l *leg) {
 	r.mu.Unlock()
 
 	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
+	paid := l.paid && l.outcome == policy.Success
 	var now time.Time // read only when something needs it
-	if len(losers) > 0 || won {
+	if len(losers) > 0 || won || paid {
 		now = timing.Since(c.start)
+	}
+	if paid {
+		c.refund(now)
 	}
 	r.discard(losers, now)
 	c.attemptDone(l)

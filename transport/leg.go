@@ -50,6 +50,11 @@ type leg struct {
 	// took over, until the leg is sent: a refused leg gives it back.
 	inherited *releaser
 
+	// paid: the leg drew a token from the budget (a retry round's first
+	// leg, or a hedge), which it refunds if its answer is the call's
+	// success (see refund).
+	paid bool
+
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
 	resp     *http.Response
 	err      error

@@ -286,7 +286,8 @@ func TestHedgeRefusedByTheBudgetIsTriedAgain(t *testing.T) {
 	})
 }
 
-// TestHedgeRefusedByAnEmptyBudgetBacksOff: a budget that never refills.
+// TestHedgeRefusedByAnEmptyBudgetBacksOff: a budget that never refills,
+// emptied by a hedge that lost (one that won would earn its token back).
 // A slow call's round asks again one threshold after each refusal, three
 // times, then backing off: refused at 1, 2, 3, 4, 6, 10 and 18 thresholds
 // into a call whose first leg answers at 20.
@@ -297,8 +298,8 @@ func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
 		base := fakeRT(func(r *http.Request) (*http.Response, error) {
 			d := 10 * time.Millisecond
 			switch n.Add(1) {
-			case 6: // a slow call, whose hedge takes the budget's one token
-				d = time.Hour
+			case 6: // a slow call, whose hedge takes the budget's one token and loses
+				d = th + time.Millisecond
 			case 8: // the slow call measured
 				d = 20 * th
 			}
@@ -312,9 +313,12 @@ func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 5)
 		th = tr.Measured("up.test").HedgeThreshold
-		warm(t, tr, 1) // hedged: the budget is empty from now on
-		if s, _ := ev.counts(); s != 1 {
-			t.Fatalf("%d hedges, want the one that empties the budget", s)
+		warm(t, tr, 1) // hedged, and the hedge lost: the budget is empty from now on
+		if s, won := ev.counts(); s != 1 || won != 0 {
+			t.Fatalf("%d hedges, %d won; want the one that empties the budget, lost", s, won)
+		}
+		if got := tr.Measured("up.test").HedgeThreshold; got != th {
+			t.Fatalf("threshold %v after the slow call, want %v still", got, th)
 		}
 		start := time.Now()
 		if _, err := do(t, t.Context(), tr); err != nil {

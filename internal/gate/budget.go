@@ -10,8 +10,11 @@ import (
 )
 
 // Budget is the runtime state of a Budget: one per scope, shared by
-// the scope's retries and hedges. It is safe for concurrent use; a nil
-// *Budget is an unlimited budget.
+// the scope's retries and hedges. Each logical call Deposits, each retry
+// or hedge Withdraws before it is sent, and one that proves worth it (a
+// retry that succeeds, a hedge that wins) Refunds its token, so that only
+// waste stays spent. It is safe for concurrent use; a nil *Budget is an
+// unlimited budget.
 type Budget struct {
 	ratio, perSecond, max float64
 
@@ -86,6 +89,24 @@ func (b *Budget) Withdraw(now time.Time) bool {
 	b.tokens--
 	b.full.Store(false)
 	return true
+}
+
+// Refund gives back the token of a withdrawal that was worth it: a retry
+// that succeeded, a hedge that won. Only waste then stays spent. Call it
+// once for a Withdraw that returned true, and never for one that did
+// not: the bucket cannot tell.
+func (b *Budget) Refund(now time.Time) {
+	if b == nil {
+		return
+	}
+	if b.full.Load() {
+		return
+	}
+	b.mu.Lock()
+	b.accrue(now)
+	b.tokens = min(b.max, b.tokens+1)
+	b.full.Store(b.tokens >= b.max)
+	b.mu.Unlock()
 }
 
 // Balance returns the tokens in the bucket at now; +Inf for a nil bucket.

@@ -108,3 +108,94 @@ func TestBudgetFullAccruesNothing(t *testing.T) {
 		t.Errorf("balance %v, want Max (3)", got)
 	}
 }
+
+// TestBudgetRefundSteps: a refund gives back one token, up to Max, and
+// keeps the full fast path honest: a refund that fills the bucket puts
+// Deposit back on it, and one made while full adds nothing and accrues
+// nothing for the time the bucket stayed full.
+func TestBudgetRefundSteps(t *testing.T) {
+	// Ratio 0.5, floor 1/s, max 2: starts full.
+	b := newBudget(policy.Budget{Ratio: 0.5, MinPerSecond: 1, Max: 2}, t0)
+	type step struct {
+		at      time.Duration
+		op      string // "deposit", "withdraw", "refund"
+		balance float64
+	}
+	steps := []step{
+		{0, "refund", 2}, // full: nothing to give back
+		{0, "withdraw", 1},
+		{0, "withdraw", 0},
+		{0, "refund", 1},
+		{0, "deposit", 1.5},
+		{0, "refund", 2}, // capped at Max, not 2.5
+		{time.Hour, "refund", 2},
+		{time.Hour, "withdraw", 1},                      // the hour it stayed full accrued nothing
+		{time.Hour + 250*time.Millisecond, "refund", 2}, // 0.25 of floor, then one token, capped
+		{time.Hour + 250*time.Millisecond, "withdraw", 1},
+		{time.Hour + 250*time.Millisecond, "withdraw", 0},
+		{time.Hour + 500*time.Millisecond, "refund", 1.25}, // the floor's 0.25 accrued first
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		switch s.op {
+		case "deposit":
+			b.Deposit(now)
+		case "withdraw":
+			if !b.Withdraw(now) {
+				t.Fatalf("step %d: Withdraw refused", i)
+			}
+		case "refund":
+			b.Refund(now)
+		}
+		if got := b.Balance(now); math.Abs(got-s.balance) > 1e-9 {
+			t.Fatalf("step %d (%s at %v): balance %v, want %v", i, s.op, s.at, got, s.balance)
+		}
+	}
+}
+
+// TestBudgetRefundsBoundWasteNotHelp: at Ratio 0.2 with no floor, calls
+// whose first attempt fails one time in five, and whose retry succeeds
+// when it is sent, are all retried through once a successful retry earns
+// its token back; when every retry fails, the retries stay within Ratio
+// of the calls (plus the Max the bucket starts with).
+func TestBudgetRefundsBoundWasteNotHelp(t *testing.T) {
+	cfg := policy.Budget{Ratio: 0.2, MinPerSecond: -1, Max: 10}
+	const calls = 10000
+
+	b := newBudget(cfg, t0)
+	skipped := 0
+	for i := range calls {
+		b.Deposit(t0)
+		if i%5 != 0 {
+			continue // the first attempt succeeded
+		}
+		if !b.Withdraw(t0) {
+			skipped++
+			continue
+		}
+		b.Refund(t0) // the retry succeeded
+	}
+	if skipped != 0 {
+		t.Errorf("%d of %d retries refused; a retry that succeeds should cost nothing", skipped, calls/5)
+	}
+
+	b = newBudget(cfg, t0)
+	retries := 0
+	for range calls {
+		b.Deposit(t0)
+		for b.Withdraw(t0) {
+			retries++ // and it failed: no refund
+		}
+	}
+	if bound := cfg.Ratio*calls + cfg.Max; float64(retries) > bound {
+		t.Errorf("%d retries in a full outage, want at most Ratio×calls + Max = %v", retries, bound)
+	}
+}
+
+func TestBudgetRefundNil(t *testing.T) {
+	var b *Budget
+	b.Refund(t0) // a nil budget is unlimited: nothing to give back, no panic
+	if !math.IsInf(b.Balance(t0), 1) {
+		t.Fatal("a nil budget must stay unlimited")
+	}
+}

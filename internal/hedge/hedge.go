@@ -91,7 +91,8 @@ type Due struct {
 //     passes, so it is asked last);
 //  7. budget: one token from the scope's Budget, which the transport
 //     withdraws only as the hedge starts, after the admission gates, so
-//     that a token is spent only on a hedge that is sent.
+//     that a token is spent only on a hedge that is sent (and given back
+//     if the hedge wins).
 func (h *State) Gate(now time.Time, d Due) policy.SuppressReason {
 	if _, warm := h.lat.Threshold(now); !warm {
 		return policy.HedgeWarming
