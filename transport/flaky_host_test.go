@@ -31,9 +31,9 @@ func (b *breakerCounts) observer() *policy.Observer {
 	}
 }
 
-// drive makes n calls from `callers` goroutines, one call every `every`
+// driveCallers makes n calls from `callers` goroutines, one call every `every`
 // per caller, and returns how many came back 200.
-func drive(t *testing.T, tr *Transport, url string, callers, n int, every time.Duration) int {
+func driveCallers(t *testing.T, tr *Transport, url string, callers, n int, every time.Duration) int {
 	t.Helper()
 	var ok atomic.Int64
 	var wg sync.WaitGroup
@@ -72,7 +72,7 @@ func TestTheDefaultBreakerLeavesAFlakyHostAlone(t *testing.T) {
 			Policies: policy.Set{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Budget: policy.Budget{Ratio: -1}},
 			Observer: counts.observer(),
 		})
-		ok := drive(t, tr, "http://flaky.test/", 8, 3000, 5*time.Millisecond)
+		ok := driveCallers(t, tr, "http://flaky.test/", 8, 3000, 5*time.Millisecond)
 		if counts.opens.Load() != 0 || counts.refused.Load() != 0 {
 			t.Fatalf("a host failing 35%%: the breaker opened %d times and refused %d attempts, want none", counts.opens.Load(), counts.refused.Load())
 		}
