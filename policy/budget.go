@@ -9,12 +9,14 @@ import (
 // of the traffic however badly the dependency behaves. Two amplifiers with
 // separate budgets would not bound the total.
 //
-// Every logical call deposits Ratio tokens; every retry or hedge withdraws
-// one, and is not sent when less than one is left. So that a quiet scope
-// can still retry, the bucket also fills at MinPerSecond tokens per second
-// whatever the traffic; it never holds more than Max, and a new scope
-// starts full. This is the shape of gRPC's retry throttling and Finagle's
-// RetryBudget. The zero value is on, with the defaults below.
+// Every logical call deposits Ratio tokens (but one whose request net/http
+// refused to send, an Invalid attempt, which takes its deposit back); every
+// retry or hedge withdraws one, and is not sent when less than one is
+// left. So that a quiet scope can still retry, the bucket also fills at
+// MinPerSecond tokens per second whatever the traffic; it never holds more
+// than Max, and a new scope starts full. This is the shape of gRPC's retry
+// throttling and Finagle's RetryBudget. The zero value is on, with the
+// defaults below.
 type Budget struct {
 	// Ratio is the tokens each logical call deposits: the long-run share of
 	// calls that may be retried or hedged. If zero, 0.1 is used. If
