@@ -2,6 +2,7 @@ package httpx
 
 import (
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -26,19 +27,25 @@ import (
 //     invalid header or trailer (net/http wraps these in "http2: ");
 //   - a request http.Client refuses to send: one with RequestURI set.
 //
-// The messages are matched whole, with the quoted values net/http puts in
-// them parsed as Go strings, not as substrings of something else: net/http
-// exports no type for these errors. Anything else is not Invalid, a
-// refused dial, a reset or a timeout above all. When in doubt, the answer
-// is no.
+// net/http exports no type for these errors: it makes each with
+// errors.New, or fmt.Errorf without %w, so only errors of that type are
+// read, and their messages are matched whole, with the quoted values
+// net/http puts in them parsed as Go strings, not as substrings of
+// something else. Reading no other error's message, Invalid allocates
+// nothing. Anything else is not Invalid, a refused dial, a reset or a
+// timeout above all. When in doubt, the answer is no.
 func Invalid(err error) bool {
 	for ; err != nil; err = errors.Unwrap(err) {
-		if invalidMessage(err.Error()) {
+		if reflect.TypeOf(err) == plainError && invalidMessage(err.Error()) {
 			return true
 		}
 	}
 	return false
 }
+
+// plainError is the type of errors.New's errors, which fmt.Errorf returns
+// too when it wraps nothing.
+var plainError = reflect.TypeOf(errors.New(""))
 
 // The messages of net/http's errors for a request it will not send, whole.
 var invalidWhole = map[string]bool{

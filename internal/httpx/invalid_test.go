@@ -197,6 +197,7 @@ func TestNotInvalid(t *testing.T) {
 		{"connection header not a list", errors.New(`invalid Connection request header: "x"`)},
 		{"connection header list unclosed", errors.New(`invalid Connection request header: ["x"`)},
 		{":path with more after it", errors.New(`invalid request :path "x" from URL.Opaque = "x" and more`)},
+		{"net/http's words in an error of another type", messageError("http: no Host in request URL")},
 	} {
 		if Invalid(tc.err) {
 			t.Errorf("%s: Invalid(%v) = true", tc.name, tc.err)
@@ -212,6 +213,21 @@ func TestNotInvalid(t *testing.T) {
 		if err := fmt.Errorf("wrapped: %w", errors.New(s)); !Invalid(err) {
 			t.Errorf("Invalid(%q) = false", err)
 		}
+	}
+}
+
+// messageError is an error of a type of its own, whatever its message.
+type messageError string
+
+func (e messageError) Error() string { return string(e) }
+
+// TestInvalidAllocs: Invalid reads the message of no error net/http did
+// not make with errors.New, so an error path pays nothing for it.
+func TestInvalidAllocs(t *testing.T) {
+	wrapped := &url.Error{Op: "Get", URL: "http://x.test/", Err: readReset}
+	refusal := &url.Error{Op: "Get", URL: "ftp://x.test/", Err: errors.New(`unsupported protocol scheme "ftp"`)}
+	if n := testing.AllocsPerRun(100, func() { Invalid(wrapped); Invalid(refusal) }); n != 0 {
+		t.Fatalf("Invalid allocates %v times", n)
 	}
 }
 
