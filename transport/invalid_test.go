@@ -295,3 +295,58 @@ func TestInvalidRequestDepositsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestInvalidProbeLeavesTheBreakerHalfOpen: a half-open breaker's probe
+// whose request net/http refuses to send neither closes nor reopens it,
+// and gives its probe slot back; the next real answer decides.
+func TestInvalidProbeLeavesTheBreakerHalfOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		wire := cleanhttp.DefaultPooledTransport()
+		defer wire.CloseIdleConnections()
+		var failing atomic.Bool
+		failing.Store(true)
+		base := fakeRT(func(r *http.Request) (*http.Response, error) {
+			if r.Header.Get("Valid") == "" {
+				return wire.RoundTrip(r)
+			}
+			if failing.Load() {
+				return respond(r, http.StatusServiceUnavailable), nil
+			}
+			return respond(r, http.StatusOK), nil
+		})
+		set := policy.Set{Breaker: &policy.Breaker{ConsecutiveFailures: 3, OpenFor: time.Second, Probes: 1}}
+		tr := mustNew(t, Config{Base: base, Policies: set, Key: func(*http.Request) string { return "up" }})
+		valid := func() (*http.Response, error) {
+			return tr.RoundTrip(invalidGet(t, "http://up.test/", func(r *http.Request) { r.Header.Set("Valid", "1") }))
+		}
+		for range 3 {
+			resp, err := valid()
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		if s := tr.Measured("up").BreakerState; s != policy.BreakerOpen {
+			t.Fatalf("breaker %v after 3 failures, want open", s)
+		}
+		time.Sleep(2 * time.Second) // past OpenFor and its jitter
+		failing.Store(false)
+		for range 5 {
+			_, err := tr.RoundTrip(invalidGet(t, "http://up.test/", func(r *http.Request) { r.URL.Scheme = "ftp" }))
+			if err == nil || err.Error() != `unsupported protocol scheme "ftp"` {
+				t.Fatalf("err %v; want net/http's refusal, the probe slot free", err)
+			}
+			if s := tr.Measured("up").BreakerState; s != policy.BreakerHalfOpen {
+				t.Fatalf("breaker %v after an invalid probe, want half-open", s)
+			}
+		}
+		resp, err := valid()
+		if err != nil {
+			t.Fatalf("the real probe: %v", err)
+		}
+		resp.Body.Close()
+		if s := tr.Measured("up").BreakerState; s != policy.BreakerClosed {
+			t.Fatalf("breaker %v after a successful probe, want closed", s)
+		}
+	})
+}
