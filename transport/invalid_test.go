@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -212,27 +214,36 @@ func TestInvalidRequestIsNoOutcome(t *testing.T) {
 }
 
 // TestInvalidRequestOverLoopback: a request net/http refuses once it has
-// a connection, a control character in its URL, is sent once through
-// every policy, and the breaker learns nothing from it; the server never
-// sees a request.
+// a connection, an invalid Host over HTTP/2, is sent once through every
+// policy, and the breaker learns nothing from it; the server never sees a
+// request. (Over HTTP/1 net/http's own refusals once connected race with
+// the read of the connection they close, and come back either way; over
+// HTTP/2 the stream is refused before the connection is touched.)
 func TestInvalidRequestOverLoopback(t *testing.T) {
 	var seen atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { seen.Add(1) }))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { seen.Add(1) }))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
 	defer srv.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
 	wire := cleanhttp.DefaultPooledTransport()
+	wire.TLSClientConfig = &tls.Config{RootCAs: roots}
 	defer wire.CloseIdleConnections()
 	var asked atomic.Int64
 	var log callLog
 	tr := mustNew(t, Config{Base: wire, Policies: askedSet(&asked), Observer: log.observer()})
-	control := func(r *http.Request) { r.URL.RawQuery = "a=\x01" }
+	badHost := func(r *http.Request) { r.Host = "a b" }
 
-	bare, err := (&http.Transport{}).RoundTrip(invalidGet(t, srv.URL, control))
+	bareRT := &http.Transport{TLSClientConfig: wire.TLSClientConfig, ForceAttemptHTTP2: true}
+	defer bareRT.CloseIdleConnections()
+	bare, err := bareRT.RoundTrip(invalidGet(t, srv.URL, badHost))
 	if err == nil {
 		bare.Body.Close()
 		t.Fatal("net/http sent it")
 	}
 	for range 20 {
-		_, got := tr.RoundTrip(invalidGet(t, srv.URL, control))
+		_, got := tr.RoundTrip(invalidGet(t, srv.URL, badHost))
 		if got == nil || got.Error() != err.Error() {
 			t.Fatalf("err %v; want net/http's %q", got, err)
 		}
@@ -249,6 +260,9 @@ func TestInvalidRequestOverLoopback(t *testing.T) {
 	if m := tr.Measured(key); attempts != 20 || skips != 0 || m.BreakerState != policy.BreakerClosed || m.ErrorRate != 0 {
 		t.Errorf("%d attempts, %d retries skipped, breaker %v at error rate %v; want 20, 0, closed at 0",
 			attempts, skips, m.BreakerState, m.ErrorRate)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("Classify and Retry.If were asked %d times about the refusal", n)
 	}
 	if n := seen.Load(); n != 0 {
 		t.Errorf("the server saw %d requests", n)
