@@ -119,7 +119,9 @@
 //     invalid method, a URL with no Host;
 //   - over HTTP/1, once connected: a control character in the request
 //     URI, an invalid Host sent to a proxy, a trailer key that may not be
-//     one;
+//     one (net/http sometimes reports these as the read error of the
+//     connection it closed for them, which is a transport error like any
+//     other);
 //   - over HTTP/2: an invalid Host or :path, a connection header HTTP/2
 //     forbids (Upgrade, Transfer-Encoding, Connection).
 //
