@@ -31,7 +31,7 @@ const maxCachedKeys = 2048
 // this version knows. A value beyond them (a newer policy package) is
 // still recorded, with attributes built for the event.
 const (
-	numOutcomes   = int(policy.Rejected) + 1
+	numOutcomes   = int(policy.Invalid) + 1
 	numKinds      = int(policy.AttemptHedge) + 1
 	numReasons    = int(policy.HedgeBodyTooLarge) + 1
 	numGates      = int(policy.GateAdmission) + 1

@@ -43,6 +43,13 @@ func TestEntrySlots(t *testing.T) {
 	if a, b := e.attempt(policy.AttemptHedge, policy.Discarded), e.attempt(policy.AttemptHedge, policy.Discarded); a != b {
 		t.Error("attempt attrs not reused")
 	}
+	// The last outcome this version knows has its slots too.
+	if a, b := e.outcome(policy.Invalid), e.outcome(policy.Invalid); a != b {
+		t.Error("the invalid outcome's attrs not reused")
+	}
+	if a, b := e.attempt(policy.AttemptFirst, policy.Invalid), e.attempt(policy.AttemptFirst, policy.Invalid); a != b {
+		t.Error("the invalid attempt's attrs not reused")
+	}
 	if a, b := e.suppressed(policy.HedgeBudget), e.suppressed(policy.HedgeBudget); a != b {
 		t.Error("suppression attrs not reused")
 	}

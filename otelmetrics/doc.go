@@ -38,11 +38,12 @@
 //
 // The attribute values are the names the policy package gives them:
 //
-//   - outcome on calls and call.duration: success, failure, canceled or
-//     rejected (policy.Outcome);
+//   - outcome on calls and call.duration: success, failure, canceled,
+//     rejected or invalid (a request net/http refused to send as it is,
+//     the caller's bug) (policy.Outcome);
 //   - kind and outcome on attempts: first, retry or hedge
-//     (policy.AttemptKind); success, failure, canceled or discarded (the
-//     loser of a hedge race, counted when it is cancelled);
+//     (policy.AttemptKind); success, failure, canceled, discarded (the
+//     loser of a hedge race, counted when it is cancelled) or invalid;
 //   - outcome on hedges: started, won or suppressed, and, only on
 //     suppressed, reason: warming, deadline, concurrency, priority,
 //     health, value, budget, rejected, body_error, body_pending or

@@ -57,8 +57,9 @@
 //   - resilix.attempt.kind: first, retry or hedge (policy.AttemptKind);
 //   - resilix.attempt.number: the wire attempt's number within its call,
 //     from 1, an int;
-//   - resilix.attempt.outcome: success, failure, canceled, or discarded
-//     for the loser of a hedge race, reported when resilix cancels it;
+//   - resilix.attempt.outcome: success, failure, canceled, invalid for a
+//     request net/http refused to send as it is, or discarded for the
+//     loser of a hedge race, reported when resilix cancels it;
 //     resilix.attempt.discarded is true exactly then;
 //   - resilix.attempt.latency: from the dispatch to the base RoundTripper,
 //     after the gates, to the response headers or the error;

@@ -47,7 +47,10 @@ import (
 //
 // It learns at response headers, from the outcome Classify gives, and holds
 // nothing past them. Canceled attempts (the caller gave up) and Discarded
-// ones (a hedge loser) teach it nothing. Observer.BreakerTransition hears
+// ones (a hedge loser) teach it nothing, and a request net/http refuses to
+// send (an unsupported scheme, an invalid header or URL: Invalid) is no
+// outcome at all: a caller's bug cannot open the breaker for every caller
+// of the host. Observer.BreakerTransition hears
 // every change of state.
 type Breaker struct {
 	// ConsecutiveFailures, when positive, trips the breaker after that

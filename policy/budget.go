@@ -9,8 +9,9 @@ import (
 // of the traffic however badly the dependency behaves. Two amplifiers with
 // separate budgets would not bound the total.
 //
-// It bounds waste, not help. Every logical call deposits Ratio tokens;
-// every retry or hedge withdraws one, and is not sent when less than one
+// It bounds waste, not help. Every logical call deposits Ratio tokens
+// (but one whose request net/http refused to send, an Invalid attempt,
+// which takes its deposit back);// every retry or hedge withdraws one, and is not sent when less than one
 // is left; a retry whose answer is the call's success, and a hedge that
 // wins, refund theirs. So the tokens that stay spent are those of wire
 // calls whose answer the caller did not get: retries that failed, hedges

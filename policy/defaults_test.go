@@ -132,6 +132,8 @@ func TestEnumNames(t *testing.T) {
 		{RetryUnsent.String(), "unsent"},
 		{RetryReason(0).String(), "retry_reason(0)"},
 		{Discarded.String(), "discarded"},
+		{Rejected.String(), "rejected"},
+		{Invalid.String(), "invalid"},
 		{Outcome(7).String(), "outcome(7)"},
 	} {
 		if tc.got != tc.want {

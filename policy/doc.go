@@ -24,8 +24,9 @@
 //
 // Outcomes are what the dependency's health is judged on: Classify (by
 // default DefaultClassify) says Success or Failure; Canceled (the caller
-// gave up) and Discarded (resilix cancelled a hedge loser) are not evidence
-// and teach no policy anything.
+// gave up), Discarded (resilix cancelled a hedge loser) and Invalid (a
+// request net/http refused to send as it is) are not evidence and teach
+// no policy anything.
 //
 // The Observer receives what the policies did, call by call.
 package policy

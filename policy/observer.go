@@ -139,7 +139,8 @@ type CallInfo struct {
 	Key      string
 	Priority shedding.Priority
 	// Outcome is the classification of what the caller got: Success,
-	// Failure, Canceled, or Rejected when a gate refused it.
+	// Failure, Canceled, Rejected when a gate refused it, or Invalid
+	// when net/http refused to send the request as it is.
 	Outcome Outcome
 	// Duration runs from RoundTrip's start to its return (response
 	// headers or error).
@@ -162,7 +163,8 @@ type AttemptInfo struct {
 	// Attempt is the wire attempt's number within its call, from 1.
 	Attempt int
 	// Outcome is Success or Failure as classified, Canceled when the
-	// caller gave up, or Discarded when resilix cancelled the leg.
+	// caller gave up, Discarded when resilix cancelled the leg, or
+	// Invalid when net/http refused to send the request as it is.
 	Outcome Outcome
 	// Latency runs from dispatch to the base RoundTripper (after the
 	// gates) to response headers or error.

@@ -29,22 +29,34 @@ const (
 	// Rejected: a gate refused the call before it reached the wire. Used
 	// only for calls, never returned by Classify.
 	Rejected
+	// Invalid: the request could not be sent as it is, and the base's
+	// net/http refused it before writing a byte (an unsupported scheme,
+	// an invalid header, method or Host, a URL with no Host): the
+	// caller's bug, not evidence about the dependency, which never saw
+	// it. Recognised before Classify is asked, never returned by it; an
+	// invalid attempt is neither retried nor hedged, and records nothing
+	// with any gate or the budget.
+	Invalid
 )
 
-var outcomeNames = [...]string{"", "success", "failure", "canceled", "discarded", "rejected"}
+var outcomeNames = [...]string{"", "success", "failure", "canceled", "discarded", "rejected", "invalid"}
 
 // String returns the outcome's name as it appears in metrics.
 func (o Outcome) String() string { return enumName(outcomeNames[:], int(o), "outcome") }
 
 // Evidence reports whether the outcome says anything about the dependency:
-// true for Success and Failure only.
+// true for Success and Failure only. Canceled, Discarded, Rejected and
+// Invalid teach no policy anything.
 func (o Outcome) Evidence() bool { return o == Success || o == Failure }
 
 // A Classify func decides what one wire attempt says about the dependency.
 // It is called with the response or the error of the base RoundTripper,
 // exactly one of them non-nil, and must return Success or Failure; it must
 // not read or close the body. Cancellation by the caller or by resilix is
-// recognised before Classify is asked, so it never sees those. It is called
+// recognised before Classify is asked, so it never sees those, and so is a
+// request that net/http refuses to send as it is (an Invalid attempt: an
+// unsupported scheme, an invalid header, method or Host), which is no
+// outcome at all; package transport lists the errors. It is called
 // with no lock held, and concurrently for the legs of a hedged call, so it
 // must be safe for concurrent use.
 type Classify func(resp *http.Response, err error) Outcome
@@ -52,7 +64,8 @@ type Classify func(resp *http.Response, err error) Outcome
 // DefaultClassify is the Classify used when Set.Classify is nil:
 //
 //   - any transport error (refused or reset connection, per-attempt timeout,
-//     malformed response) is a Failure;
+//     malformed response) is a Failure; a request net/http refused to send
+//     never reaches it (see Classify);
 //   - 5xx statuses except 501 Not Implemented are failures, and so are
 //     429 Too Many Requests and 408 Request Timeout;
 //   - every other status is a Success: other 4xx are the caller's problem

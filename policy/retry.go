@@ -16,7 +16,12 @@ import (
 // or it has no GetBody and fits in Set.ReplayBuffer, in which case a copy
 // is kept as the first attempt reads it (the body is read only by the
 // attempts that send it). It does not retry an error that sending again
-// cannot fix: a server certificate that was not trusted.
+// cannot fix: a server certificate that was not trusted
+// (Observer.RetrySkipped says SkipPermanent), nor a request net/http
+// refused to send as it is (an unsupported scheme, an invalid header,
+// method or Host): that attempt is Invalid, no failure, so If is not
+// asked, no retry is skipped, and the caller gets net/http's error as it
+// is.
 // One exception to the method rule: an attempt whose error proves that the
 // request never reached the server (a refused connection, a failed TLS
 // handshake, an HTTP/2 stream the server refused or never processed) may
@@ -92,8 +97,9 @@ type Retry struct {
 	// RoundTripper, with its response or its error, exactly one of them
 	// non-nil, as Classify is (an attempt cut short by Timeout.PerAttempt
 	// comes with its timeout error), and it must not read or close the
-	// body. It is never asked about an attempt the caller gave up on, or a
-	// hedge leg that lost its race: those are never retried.
+	// body. It is never asked about an attempt the caller gave up on, a
+	// hedge leg that lost its race, or a request net/http refused to send
+	// as it is (Invalid): those are never retried.
 	// Everything above still applies on top: If cannot make a plain POST
 	// repeatable, retry an untrusted certificate, or spend attempts, budget
 	// or gates' permits the call does not have. In a hedged round, an answer

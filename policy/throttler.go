@@ -18,11 +18,12 @@ import (
 // Requests are every attempt the throttler is asked about, the ones it
 // refuses itself included; accepts are those the backend took on, as
 // Accepted says (DefaultAccepted: not transport errors, 429, 502, 503 or
-// 504). Canceled and Discarded attempts count neither way. The probability
-// is shed bottom-up: Bulk first, then BestEffort, then Degraded, and
-// Critical only when every lower priority is fully shed; within a priority,
-// tenants above their fair share are refused more. A refusal is a
-// *RejectedError matching ErrThrottled; it never reaches the wire.
+// 504). Canceled, Discarded and Invalid attempts count neither way. The
+// probability is shed bottom-up: Bulk first, then BestEffort, then
+// Degraded, and Critical only when every lower priority is fully shed;
+// within a priority, tenants above their fair share are refused more. A
+// refusal is a *RejectedError matching ErrThrottled; it never reaches the
+// wire.
 //
 // # Pushback
 //

@@ -26,8 +26,10 @@ import (
 // with an error, the error returned says how many were made, as in
 // "resilix: 3 attempts: attempt timed out: no response headers after 1s",
 // and unwraps to the last attempt's error. A call that made one attempt
-// returns that attempt's error as it is, and the caller's own cancellation
-// or deadline comes back as its context's error, never wrapped.
+// returns that attempt's error as it is, as does a request net/http
+// refused to send, which makes one attempt (see "What could not be sent"
+// in the package doc), and the caller's own cancellation or deadline comes
+// back as its context's error, never wrapped.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, err := checkRequest(req)
 	if err != nil {
@@ -126,7 +128,8 @@ type call struct {
 	timeout  time.Duration // per attempt; 0: none
 	mayRetry bool
 	mayHedge bool
-	repeat   bool // made for a request that is itself a repeat: no deposit
+	repeat   bool    // made for a request that is itself a repeat: no deposit
+	deposit  float64 // the tokens the call's Deposit added to the budget
 
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.
@@ -147,7 +150,7 @@ type call struct {
 // and runs the retry loop.
 func (c *call) run() (*http.Response, error) {
 	if !c.repeat {
-		c.s.budget.Deposit(c.start)
+		c.deposit = c.s.budget.Deposit(c.start)
 	}
 	var l leg
 	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
@@ -176,9 +179,15 @@ func (c *call) run() (*http.Response, error) {
 // leg.again), attempts or budget run out, or the next one could not start
 // before the deadline; l is reused for each. The response a retry would
 // supersede is kept until the retry is admitted: when a gate refuses it,
-// the caller gets that response, intact.
+// the caller gets that response, intact. A first round that net/http
+// would not send (policy.Invalid) was no call: it takes back its deposit,
+// which would otherwise pay for other calls' retries.
 func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 	resp, err := c.round(l, policy.AttemptFirst, body, c.start)
+	if c.outcome == policy.Invalid {
+		c.s.budget.TakeBack(c.deposit)
+		return resp, err
+	}
 	for c.again && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)

@@ -17,7 +17,8 @@ import (
 // round is one hedged logical attempt. The first leg runs inline on the
 // caller's goroutine with one timer armed; only when the timer fires and
 // every gate passes does a hedge leg get a goroutine. The first acceptable
-// answer (a Success that asks for no retry) wins and the legs still on the
+// answer (a Success that asks for no retry, or a request net/http refused
+// to send, which every leg would get again) wins and the legs still on the
 // wire lose; if no leg's answer is acceptable, the last one goes back to
 // retry, which asks it whether to retry.
 //

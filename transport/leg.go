@@ -155,8 +155,10 @@ func (ch *chain) mayQueue() bool {
 // the outcome at headers; the context and the bulkhead slot are released
 // now, or, when a response came back, when its body is closed or read to
 // the end. A leg of a hedged round that lost while on the wire teaches
-// nothing: it is released as discarded and what it got is closed. If the
-// base panics, everything the leg holds is released and the panic goes on.
+// nothing: it is released as discarded and what it got is closed; nor
+// does a leg whose request net/http refused to send (httpx.Invalid),
+// released as Invalid without asking Classify or Retry.If. If the base
+// panics, everything the leg holds is released and the panic goes on.
 func (c *call) send(l *leg) {
 	s := c.s
 	sent := false
@@ -209,9 +211,15 @@ func (c *call) send(l *leg) {
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
 		return
 	}
-	if c.ctx.Err() != nil {
+	switch {
+	case c.ctx.Err() != nil:
 		l.outcome = policy.Canceled
-	} else {
+	case err != nil && httpx.Invalid(err):
+		// net/http would not send the request as it is: the caller's
+		// bug, and no word from the dependency. No Classify, no If, no
+		// retry.
+		l.outcome = policy.Invalid
+	default:
 		l.outcome = s.chain.classify(resp, err)
 		if r := s.chain.retry; r != nil && r.If != nil {
 			l.again = r.If(resp, err)

@@ -105,6 +105,39 @@
 // it with Kind AttemptRetry and Reason RetryUnsent. Hedges are unchanged:
 // a request that may not be sent twice is never hedged.
 //
+// # What could not be sent
+//
+// A request that net/http refuses to send as it is, before writing a
+// byte of it, is the caller's bug, and no outcome at all: the dependency
+// never saw it, and sending it again gets the same refusal. Only these
+// errors are such a refusal (anywhere in the chain errors.Unwrap
+// follows), told by net/http's whole messages, since it exports no type
+// for them:
+//
+//   - before dialing: an unsupported scheme (unsupported protocol scheme
+//     "ftp"), an invalid header or trailer field name or value, an
+//     invalid method, a URL with no Host;
+//   - over HTTP/1, once connected: a control character in the request
+//     URI, an invalid Host sent to a proxy, a trailer key that may not be
+//     one (net/http sometimes reports these as the read error of the
+//     connection it closed for them, which is a transport error like any
+//     other);
+//   - over HTTP/2: an invalid Host or :path, a connection header HTTP/2
+//     forbids (Upgrade, Transfer-Encoding, Connection).
+//
+// Such an attempt is made once: it is not retried, whatever Attempts and
+// the method allow, and no retry is reported skipped, since it is no
+// failure; a hedged round ends as soon as it comes back, starting no
+// hedge. Classify and Retry.If are not asked. No policy learns from it:
+// the throttler, the breaker and the limiter release it as no evidence (a
+// caller's bug cannot open the breaker for every caller of the host), the
+// latency window records nothing, and no budget token is drawn: the
+// call takes back what it deposited, so that it earns other calls no
+// retries.
+// Observer.AttemptDone and Observer.CallDone report it with Outcome
+// policy.Invalid, and the caller gets net/http's error as it is, never
+// wrapped.
+//
 // An idle Transport holds no goroutine: state moves lazily, from the time
 // of the calls that read it. The goroutines a call needs (a hedge) end
 // with it, as do a hedged round's timer and Timeout.Idle's one timer per

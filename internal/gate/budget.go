@@ -59,17 +59,34 @@ func (b *Budget) accrue(now time.Time) {
 	}
 }
 
-// Deposit records one logical call.
-func (b *Budget) Deposit(now time.Time) {
+// Deposit records one logical call, and returns the tokens it added:
+// Ratio, less what Max left no room for.
+func (b *Budget) Deposit(now time.Time) float64 {
 	if b == nil {
-		return
+		return 0
 	}
 	if b.full.Load() {
-		return
+		return 0
 	}
 	b.mu.Lock()
 	b.accrue(now)
+	before := b.tokens
 	b.tokens = min(b.max, b.tokens+b.ratio)
+	b.full.Store(b.tokens >= b.max)
+	added := b.tokens - before
+	b.mu.Unlock()
+	return added
+}
+
+// TakeBack removes tokens that a Deposit added, for a call that turned
+// out to be none (a request net/http refused to send): it earns its
+// retries nothing. The balance never goes below zero.
+func (b *Budget) TakeBack(tokens float64) {
+	if b == nil || tokens <= 0 {
+		return
+	}
+	b.mu.Lock()
+	b.tokens = max(0, b.tokens-tokens)
 	b.full.Store(b.tokens >= b.max)
 	b.mu.Unlock()
 }

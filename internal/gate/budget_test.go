@@ -47,6 +47,49 @@ func TestBudgetSteps(t *testing.T) {
 	}
 }
 
+// TestBudgetTakeBack: what TakeBack removes is what Deposit added, so a
+// deposit taken back leaves the balance as it was, full or not, and never
+// below zero.
+func TestBudgetTakeBack(t *testing.T) {
+	b := newBudget(policy.Budget{Ratio: 0.5, MinPerSecond: -1, Max: 2}, t0)
+	if added := b.Deposit(t0); added != 0 {
+		t.Fatalf("a full budget's Deposit added %v", added)
+	}
+	b.TakeBack(0)
+	if got := b.Balance(t0); got != 2 {
+		t.Fatalf("balance %v after taking back nothing, want 2", got)
+	}
+	b.Withdraw(t0)
+	b.Withdraw(t0)
+	added := b.Deposit(t0)
+	if added != 0.5 {
+		t.Fatalf("Deposit added %v, want Ratio (0.5)", added)
+	}
+	b.TakeBack(added)
+	if got := b.Balance(t0); got != 0 {
+		t.Fatalf("balance %v after taking the deposit back, want 0", got)
+	}
+	b.TakeBack(1)
+	if got := b.Balance(t0); got != 0 {
+		t.Fatalf("balance %v after taking back more than there is, want 0", got)
+	}
+	b.Deposit(t0)
+	b.Deposit(t0)
+	b.Deposit(t0)
+	if added := b.Deposit(t0); added != 0.5 {
+		t.Fatalf("Deposit to 2 added %v, want 0.5", added)
+	}
+	if added := b.Deposit(t0); added != 0 {
+		t.Fatalf("Deposit at Max added %v, want 0", added)
+	}
+	b.TakeBack(0.5)
+	if added := b.Deposit(t0); added != 0.5 {
+		t.Fatalf("Deposit after a take-back from Max added %v, want 0.5: the budget is not full", added)
+	}
+	var off *Budget
+	off.TakeBack(1)
+}
+
 func TestBudgetBoundsAmplification(t *testing.T) {
 	// With no floor, 1000 calls at Ratio 0.1 allow at most Max + 100 retries.
 	b := newBudget(policy.Budget{Ratio: 0.1, MinPerSecond: -1}, t0)

@@ -1,6 +1,7 @@
 // Package httpx holds the HTTP mechanics the transport shares: Retry-After
-// parsing, draining superseded responses, the replayability rules, and
-// which errors prove that a request never reached the server.
+// parsing, draining superseded responses, the replayability rules, which
+// errors prove that a request never reached the server, and which are
+// net/http refusing to send the request at all.
 package httpx
 
 import (
