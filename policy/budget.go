@@ -11,8 +11,8 @@ import (
 //
 // It bounds waste, not help. Every logical call deposits Ratio tokens
 // (but one whose request net/http refused to send, an Invalid attempt,
-// which takes its deposit back);// every retry or hedge withdraws one, and is not sent when less than one
-// is left; a retry whose answer is the call's success, and a hedge that
+// takes its deposit back); every retry or hedge withdraws one, and is not
+// sent when less than one is left; a retry whose answer is the call's success, and a hedge that
 // wins, refund theirs. So the tokens that stay spent are those of wire
 // calls whose answer the caller did not get: retries that failed, hedges
 // that lost, and the first leg of a hedged retry round that its hedge won
