@@ -108,9 +108,9 @@ const (
 // An admitted call holds a BreakerPermit, which the transport releases once
 // with Done when the attempt's response headers (or its error) arrive, with
 // the outcome Classify gave them; the body plays no part. Success and
-// Failure are evidence. Canceled (the caller gave up) and Discarded (resilix
-// cancelled a hedge loser) record nothing, but give back a half-open probe
-// slot. Each state change starts a new generation, and a
+// Failure are evidence. Canceled (the caller gave up), Discarded (resilix
+// cancelled a hedge loser) and Invalid (net/http refused to send the
+// request) record nothing, but give back a half-open probe slot. Each state change starts a new generation, and a
 // permit from an earlier generation is ignored by Done: a call admitted
 // while closed that fails after the breaker opened counts for nothing, and
 // neither does a probe that finishes after another probe already decided.
