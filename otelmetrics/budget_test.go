@@ -133,7 +133,9 @@ func TestRetryBudgetEffect(t *testing.T) {
 		if rate < c.lo || rate > c.hi {
 			t.Errorf("%s: %.1f%% of calls failed, want %.1f%% to %.1f%%", c.name, 100*rate, 100*c.lo, 100*c.hi)
 		}
-		if off := c.budget.Ratio < 0; off != (r.skipped == 0) {
+		// Off, the budget skips nothing; on, it may skip a few in the
+		// first bursts, never more than a hundredth of the calls.
+		if off := c.budget.Ratio < 0; off && r.skipped != 0 || r.skipped > calls/100 {
 			t.Errorf("%s: %v retries skipped for the budget", c.name, r.skipped)
 		}
 	}

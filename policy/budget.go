@@ -12,14 +12,25 @@ import (
 // It bounds waste, not help. Every logical call deposits Ratio tokens
 // (but one whose request net/http refused to send, an Invalid attempt,
 // takes its deposit back); every retry or hedge withdraws one, and is not
-// sent when less than one is left; a retry whose answer is the call's success, and a hedge that
-// wins, refund theirs. So the tokens that stay spent are those of wire
-// calls whose answer the caller did not get: retries that failed, hedges
-// that lost, and the first leg of a hedged retry round that its hedge won
-// (that round refunds the hedge's token, not the retry's; a call refunds
-// at most once). So that a quiet scope can still retry, the bucket also
-// fills at MinPerSecond tokens per second whatever the traffic; it never
-// holds more than Max, and a new scope starts full.
+// sent when less than one is left; a retry whose answer is the call's
+// success, and a hedge that wins, refund theirs. So the tokens that stay
+// spent are those of wire calls whose answer the caller did not get:
+// retries that failed, hedges that lost, and the first leg of a hedged
+// retry round that its hedge won (that round refunds the hedge's token,
+// not the retry's; a call refunds at most once). So that a quiet scope can
+// still retry, the bucket also fills at MinPerSecond tokens per second
+// whatever the traffic; it never holds more than Max, and a new scope
+// starts full.
+//
+// Hedges buy latency, not answers, so they have an allowance within the
+// bucket: a hedge also needs a token of a second bucket, to which each
+// call adds half of Ratio and which holds half of Max, at most 10 (no
+// floor). In a brownout's first moments, before the latency quantile has
+// caught up, nearly every call comes due for a hedge and nearly every
+// hedge loses; the allowance holds that to 10% of calls, and a burst of
+// hedges (a stall of the caller's machine makes every call in flight late
+// at once) never takes more than half of the bucket from the retries that
+// follow it.
 //
 // With the defaults, a host that fails a random 20% of attempts is retried
 // through: the 0.24 retries a call that takes (0.2 + 0.2²) withdraw, and
@@ -27,11 +38,11 @@ import (
 // deposited. A full outage, where every retry and hedge fails, refunds
 // nothing: it costs at most Ratio more calls (a fifth), plus MinPerSecond
 // a second, plus the Max the bucket held when it began; at 1000 calls a
-// second, 1.21 wire calls a call. The shape is gRPC's retry throttling
-// and Finagle's RetryBudget; the ratio and the floor are Finagle's
-// defaults (20% of requests, at least 10 retries a second), and the ratio
-// is Envoy's retry budget's. The zero value is on, with the defaults
-// below.
+// second for four seconds, 1.22 wire calls a call. The shape is gRPC's
+// retry throttling and Finagle's RetryBudget; the ratio and the floor are
+// Finagle's defaults (20% of requests, at least 10 retries a second), and
+// the ratio is Envoy's retry budget's. The zero value is on, with the
+// defaults below.
 type Budget struct {
 	// Ratio is the tokens each logical call deposits: the long-run share of
 	// calls that may be retried or hedged in vain. If zero, 0.2 is used. If
@@ -44,9 +55,9 @@ type Budget struct {
 
 	// Max is the most tokens the bucket holds, and what it starts with:
 	// the burst of retries and hedges it allows at once, and the most a
-	// full outage costs beyond the ratio and the floor. If zero, one
-	// second of the floor is used, MinPerSecond, and no less than 10;
-	// otherwise it must be at least 1.
+	// full outage costs beyond the ratio and the floor. If zero, two
+	// seconds of the floor are used, 2 × MinPerSecond (20 with the default
+	// floor), and no less than 10. Otherwise it must be at least 1.
 	Max float64
 }
 
@@ -65,6 +76,6 @@ func (b *Budget) validate() error {
 func (b Budget) WithDefaults() Budget {
 	b.Ratio = or(b.Ratio, 0.2)
 	b.MinPerSecond = or(b.MinPerSecond, 10)
-	b.Max = or(b.Max, max(10, b.MinPerSecond))
+	b.Max = or(b.Max, max(10, 2*b.MinPerSecond))
 	return b
 }

@@ -146,12 +146,12 @@ func TestBudgetDefaults(t *testing.T) {
 	for _, tt := range []struct {
 		cfg, want Budget
 	}{
-		{Budget{}, Budget{Ratio: 0.2, MinPerSecond: 10, Max: 10}},
-		{Budget{MinPerSecond: 50}, Budget{Ratio: 0.2, MinPerSecond: 50, Max: 50}}, // a second of the floor
+		{Budget{}, Budget{Ratio: 0.2, MinPerSecond: 10, Max: 20}},
+		{Budget{MinPerSecond: 50}, Budget{Ratio: 0.2, MinPerSecond: 50, Max: 100}}, // two seconds of the floor
 		{Budget{MinPerSecond: 2}, Budget{Ratio: 0.2, MinPerSecond: 2, Max: 10}},
 		{Budget{MinPerSecond: -1}, Budget{Ratio: 0.2, MinPerSecond: -1, Max: 10}},
 		{Budget{Ratio: 0.05, Max: 3}, Budget{Ratio: 0.05, MinPerSecond: 10, Max: 3}},
-		{Budget{Ratio: -1}, Budget{Ratio: -1, MinPerSecond: 10, Max: 10}},
+		{Budget{Ratio: -1}, Budget{Ratio: -1, MinPerSecond: 10, Max: 20}},
 	} {
 		if got := tt.cfg.WithDefaults(); got != tt.want {
 			t.Errorf("%+v.WithDefaults() = %+v, want %+v", tt.cfg, got, tt.want)

@@ -262,7 +262,7 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
 	if l.paid && l.outcome == policy.Success && !l.again {
-		c.refund(timing.Since(c.start))
+		c.refund(timing.Since(c.start), l.kind)
 	}
 	c.attemptDone(l)
 	return l.resp, l.err
@@ -274,8 +274,13 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 // wire call its answer came from: in a hedged retry round won by a hedge
 // the hedge's token comes back and the retry's, which paid for the leg
 // that lost, stays spent. So what stays spent is a token for each wire
-// call the caller's answer did not come from, but the call's first.
-func (c *call) refund(now time.Time) {
+// call the caller's answer did not come from, but the call's first. A
+// hedge gives back its allowance's token too (see gate.Budget).
+func (c *call) refund(now time.Time, kind policy.AttemptKind) {
+	if kind == policy.AttemptHedge {
+		c.s.budget.RefundHedge(now)
+		return
+	}
 	c.s.budget.Refund(now)
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,8 +91,10 @@ type flakyClient struct {
 	sent            atomic.Int64 // round trips that reached base
 	retries, hedges atomic.Int64 // wire attempts by kind, from AttemptDone
 	opens           atomic.Int64 // breaker transitions to open
-	firstOpen       atomic.Int64 // unix ns of the first opening after openMark
-	openMark        atomic.Int64 // unix ns; 0 until set
+	skipMu          sync.Mutex
+	skipped         map[string]int // retries not sent, by reason
+	firstOpen       atomic.Int64   // unix ns of the first opening after openMark
+	openMark        atomic.Int64   // unix ns; 0 until set
 }
 
 // flakyClients returns resilix with set, and bare net/http; each over a
@@ -127,6 +130,14 @@ func (c *flakyClient) observer() *policy.Observer {
 				c.hedges.Add(1)
 			}
 		},
+		RetrySkipped: func(r policy.RetrySkip) {
+			c.skipMu.Lock()
+			if c.skipped == nil {
+				c.skipped = map[string]int{}
+			}
+			c.skipped[r.Reason.String()]++
+			c.skipMu.Unlock()
+		},
 		BreakerTransition: func(b policy.BreakerTransition) {
 			if b.To != policy.BreakerOpen {
 				return
@@ -138,6 +149,25 @@ func (c *flakyClient) observer() *policy.Observer {
 			}
 		},
 	}
+}
+
+// skips lists the retries not sent, by reason, as "budget:3 gate:1"; "-"
+// for net/http and "0" when none were skipped.
+func (c *flakyClient) skips() string {
+	if c.tr == nil {
+		return "-"
+	}
+	c.skipMu.Lock()
+	defer c.skipMu.Unlock()
+	if len(c.skipped) == 0 {
+		return "0"
+	}
+	reasons := make([]string, 0, len(c.skipped))
+	for r, n := range c.skipped {
+		reasons = append(reasons, fmt.Sprintf("%s:%d", r, n))
+	}
+	slices.Sort(reasons)
+	return strings.Join(reasons, " ")
 }
 
 // count is n for resilix, whose Observer counts it, and "-" for net/http.
@@ -382,7 +412,7 @@ func flakyFreshResets(t *testing.T, d time.Duration) {
 	const rate = 2000
 	set := flakyDefault()
 	set.Hedge = &policy.Hedge{}
-	tb := &flakyTable{cols: []string{"fresh conns, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "hedges", "extra/call", "opens"}}
+	tb := &flakyTable{cols: []string{"fresh conns, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "hedges", "extra/call", "opens", "skipped"}}
 	for _, v := range []struct {
 		name string
 		p    float64
@@ -419,7 +449,7 @@ func flakyFreshResets(t *testing.T, d time.Duration) {
 			}
 			tb.row(v.name+" "+c.name, fmt.Sprintf("%.0f", float64(calls)/took), pct(oks, calls),
 				fmt.Sprintf("%.3f", ratio(wire, calls)), fmt.Sprintf("%.3f", ratio(s.conns.Load(), calls)),
-				c.count(&c.retries), c.count(&c.hedges), fmt.Sprintf("%.3f", ratio(extra, calls)), opens)
+				c.count(&c.retries), c.count(&c.hedges), fmt.Sprintf("%.3f", ratio(extra, calls)), opens, c.skips())
 		}
 	}
 	tb.log(t, "scenario 2: resets on fresh connections, Retry + Hedge, 16 callers")

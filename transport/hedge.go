@@ -277,7 +277,7 @@ func (r *round) hedge(now time.Time) {
 	// that the timer work of a round whose budget stays empty is bounded.
 	r.mu.Lock()
 	ended := r.over || r.live >= r.max || c.wire >= c.attempts
-	if ended || !c.s.budget.Withdraw(now) {
+	if ended || !c.s.budget.WithdrawHedge(now) {
 		if !ended {
 			// Done deciding before the timer can fire again, so that
 			// the next fire's decision is the one the round waits for.
@@ -441,7 +441,7 @@ func (r *round) report(l *leg) {
 		now = timing.Since(c.start)
 	}
 	if paid {
-		c.refund(now)
+		c.refund(now, l.kind)
 	}
 	r.discard(losers, now)
 	c.attemptDone(l)

@@ -101,8 +101,9 @@ func run(w io.Writer) ([]row, error) {
 	fmt.Fprintln(w, `
 Retries fix the flaky upstream for a few percent more wire calls. Against the
 upstream that is down, the shared budget (20% of calls, plus 10 tokens a
-second; a retry that succeeds earns its token back, so only failed ones count)
-caps the extra load instead of tripling it. Each upstream host has its own
+second and the 20 it holds when the outage begins; a retry that succeeds
+earns its token back, so only failed ones count) caps the extra load instead
+of tripling it. Each upstream host has its own
 budget, so the dead one never spends the healthy one's.`)
 	return rows, nil
 }

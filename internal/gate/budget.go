@@ -11,12 +11,23 @@ import (
 
 // Budget is the runtime state of a Budget: one per scope, shared by
 // the scope's retries and hedges. Each logical call Deposits, each retry
-// or hedge Withdraws before it is sent, and one that proves worth it (a
-// retry that succeeds, a hedge that wins) Refunds its token, so that only
-// waste stays spent. It is safe for concurrent use; a nil *Budget is an
-// unlimited budget.
+// Withdraws and each hedge WithdrawHedge before it is sent, and one that
+// proves worth it (a retry that succeeds, a hedge that wins) Refunds (or
+// RefundHedge) its token, so that only waste stays spent.
+//
+// A hedge also needs a token of the hedges' allowance, a second bucket
+// inside the first: each call adds half of Ratio to it, it holds half of
+// Max, at most 10 (and at least one), and it has no floor. Hedges buy
+// latency, not answers: in a brownout's first moments, before the latency
+// quantile has caught up, nearly every call comes due for a hedge and
+// nearly every hedge loses, and the allowance holds that to half of Ratio
+// and 10 tokens, while retries, which turn a failure into an answer, have
+// the whole of Ratio and Max.
+//
+// It is safe for concurrent use; a nil *Budget is an unlimited budget.
 type Budget struct {
 	ratio, perSecond, max float64
+	hedgeRatio, hedgeMax  float64
 
 	// full is true while tokens is max: a Deposit then has nothing to
 	// add, and returns after one atomic load (the healthy case, where
@@ -25,6 +36,7 @@ type Budget struct {
 
 	mu     sync.Mutex
 	tokens float64
+	hedges float64   // the hedges' allowance, in [0, hedgeMax]
 	last   time.Time // when the floor was last accrued; stale while full
 }
 
@@ -40,7 +52,8 @@ func NewBudget(b policy.Budget, now time.Time) *Budget {
 		max:       b.Max,
 		last:      now,
 	}
-	bb.tokens = bb.max
+	bb.hedgeRatio, bb.hedgeMax = b.Ratio/2, max(min(b.Max/2, 10), 1)
+	bb.tokens, bb.hedges = bb.max, bb.hedgeMax
 	bb.full.Store(true)
 	return bb
 }
@@ -72,11 +85,15 @@ func (b *Budget) Deposit(now time.Time) float64 {
 	b.accrue(now)
 	before := b.tokens
 	b.tokens = min(b.max, b.tokens+b.ratio)
-	b.full.Store(b.tokens >= b.max)
+	b.hedges = min(b.hedgeMax, b.hedges+b.hedgeRatio)
+	b.setFull()
 	added := b.tokens - before
 	b.mu.Unlock()
 	return added
 }
+
+// setFull sets full from both buckets. The caller holds b.mu.
+func (b *Budget) setFull() { b.full.Store(b.tokens >= b.max && b.hedges >= b.hedgeMax) }
 
 // TakeBack removes tokens that a Deposit added, for a call that turned
 // out to be none (a request net/http refused to send): it earns its
@@ -87,32 +104,47 @@ func (b *Budget) TakeBack(tokens float64) {
 	}
 	b.mu.Lock()
 	b.tokens = max(0, b.tokens-tokens)
-	b.full.Store(b.tokens >= b.max)
+	b.hedges = max(0, b.hedges-tokens/2)
+	b.setFull()
 	b.mu.Unlock()
 }
 
-// Withdraw takes one token for a retry or a hedge, and reports whether
-// there was one to take.
-func (b *Budget) Withdraw(now time.Time) bool {
+// Withdraw takes one token for a retry, and reports whether there was one
+// to take.
+func (b *Budget) Withdraw(now time.Time) bool { return b.withdraw(now, false) }
+
+// WithdrawHedge takes one token for a hedge, and one of the hedges'
+// allowance, and reports whether there were both to take.
+func (b *Budget) WithdrawHedge(now time.Time) bool { return b.withdraw(now, true) }
+
+func (b *Budget) withdraw(now time.Time, hedge bool) bool {
 	if b == nil {
 		return true
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.accrue(now)
-	if b.tokens < 1 {
+	if b.tokens < 1 || hedge && b.hedges < 1 {
 		return false
 	}
 	b.tokens--
+	if hedge {
+		b.hedges--
+	}
 	b.full.Store(false)
 	return true
 }
 
-// Refund gives back the token of a withdrawal that was worth it: a retry
-// that succeeded, a hedge that won. Only waste then stays spent. Call it
-// once for a Withdraw that returned true, and never for one that did
-// not: the bucket cannot tell.
-func (b *Budget) Refund(now time.Time) {
+// Refund gives back the token of a retry that was worth it: one that
+// succeeded. Only waste then stays spent. Call it once for a Withdraw that
+// returned true, and never for one that did not: the bucket cannot tell.
+func (b *Budget) Refund(now time.Time) { b.refund(now, false) }
+
+// RefundHedge gives back the tokens of a hedge that won, as Refund does
+// for a retry; call it once for a WithdrawHedge that returned true.
+func (b *Budget) RefundHedge(now time.Time) { b.refund(now, true) }
+
+func (b *Budget) refund(now time.Time, hedge bool) {
 	if b == nil {
 		return
 	}
@@ -122,7 +154,10 @@ func (b *Budget) Refund(now time.Time) {
 	b.mu.Lock()
 	b.accrue(now)
 	b.tokens = min(b.max, b.tokens+1)
-	b.full.Store(b.tokens >= b.max)
+	if hedge {
+		b.hedges = min(b.hedgeMax, b.hedges+1)
+	}
+	b.setFull()
 	b.mu.Unlock()
 }
 

@@ -107,8 +107,8 @@ func TestBudgetBoundsAmplification(t *testing.T) {
 
 func TestBudgetDefaultsAndOff(t *testing.T) {
 	b := newBudget(policy.Budget{}, t0)
-	if got := b.Balance(t0); got != 10 {
-		t.Fatalf("default starting balance = %v, want 10", got)
+	if got := b.Balance(t0); got != 20 {
+		t.Fatalf("default starting balance = %v, want 20", got)
 	}
 	var off *Budget = newBudget(policy.Budget{Ratio: -1}, t0)
 	if off != nil {
@@ -240,5 +240,48 @@ func TestBudgetRefundNil(t *testing.T) {
 	b.Refund(t0) // a nil budget is unlimited: nothing to give back, no panic
 	if !math.IsInf(b.Balance(t0), 1) {
 		t.Fatal("a nil budget must stay unlimited")
+	}
+}
+
+// TestBudgetHedgeAllowance: hedges draw from their allowance as well as
+// the bucket (half of Ratio a call, half of Max up to 10), so a run of
+// hedges that all lose spends at most 10 tokens plus a tenth of the calls,
+// and leaves the rest of the bucket to retries.
+func TestBudgetHedgeAllowance(t *testing.T) {
+	b := newBudget(policy.Budget{}, t0) // Ratio 0.2, Max 20: an allowance of 10
+	for i := range 10 {
+		if !b.WithdrawHedge(t0) {
+			t.Fatalf("hedge %d refused with the allowance full", i+1)
+		}
+	}
+	if b.WithdrawHedge(t0) {
+		t.Fatal("an 11th hedge was let through: the allowance holds 10")
+	}
+	if got := b.Balance(t0); got != 10 {
+		t.Fatalf("balance %v after 10 hedges, want 10", got)
+	}
+	if !b.Withdraw(t0) {
+		t.Fatal("a retry refused with 10 tokens left: the allowance is the hedges' alone")
+	}
+	// A hedge that wins gives both tokens back.
+	b.RefundHedge(t0)
+	if !b.WithdrawHedge(t0) {
+		t.Fatal("no hedge after a won hedge's refund")
+	}
+
+	// A brownout: every call comes due for a hedge, every hedge loses.
+	b = newBudget(policy.Budget{}, t0)
+	hedges, now := 0, t0
+	for range 1000 {
+		now = now.Add(time.Millisecond) // 1000 calls a second, for a second
+		b.Deposit(now)
+		if b.WithdrawHedge(now) {
+			hedges++
+		}
+	}
+	// 10 held, 0.1 a call: 110. (The bucket alone would allow 20 + 0.2 a
+	// call + the floor's 10: 230.)
+	if hedges < 105 || hedges > 111 {
+		t.Fatalf("%d hedges over 1000 calls that all lose, want about 110: 10 held and half of Ratio a call", hedges)
 	}
 }
