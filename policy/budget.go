@@ -38,7 +38,7 @@ import (
 // deposited. A full outage, where every retry and hedge fails, refunds
 // nothing: it costs at most Ratio more calls (a fifth), plus MinPerSecond
 // a second, plus the Max the bucket held when it began; at 1000 calls a
-// second for four seconds, 1.22 wire calls a call. The shape is gRPC's
+// second for four seconds, 1.21 wire calls a call. The shape is gRPC's
 // retry throttling and Finagle's RetryBudget; the ratio and the floor are
 // Finagle's defaults (20% of requests, at least 10 retries a second), and
 // the ratio is Envoy's retry budget's. The zero value is on, with the
