@@ -367,19 +367,7 @@ func flakySteadyScenario(t *testing.T, d time.Duration) {
 		{"reset", httptestutil.Fault{Probability: 0.2, Reset: true}},
 	} {
 		cs := flakyClients(t, flakyDefault(), false)
-		ctx, cancel := context.WithCancel(t.Context())
-		var waits []func()
-		loads := make([]*flakyLoad, len(cs))
-		srvs := make([]*flakyServer, len(cs))
-		start := time.Now()
-		for i, c := range cs {
-			srvs[i] = newFlakyServer(t, 1, v.fault)
-			loads[i] = &flakyLoad{}
-			waits = append(waits, loads[i].run(ctx, c, srvs[i].srv.URL, flakyCallers, rate))
-		}
-		time.Sleep(d)
-		flakyEnd(cancel, waits, cs, srvs[0].srv.Close, srvs[1].srv.Close)
-		took := time.Since(start).Seconds()
+		loads, srvs, took := flakyRun(t, cs, 1, v.fault, rate, d)
 		for i, c := range cs {
 			l, s := loads[i], srvs[i]
 			calls, oks := l.calls.Load(), l.oks.Load()
@@ -407,6 +395,25 @@ func flakySteadyScenario(t *testing.T, d time.Duration) {
 // connections (all of them in the variant) after reading the request and
 // before answering. Wire calls are the server's count of requests; every
 // one came on a fresh connection.
+// flakyRun runs flakyCallers callers at rate against a server of its own
+// with fault for each client of cs, side by side, for d, and returns each
+// client's load and server, and the seconds it took.
+func flakyRun(t *testing.T, cs []*flakyClient, seed uint64, fault httptestutil.Fault, rate float64, d time.Duration) ([]*flakyLoad, []*flakyServer, float64) {
+	ctx, cancel := context.WithCancel(t.Context())
+	var waits []func()
+	loads := make([]*flakyLoad, len(cs))
+	srvs := make([]*flakyServer, len(cs))
+	start := time.Now()
+	for i, c := range cs {
+		srvs[i] = newFlakyServer(t, seed, fault)
+		loads[i] = &flakyLoad{}
+		waits = append(waits, loads[i].run(ctx, c, srvs[i].srv.URL, flakyCallers, rate))
+	}
+	time.Sleep(d)
+	flakyEnd(cancel, waits, cs, srvs[0].srv.Close, srvs[1].srv.Close)
+	return loads, srvs, time.Since(start).Seconds()
+}
+
 func flakyFreshResets(t *testing.T, d time.Duration) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const rate = 2000
@@ -418,19 +425,7 @@ func flakyFreshResets(t *testing.T, d time.Duration) {
 		p    float64
 	}{{"20% reset", 0.2}, {"all reset", 1}} {
 		cs := flakyClients(t, set, true)
-		ctx, cancel := context.WithCancel(t.Context())
-		var waits []func()
-		loads := make([]*flakyLoad, len(cs))
-		srvs := make([]*flakyServer, len(cs))
-		start := time.Now()
-		for i, c := range cs {
-			srvs[i] = newFlakyServer(t, 2, httptestutil.Fault{Probability: v.p, Reset: true})
-			loads[i] = &flakyLoad{}
-			waits = append(waits, loads[i].run(ctx, c, srvs[i].srv.URL, flakyCallers, rate))
-		}
-		time.Sleep(d)
-		flakyEnd(cancel, waits, cs, srvs[0].srv.Close, srvs[1].srv.Close)
-		took := time.Since(start).Seconds()
+		loads, srvs, took := flakyRun(t, cs, 2, httptestutil.Fault{Probability: v.p, Reset: true}, rate, d)
 		for i, c := range cs {
 			l, s := loads[i], srvs[i]
 			calls, oks := l.calls.Load(), l.oks.Load()

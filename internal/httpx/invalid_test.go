@@ -12,7 +12,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-cleanhttp"
 )
@@ -250,43 +249,4 @@ func TestInvalidAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { Invalid(wrapped); Invalid(refusal) }); n != 0 {
 		t.Fatalf("Invalid allocates %v times", n)
 	}
-}
-
-// TestNotInvalidOnLoopback: net/http's own errors for a refused dial, a
-// reset and a timeout are not Invalid.
-func TestNotInvalidOnLoopback(t *testing.T) {
-	t.Run("connection refused", func(t *testing.T) {
-		if err := realError(t, &http.Transport{}, closedPort(t)); Invalid(err) {
-			t.Fatalf("Invalid(%v) = true", err)
-		}
-	})
-	t.Run("reset", func(t *testing.T) {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			conn, _, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				return
-			}
-			conn.(*net.TCPConn).SetLinger(0)
-			conn.Close()
-		}))
-		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-		defer srv.Close()
-		if err := realError(t, &http.Transport{}, srv.URL); Invalid(err) {
-			t.Fatalf("Invalid(%v) = true", err)
-		}
-	})
-	t.Run("timeout", func(t *testing.T) {
-		release := make(chan struct{})
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-		}))
-		defer srv.Close()
-		defer close(release)
-		if err := realError(t, &http.Transport{ResponseHeaderTimeout: 50 * time.Millisecond}, srv.URL); Invalid(err) {
-			t.Fatalf("Invalid(%v) = true", err)
-		}
-	})
 }

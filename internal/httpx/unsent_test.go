@@ -123,7 +123,9 @@ func (e timeoutErr) Error() string { return string(e) }
 func (timeoutErr) Timeout() bool   { return true }
 
 // realError returns the error net/http's transport gives for a GET of
-// url, or fails the test when there is none.
+// url, or fails the test when there is none. Every such error is one of
+// the network's (a refused dial, a handshake, a reset, a timeout), never
+// the request's own, so it also fails the test when Invalid says it is.
 func realError(t *testing.T, rt *http.Transport, url string) error {
 	t.Helper()
 	defer rt.CloseIdleConnections()
@@ -132,6 +134,9 @@ func realError(t *testing.T, rt *http.Transport, url string) error {
 	if err == nil {
 		resp.Body.Close()
 		t.Fatalf("GET %s succeeded", url)
+	}
+	if Invalid(err) {
+		t.Fatalf("Invalid(%v) = true for a network error", err)
 	}
 	return err
 }
