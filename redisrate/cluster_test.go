@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -43,7 +45,8 @@ func startCluster(t testing.TB) *redisCluster {
 	addrs := make([]string, 6)
 	for i := range addrs {
 		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", fmt.Sprint(clusterNodeTimeout.Milliseconds()))
+			"--cluster-node-timeout", fmt.Sprint(clusterNodeTimeout.Milliseconds()),
+			"--repl-diskless-sync-delay", "0") // a replica in sync at once, not 5s later
 		c.nodes = append(c.nodes, s)
 		addrs[i] = s.addr
 		c.admin[s.addr] = newClient(t, s.addr)
@@ -184,7 +187,9 @@ func (c *redisCluster) masters() []string {
 // newClusterClient returns a client of the cluster as the package doc
 // recommends it, closed when the test ends.
 func newClusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: -1})
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: -1, ReadTimeout: 500 * time.Millisecond,
+	})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -270,4 +275,228 @@ func TestClusterSharesLimits(t *testing.T) {
 	for i, s := range stores {
 		t.Logf("transport %d: %d store round trips", i, len(s.all()))
 	}
+}
+
+// TestClusterMasterFails calls through two transports, each with its own
+// ClusterClient, one with FailOpen and one failing closed, on two keys of
+// one master, each with a shared limit of 100 a second and offering 1000
+// calls a second, while that master is killed (SIGKILL) or hangs
+// (SIGSTOP) until its replica has taken over. As with one Redis
+// (TestFailover): the first ask after the failure fails within
+// StoreTimeout, no call waits longer, FailOpen calls go on at the local
+// rate, 300 a second, and failing closed none is let through. Once the
+// replica has taken over, the shared limit is back within 2.5s, and the
+// clients leave no goroutine behind.
+func TestClusterMasterFails(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hang bool
+	}{{"killed", false}, {"hung", true}} {
+		t.Run(tc.name, func(t *testing.T) { testClusterMasterFails(t, tc.hang) })
+	}
+}
+
+// clusterDriver is one transport of testClusterMasterFails and what it saw.
+type clusterDriver struct {
+	failOpen bool
+	host     string
+	client   *redis.ClusterClient
+	store    *countingStore
+	tr       *transport.Transport
+
+	mu    sync.Mutex
+	moves []move
+	calls []call // the driving goroutine's until it is done
+}
+
+func testClusterMasterFails(t *testing.T, hang bool) {
+	const shared, local, timeout = 100, 300, policy.DefaultStoreTimeout
+	c := startCluster(t)
+	victim := c.masters()[0]
+	var witness string // a master that stays up
+	for _, m := range c.masters() {
+		if m != victim {
+			witness = m
+			break
+		}
+	}
+	hosts := c.hostsOn(victim, 2)
+	goroutines := runtime.NumGoroutine()
+
+	var drivers []*clusterDriver
+	for i, failOpen := range []bool{true, false} {
+		d := &clusterDriver{failOpen: failOpen, host: hosts[i], client: newClusterClient(t, c.addrs())}
+		d.store = &countingStore{SharedLimiter: mustNew(t, d.client, Limit{Rate: shared, Burst: 10})}
+		var err error
+		d.tr, err = transport.New(transport.Config{
+			Base: okBase{},
+			Policies: policy.Set{RateLimit: &policy.RateLimit{
+				PerSecond: local, Burst: local / 10, Shared: d.store, Lease: 10, FailOpen: failOpen,
+			}},
+			Observer: &policy.Observer{StoreTransition: func(e policy.StoreTransition) {
+				d.mu.Lock()
+				d.moves = append(d.moves, move{time.Now(), e.From, e.To, e.Err})
+				d.mu.Unlock()
+			}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drivers = append(drivers, d)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, d := range drivers {
+		wg.Go(func() {
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			for {
+				start := time.Now()
+				ok, limited, err := getOn(d.tr, d.host)
+				if !ok && !limited {
+					t.Errorf("a call failed otherwise than rate limited: %v", err)
+				}
+				d.calls = append(d.calls, call{start, time.Since(start), ok, limited})
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+
+	start := time.Now()
+	time.Sleep(time.Second)
+	failed := time.Now()
+	if hang {
+		s := c.node(victim)
+		s.freeze()
+		t.Cleanup(s.thaw) // before the kill, which the cleanups do last
+	} else {
+		c.node(victim).kill()
+	}
+	took := c.await("the failover", 15*time.Second, func() error {
+		m, err := c.master(witness, DefaultPrefix+hosts[0])
+		if err != nil {
+			return err
+		}
+		if m == victim {
+			return fmt.Errorf("%s still owns the slot", victim)
+		}
+		return c.clusterOK(witness)
+	})
+	over := time.Now()
+	t.Logf("the replica took over %v after the failure", took.Round(time.Millisecond))
+	time.Sleep(3500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	time.Sleep(2 * timeout) // the last asks answer
+
+	for _, d := range drivers {
+		d.mu.Lock()
+		d.check(t, start, failed, over, shared, local, timeout)
+		d.mu.Unlock()
+		d.client.Close()
+	}
+
+	// The clients closed, their goroutines end.
+	var now int
+	c.await("the clients' goroutines to end", 5*time.Second, func() error {
+		if now = runtime.NumGoroutine(); now > goroutines {
+			return fmt.Errorf("%d goroutines, %d before the clients", now, goroutines)
+		}
+		return nil
+	})
+	t.Logf("%d goroutines before the clients, %d after", goroutines, now)
+}
+
+// check is testFailover's, for one driver of testClusterMasterFails.
+func (d *clusterDriver) check(t *testing.T, start, failed, over time.Time, shared, local float64, timeout time.Duration) {
+	t.Helper()
+	name := "failing closed"
+	failing := policy.StoreRefusing
+	if d.failOpen {
+		name, failing = "FailOpen", policy.StoreFallback
+	}
+	if len(d.moves) < 2 || d.moves[0].from != policy.StoreUp || d.moves[0].to != failing ||
+		d.moves[len(d.moves)-1].to != policy.StoreUp {
+		var errs []string
+		for _, a := range d.store.all() {
+			if a.err != nil && !slices.Contains(errs, a.err.Error()) {
+				errs = append(errs, a.err.Error())
+			}
+		}
+		t.Errorf("%s: %d transitions, want up→%v first and →up last; the store's errors: %q", name, len(d.moves), failing, errs)
+		return
+	}
+	down, up := d.moves[0], d.moves[len(d.moves)-1]
+
+	asks := d.store.all()
+	i := 0
+	for i < len(asks) && !asks[i].start.After(failed) {
+		i++
+	}
+	if i == len(asks) {
+		t.Errorf("%s: no ask after the failure", name)
+		return
+	}
+	first := asks[i]
+	took := first.end.Sub(first.start)
+	var errs []string
+	for _, a := range asks[i:] {
+		if a.err != nil && !slices.Contains(errs, a.err.Error()) {
+			errs = append(errs, a.err.Error())
+		}
+	}
+	t.Logf("%s: first ask %v after the failure failed after %v; the observer heard it %v after; %d transitions; errors %q",
+		name, first.start.Sub(failed).Round(time.Millisecond), took.Round(time.Millisecond),
+		down.at.Sub(failed).Round(time.Millisecond), len(d.moves), errs)
+	if first.err == nil || took > 2*timeout {
+		t.Errorf("%s: first ask after the failure: %v after %v, want an error within StoreTimeout (%v)", name, first.err, took, timeout)
+	}
+
+	var longest time.Duration
+	for _, c := range d.calls {
+		longest = max(longest, c.took)
+	}
+	if longest > 2*timeout {
+		t.Errorf("%s: a call took %v, want at most StoreTimeout (%v)", name, longest, timeout)
+	}
+
+	rate := func(from, to time.Time) (float64, int) {
+		n := 0
+		for _, c := range d.calls {
+			if c.admitted && !c.at.Before(from) && c.at.Before(to) {
+				n++
+			}
+		}
+		return float64(n) / to.Sub(from).Seconds(), n
+	}
+	settle := 200 * time.Millisecond
+	before, _ := rate(start.Add(settle), failed)
+	during, inDown := rate(down.at.Add(settle), minTime(over, up.at))
+	after, _ := rate(up.at.Add(settle), d.calls[len(d.calls)-1].at)
+	t.Logf("%s: %d calls, longest %v; admitted a second: %.0f before, %.0f while the master was down (%d calls), %.0f after; back %v after the failover",
+		name, len(d.calls), longest.Round(time.Microsecond), before, during, inDown, after, up.at.Sub(over).Round(time.Millisecond))
+	within := func(what string, got, want float64) {
+		if got < 0.8*want || got > 1.2*want {
+			t.Errorf("%s, %s: %.0f admitted a second, want %v ± 20%%", name, what, got, want)
+		}
+	}
+	within("before", before, shared)
+	if d.failOpen {
+		within("master down", during, local)
+	} else if inDown > 0 {
+		t.Errorf("%s, master down: %d calls admitted, want none", name, inDown)
+	}
+	// The asks fail a backoff apart (up to 500ms, jittered), each failed
+	// one reloads the map of the slots, within the client's ReadTimeout
+	// (500ms) when a node hangs, and an ask after a map of the new master
+	// finds it: two backoffs and a reload at most.
+	if back := up.at.Sub(over); back > 2500*time.Millisecond {
+		t.Errorf("%s: the shared limit was back %v after the failover, want within 2.5s", name, back)
+		return
+	}
+	within("after", after, shared)
 }
