@@ -60,6 +60,30 @@
 // which errs on the side of the quota. A replica promoted by failover may
 // not have the last moves of the buckets, and may let one more burst
 // through.
+//
+// # Redis Cluster
+//
+// Each ask is one script call on one key, so it runs on the master of the
+// key's slot, and the keys of different upstreams spread over the masters
+// (a Prefix with a hash tag, "{quota}:", would put them all on one). When
+// a master fails, the limits of its keys are failing until its replica has
+// taken over, about twice cluster-node-timeout, and the client knows it:
+// after an ask fails otherwise than by a node's answer, Take has a
+// *redis.ClusterClient reload its map of the slots, which go-redis would
+// otherwise do only once a minute. That reload has no deadline but the
+// client's ReadTimeout, and a hung master can hold it that long, so give
+// the client a short one, a few hundred milliseconds:
+//
+//	client := redis.NewClusterClient(&redis.ClusterOptions{
+//		Addrs:                 []string{"redis-0:6379", "redis-1:6379", "redis-2:6379"},
+//		ContextTimeoutEnabled: true,
+//		MaxRetries:            -1,
+//		ReadTimeout:           500 * time.Millisecond, // bounds the reload of the slots
+//	})
+//
+// With cluster-require-full-coverage, Redis's default, the other masters
+// refuse every key from when the failed master is marked failed until its
+// replica is promoted, so the other keys' limits fail for that moment too.
 package redisrate
 
 import (
@@ -123,7 +147,8 @@ var _ policy.SharedLimiter = (*Limiter)(nil)
 // *redis.Client, *redis.ClusterClient or *redis.Ring without it.
 // MaxRetries: -1 is recommended too: go-redis's own retries only spend the
 // StoreTimeout of the ask, and the rate limit retries with a backoff of
-// its own.
+// its own. For a *redis.ClusterClient, a short ReadTimeout too: see "Redis
+// Cluster" above.
 func New(client redis.UniversalClient, limit Limit) (*Limiter, error) {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("redisrate: "+format, args...)) }
@@ -190,12 +215,32 @@ func (l *Limiter) Take(ctx context.Context, key string, n int) (granted int, ret
 	n = min(n, l.burst)
 	r, err := gcra.Run(ctx, l.client, []string{l.prefix + key}, l.interval, l.burst, n).Int64Slice()
 	if err != nil {
+		l.reload(err)
 		return 0, 0, err
 	}
 	if len(r) != 2 || r[0] < 0 || r[0] > int64(n) || r[1] < 0 {
 		return 0, 0, fmt.Errorf("redisrate: the script answered %v to an ask for %d", r, n)
 	}
 	return int(r[0]), time.Duration(r[1]) * time.Microsecond, nil
+}
+
+// reload has a cluster client reload its map of the slots, in the
+// background, after err, unless err is a node's answer. go-redis reloads
+// it by itself only on a MOVED or READONLY answer, or once a
+// ClusterStateReloadInterval (a minute by default): without this, a
+// master killed or hung would be asked for a key's tokens for up to that
+// minute after its replica took over, with the limit failing all along
+// (TestClusterMasterFails). go-redis runs one reload at a time, at most
+// every 200ms, with no deadline but the client's ReadTimeout.
+func (l *Limiter) reload(err error) {
+	c, ok := l.client.(interface{ ReloadState(context.Context) })
+	if !ok {
+		return
+	}
+	if reply := redis.Error(nil); errors.As(err, &reply) {
+		return
+	}
+	c.ReloadState(context.Background())
 }
 
 // gcra is the bucket's move: KEYS[1] holds the time, in microseconds of

@@ -53,7 +53,12 @@ func (c *countingStore) all() []ask {
 
 // roundTrip makes one call to api.test through rt and says how it went.
 func roundTrip(rt http.RoundTripper) (admitted, rateLimited bool, err error) {
-	req, err := http.NewRequest(http.MethodGet, "http://api.test/", nil)
+	return roundTripURL(rt, "http://api.test/")
+}
+
+// roundTripURL makes one call to url through rt and says how it went.
+func roundTripURL(rt http.RoundTripper, url string) (admitted, rateLimited bool, err error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		return false, false, err
 	}
