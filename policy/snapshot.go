@@ -100,6 +100,6 @@ type Snapshot struct {
 	// their address left are not counted), LanesEjected the number of
 	// them ejected now, and LanesIgnored the addresses past MaxLanes in
 	// Endpoints' last answer.
-	HasReplicas                      bool
+	HasReplicas                       bool
 	Lanes, LanesEjected, LanesIgnored int
 }
