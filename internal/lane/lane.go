@@ -1,0 +1,571 @@
+// Package lane is the runtime state of policy.Replicas: the lanes of one
+// key, the picker, each lane's health and ejection, and the refresh of an
+// Endpoints answer. It is a pure core: time is an input, and it starts no
+// goroutine and no timer; the transport sends the wire attempts, asks the
+// resolver and closes connections, as the answers of Set's methods tell it.
+package lane
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// The picking cost and the health rules, against their anchors.
+const (
+	// decay is the time constant of a lane's latency estimate: a sample
+	// slower than the estimate replaces it at once, a faster one is
+	// averaged in with weight 1 − e^(−Δt/decay), and the estimate read at
+	// a pick has decayed towards zero by e^(−Δt/decay) since its last
+	// sample, so that a lane left alone because it was slow is tried
+	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
+	decay = 10 * time.Second
+	// failurePenalty: a failure is a sample of this multiple of the
+	// slowest other lane's estimate (at least its own latency, at least
+	// minPenalty, at most maxPenalty), so a lane that fails fast costs
+	// more than any healthy one.
+	failurePenalty = 2.0
+	minPenalty     = float64(time.Millisecond)
+	maxPenalty     = float64(30 * time.Second)
+
+	// interval is the period over which failure rates are compared
+	// (Envoy's outlier detection interval); minCalls is how many outcomes
+	// a lane, and the other lanes together, need in it for its rate to
+	// be judged (Envoy asks 100 for its success rate, the breaker's
+	// MinCalls is 20).
+	interval = 10 * time.Second
+	minCalls = 20
+	// The rate trip, the breaker's relative rule with the other lanes as
+	// the baseline: min(rateCeiling, max(rateFloor, rateFactor × theirs)).
+	rateFactor  = 3.0
+	rateFloor   = 0.2
+	rateCeiling = 0.9
+
+	// firstRetry is the wait after a failed or empty Endpoints answer,
+	// doubled after each one up to Refresh.
+	firstRetry = time.Second
+)
+
+// Lane is one connection pool of a key: an address of Endpoints, or one of
+// Connections pools to the request's own address. Pool is what the caller
+// sends through, built by the open func given to New. A lane is safe for
+// concurrent use; its fields other than Pool are the Set's.
+type Lane[P any] struct {
+	// Addr is the lane's address, "" for a connection lane, and for the
+	// lane that dials the request's own address until Endpoints answers.
+	Addr string
+	// Index is the lane's slot in its Set, in [0, policy.MaxLanes): the
+	// bit of a used mask, and the name of a connection lane.
+	Index int
+	Pool  P
+
+	outstanding atomic.Int64  // attempts taken and not done
+	est         atomic.Uint64 // float64 bits: the latency estimate, ns
+	stamp       atomic.Int64  // when est was last sampled, ns since the Set's epoch
+	until       atomic.Int64  // blocked (ejected or held) until then, ns; 0: never blocked
+	lastOK      atomic.Bool   // the last outcome that was evidence was a Success
+
+	// Guarded by the Set's mu.
+	consecutive     int
+	calls, failures int // in the current interval
+	ejections       int // the multiplier of the next ejection's time, less one
+	ejected         bool
+	removed         bool // its address left the set: draining
+}
+
+// cheaper reports whether a's picking cost at t, (outstanding + 1) × its
+// latency estimate decayed to t, is below b's. Both decay from their own
+// stamps to t, so one exponential compares them: a's decays e^((sa−sb)/τ)
+// more than b's.
+func cheaper[P any](a, b *Lane[P], t int64) bool {
+	ca := float64(a.outstanding.Load()+1) * math.Float64frombits(a.est.Load())
+	cb := float64(b.outstanding.Load()+1) * math.Float64frombits(b.est.Load())
+	sa, sb := min(a.stamp.Load(), t), min(b.stamp.Load(), t)
+	switch {
+	case sa < sb:
+		ca *= math.Exp(-float64(sb-sa) / float64(decay))
+	case sb < sa:
+		cb *= math.Exp(-float64(sa-sb) / float64(decay))
+	}
+	return ca < cb
+}
+
+func (l *Lane[P]) estimate(t int64) float64 {
+	e := math.Float64frombits(l.est.Load())
+	if dt := t - l.stamp.Load(); dt > 0 {
+		e *= math.Exp(-float64(dt) / float64(decay))
+	}
+	return e
+}
+
+// ejectedAt reports whether l is ejected at t. The Set's mu is held.
+func (l *Lane[P]) ejectedAt(t int64) bool { return l.ejected && l.until.Load() > t }
+
+// view is the set of lanes picks read, immutable once published.
+type view[P any] struct {
+	lanes [policy.MaxLanes]*Lane[P]
+	mask  uint64 // the slots in use
+	n     int
+}
+
+// Set is the lanes of one key (see policy.Replicas).
+//
+// Take picks a lane for a wire attempt by the power of two choices
+// (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing",
+// 2001) over peak-EWMA cost (Finagle's PeakEwma, finagle-core
+// loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
+// those the call has not used and that are not blocked, the lower
+// (outstanding + 1) × latency estimate wins. The estimate jumps to a
+// slower sample at once, averages a faster one in, and decays towards zero
+// while a lane is left alone (see decay). Done tells the lane how the
+// attempt went, and returns what the caller must act on.
+//
+// A lane's health: a Failure adds to its consecutive failures, a Success
+// ends them; outcomes are also counted per interval of 10 s. A lane is
+// ejected when its consecutive failures reach ConsecutiveFailures, or, at
+// the end of an interval, when it had minCalls outcomes, the other lanes
+// together as many, and its failure rate reached
+// min(0.9, max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's
+// ejection count, at most MaxEjectFor; each interval a lane ends unejected
+// takes one off the count. At most MaxEjected of the lanes are ejected at
+// once (at least one of two or more, never all); the worst rate goes
+// first. A lane held by a Retry-After, or ejected, is blocked: it is
+// picked only when no other lane is left. When its time is up it is picked
+// again, its consecutive count cleared.
+//
+// Nothing here starts a goroutine or a timer: ejections end, intervals
+// close and refreshes fall due lazily, from the now of the calls. Take
+// takes no lock (a few atomic loads, one atomic add for the random draw,
+// one for the lane's outstanding count) except, once per ejection's end,
+// to unblock; Done holds the Set's mutex briefly. A Set is safe for
+// concurrent use. Its memory is a few hundred bytes plus about 100 bytes a
+// lane, and the caller's Pool.
+type Set[P any] struct {
+	consecutive int
+	maxEjected  float64
+	ejectFor    time.Duration
+	maxEjectFor time.Duration
+	refresh     time.Duration // 0: no Endpoints
+	open        func(addr string, index int) P
+	epoch       time.Time
+
+	seq          atomic.Uint64 // splitmix64 state, seeded
+	view         atomic.Pointer[view[P]]
+	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
+	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
+	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
+
+	mu        sync.Mutex
+	intervalT int64 // ns: the start of the current interval
+	draining  []*Lane[P]
+	resolved  bool // Endpoints has answered with a good set
+	backoff   time.Duration
+	ignored   int
+}
+
+// New returns the lanes of a key for cfg (policy.Replicas with its
+// defaults applied) at now, seeded with seed. With Endpoints, it has one
+// lane, dialing the request's own address (Addr ""), and a refresh is due
+// at once; without, cfg.Connections lanes. open builds a lane's pool; it is
+// called with the Set's mutex held, and must not call the Set.
+func New[P any](cfg policy.Replicas, now time.Time, seed uint64, open func(addr string, index int) P) *Set[P] {
+	s := &Set[P]{
+		consecutive: cfg.ConsecutiveFailures,
+		maxEjected:  cfg.MaxEjected,
+		ejectFor:    cfg.EjectFor,
+		maxEjectFor: cfg.MaxEjectFor,
+		open:        open,
+		epoch:       now.Add(-1), // so that now itself is 1 ns, and 0 is before anything
+		backoff:     firstRetry,
+	}
+	s.seq.Store(seed)
+	n := max(cfg.Connections, 1)
+	s.refreshAt.Store(math.MaxInt64)
+	if cfg.Endpoints != nil {
+		s.refresh = cfg.Refresh
+		n = 1
+		s.refreshAt.Store(0)
+	}
+	v := new(view[P])
+	for i := range n {
+		v.lanes[i] = s.newLane("", i, 0)
+		v.mask |= 1 << i
+	}
+	v.n = n
+	s.view.Store(v)
+	return s
+}
+
+func (s *Set[P]) newLane(addr string, index int, est float64) *Lane[P] {
+	l := &Lane[P]{Addr: addr, Index: index, Pool: s.open(addr, index)}
+	l.est.Store(math.Float64bits(est))
+	return l
+}
+
+// nanos is now as the Set counts time: nanoseconds since its epoch, at
+// least 1, so that 0 can mean never.
+func (s *Set[P]) nanos(now time.Time) int64 { return max(int64(now.Sub(s.epoch)), 1) }
+
+// rand returns a random 64-bit word: splitmix64 (Steele, Lea and Flood,
+// "Fast Splittable Pseudorandom Number Generators", 2014) over an atomic
+// sequence, so that concurrent picks share no lock.
+func (s *Set[P]) rand() uint64 {
+	z := s.seq.Add(0x9e3779b97f4a7c15)
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// Take picks a lane for a wire attempt at now, and counts it outstanding
+// until Done. used is the mask of lane indexes the attempt's call has
+// already sent on (bit Index); the pick is among the lanes neither used nor
+// blocked, else among those not blocked, else among those not used, else
+// any. It never returns nil, and never allocates.
+func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
+	t := s.nanos(now)
+	v := s.view.Load()
+	blocked := s.blocked.Load()
+	if blocked != 0 && t >= s.blockedUntil.Load() {
+		blocked = s.unblock(t)
+	}
+	all := v.mask
+	cand := all &^ used &^ blocked
+	if cand == 0 {
+		cand = all &^ blocked
+	}
+	if cand == 0 {
+		cand = all &^ used
+	}
+	if cand == 0 {
+		cand = all
+	}
+	var l *Lane[P]
+	if n := bits.OnesCount64(cand); n == 1 {
+		l = v.lanes[bits.TrailingZeros64(cand)]
+	} else {
+		r := s.rand()
+		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
+		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
+		l = v.lanes[a]
+		if o := v.lanes[b]; cheaper(o, l, t) {
+			l = o
+		}
+	}
+	l.outstanding.Add(1)
+	return l
+}
+
+// nth returns the index of the k-th set bit of m, counting from zero: a
+// binary search by population count down to a byte, then at most seven
+// steps.
+func nth(m uint64, k int) int {
+	base := 0
+	for _, w := range [...]int{32, 16, 8} {
+		lo := m & (1<<w - 1)
+		if c := bits.OnesCount64(lo); k >= c {
+			k -= c
+			m >>= w
+			base += w
+		} else {
+			m = lo
+		}
+	}
+	for ; k > 0; k-- {
+		m &= m - 1
+	}
+	return base + bits.TrailingZeros64(m)
+}
+
+// unblock ends the blocks whose time is up at t, and returns the slots
+// still blocked.
+func (s *Set[P]) unblock(t int64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reblockLocked(t)
+}
+
+// reblockLocked recomputes the blocked slots at t: a lane whose time is up
+// is unblocked, and an ejected one returns with its consecutive count
+// cleared. s.mu is held.
+func (s *Set[P]) reblockLocked(t int64) uint64 {
+	v := s.view.Load()
+	var b uint64
+	next := int64(math.MaxInt64)
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		u := l.until.Load()
+		switch {
+		case u > t:
+			b |= 1 << l.Index
+			next = min(next, u)
+		case l.ejected:
+			l.ejected, l.consecutive = false, 0
+		}
+	}
+	s.blockedUntil.Store(next)
+	s.blocked.Store(b)
+	return b
+}
+
+// Reason says why a lane was ejected.
+type Reason uint8
+
+const (
+	// Consecutive: ConsecutiveFailures failures in a row.
+	Consecutive Reason = iota + 1
+	// Rate: a failure rate far above the other lanes' over an interval.
+	Rate
+)
+
+// Ejection is a lane ejected, for the caller to act on and report.
+type Ejection struct {
+	Addr   string // the lane's address, "" for a connection lane
+	Index  int
+	Reason Reason
+	For    time.Duration
+}
+
+// Report is what Done tells the caller.
+type Report[P any] struct {
+	// Explained is true when the attempt failed and its lane explains
+	// the failure: the lane is ejected, or is failing (two failures in a
+	// row, or held by the answer's Retry-After) while another lane that
+	// is not blocked last succeeded. The key's breaker should then learn
+	// nothing from it.
+	Explained bool
+	// Held is true when the answer's Retry-After held its lane back, so
+	// that the key need not be: another lane is left to pick.
+	Held bool
+	// Ejected lists the lanes ejected by this outcome (one, or at the end
+	// of an interval several); their pools' idle connections should be
+	// closed, so that a balancer places the lane anew.
+	Ejected []Ejection
+	// Drained is the lane, when it had left the set and this was its
+	// last attempt: its pool's idle connections should be closed. Nil
+	// otherwise.
+	Drained *Lane[P]
+}
+
+// Done ends an attempt that Take counted on lane l, at now, with its
+// latency to headers (or error) and its outcome as the key's Classify gave
+// it. A Success or a Failure is evidence of the lane's health and a
+// latency sample (a Failure a slow one: see failurePenalty); a Discarded
+// outcome with a latency (a hedge leg cancelled as the loser) is a sample
+// of at least that latency, and no evidence; any other outcome, or a zero
+// latency, teaches nothing. holdFor is the answer's Retry-After on a 503
+// or 429, zero otherwise: the lane is held that long (at most MaxEjectFor)
+// when another lane is left. Done allocates only to report an ejection.
+func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+	t := s.nanos(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var rep Report[P]
+	if l.outstanding.Add(-1) == 0 && l.removed {
+		rep.Drained = l
+		s.draining = slices.DeleteFunc(s.draining, func(d *Lane[P]) bool { return d == l })
+	}
+	switch {
+	case o == policy.Success:
+		if latency > 0 {
+			s.sampleLocked(l, t, float64(latency))
+		}
+		l.lastOK.Store(true)
+		l.consecutive = 0
+		l.calls++
+	case o == policy.Failure:
+		s.sampleLocked(l, t, min(maxPenalty, max(float64(latency), minPenalty, failurePenalty*s.slowestLocked(l, t))))
+		l.lastOK.Store(false)
+		l.consecutive++
+		l.calls++
+		l.failures++
+	case o == policy.Discarded && latency > 0:
+		s.sampleLocked(l, t, float64(latency))
+		return rep
+	default:
+		return rep
+	}
+	if l.removed {
+		return rep
+	}
+	if t-s.intervalT >= int64(interval) {
+		rep.Ejected = s.closeIntervalLocked(t)
+	}
+	if o != policy.Failure {
+		return rep
+	}
+	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
+		if e, ok := s.ejectLocked(l, t, Consecutive); ok {
+			rep.Ejected = append(rep.Ejected, e)
+		}
+	}
+	if holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false) {
+		u := t + int64(min(holdFor, s.maxEjectFor))
+		if u > l.until.Load() {
+			l.until.Store(u)
+			s.reblockLocked(t)
+		}
+		rep.Held = true
+	}
+	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	return rep
+}
+
+// sampleLocked folds a latency sample x (ns) into l's estimate at t:
+// Finagle's peak EWMA. s.mu is held, so that samples do not race.
+func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
+	e := math.Float64frombits(l.est.Load())
+	if x > e {
+		e = x
+	} else {
+		w := math.Exp(-float64(max(t-l.stamp.Load(), 0)) / float64(decay))
+		e = e*w + x*(1-w)
+	}
+	l.est.Store(math.Float64bits(e))
+	l.stamp.Store(t)
+}
+
+// slowestLocked returns the largest estimate at t of the lanes other than
+// l. s.mu is held.
+func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
+	v := s.view.Load()
+	slowest := 0.0
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+			slowest = max(slowest, o.estimate(t))
+		}
+	}
+	return slowest
+}
+
+// otherOpenLocked reports whether a lane other than l is in the set and
+// not blocked at t, and, with ok, last succeeded. s.mu is held.
+func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o != l && o.until.Load() <= t && (!ok || o.lastOK.Load()) {
+			return true
+		}
+	}
+	return false
+}
+
+// ejectLocked ejects l at t for why, unless MaxEjected lanes are ejected
+// already. s.mu is held.
+func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection, bool) {
+	v := s.view.Load()
+	ejected := 0
+	for m := v.mask; m != 0; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o.ejectedAt(t) {
+			ejected++
+		}
+	}
+	if ejected >= s.maxEject(v.n) {
+		return Ejection{}, false
+	}
+	l.ejections++
+	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
+	l.ejected = true
+	l.until.Store(max(l.until.Load(), t+int64(d)))
+	s.reblockLocked(t)
+	return Ejection{Addr: l.Addr, Index: l.Index, Reason: why, For: d}, true
+}
+
+// maxEject returns how many of n lanes may be ejected at once.
+func (s *Set[P]) maxEject(n int) int {
+	if s.maxEjected < 0 || n < 2 {
+		return 0
+	}
+	return min(max(int(s.maxEjected*float64(n)), 1), n-1)
+}
+
+// closeIntervalLocked ends the interval at t: it ejects the lanes whose
+// failure rate is far above the others', the worst first, takes one off
+// the ejection count of every lane for each whole interval it spent
+// unblocked, and starts the next interval. s.mu is held.
+func (s *Set[P]) closeIntervalLocked(t int64) []Ejection {
+	v := s.view.Load()
+	start := s.intervalT
+	s.intervalT = t
+	var calls, failures int
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		calls += l.calls
+		failures += l.failures
+	}
+	var worst [policy.MaxLanes]*Lane[P]
+	outliers := worst[:0]
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		oc, of := calls-l.calls, failures-l.failures
+		if l.calls >= minCalls && oc >= minCalls && !l.ejectedAt(t) {
+			theirs := float64(of) / float64(oc)
+			trip := min(rateCeiling, max(rateFloor, rateFactor*theirs))
+			if float64(l.failures)/float64(l.calls) >= trip {
+				outliers = append(outliers, l)
+			}
+		}
+	}
+	slices.SortFunc(outliers, func(a, b *Lane[P]) int {
+		// a.failures/a.calls > b.failures/b.calls, without division
+		return b.failures*a.calls - a.failures*b.calls
+	})
+	var ejected []Ejection
+	for _, l := range outliers {
+		e, ok := s.ejectLocked(l, t, Rate)
+		if !ok {
+			break
+		}
+		ejected = append(ejected, e)
+	}
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		l.calls, l.failures = 0, 0
+		// The intervals since the interval began, or since the lane's
+		// last ejection ended if later.
+		if free := t - max(start, l.until.Load()); free > 0 && !l.ejectedAt(t) {
+			l.ejections = max(l.ejections-int(free/int64(interval)), 0)
+		}
+	}
+	return ejected
+}
+
+// Counts returns, at now, the number of lanes picked from, how many of
+// them are ejected, and how many addresses past policy.MaxLanes Endpoints'
+// last answer held.
+func (s *Set[P]) Counts(now time.Time) (lanes, ejected, ignored int) {
+	t := s.nanos(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		if v.lanes[bits.TrailingZeros64(m)].ejectedAt(t) {
+			ejected++
+		}
+	}
+	return v.n, ejected, s.ignored
+}
+
+// Pools calls f with the pool of every lane, those draining included, with
+// no lock held while f runs.
+func (s *Set[P]) Pools(f func(P)) {
+	s.mu.Lock()
+	v := s.view.Load()
+	pools := make([]P, 0, v.n+len(s.draining))
+	for m := v.mask; m != 0; m &= m - 1 {
+		pools = append(pools, v.lanes[bits.TrailingZeros64(m)].Pool)
+	}
+	for _, l := range s.draining {
+		pools = append(pools, l.Pool)
+	}
+	s.mu.Unlock()
+	for _, p := range pools {
+		f(p)
+	}
+}
