@@ -130,3 +130,42 @@ func (r Replicas) WithDefaults() Replicas {
 	}
 	return r
 }
+
+// EjectionReason says why a lane was ejected (see Replicas).
+type EjectionReason uint8
+
+const (
+	// EjectConsecutive: ConsecutiveFailures attempts in a row failed on
+	// the lane.
+	EjectConsecutive EjectionReason = iota + 1
+	// EjectRate: over an interval, the lane's failure rate was far above
+	// the other lanes'.
+	EjectRate
+)
+
+var ejectionReasonNames = [...]string{"", "consecutive", "rate"}
+
+// String returns "consecutive" or "rate".
+func (r EjectionReason) String() string {
+	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
+}
+
+// LaneEjection describes a lane of a key ejected, or back from an
+// ejection (see Replicas).
+type LaneEjection struct {
+	// Context is the context of the call whose attempt ejected the lane,
+	// or, for a return, whose attempt was the lane's first after it.
+	// Never nil.
+	Context context.Context
+	Key     string
+	// Addr is the lane's address with Replicas.Endpoints, "" for a
+	// connection lane; Index is the lane's slot among the key's lanes,
+	// in [0, MaxLanes), which names a connection lane. Both are bounded:
+	// at most MaxLanes a key at once.
+	Addr   string
+	Index  int
+	Reason EjectionReason
+	// For is how long the ejection lasts: EjectFor × the lane's count of
+	// ejections, at most MaxEjectFor.
+	For time.Duration
+}
