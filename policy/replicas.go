@@ -57,11 +57,12 @@ import (
 // IdleConnTimeout).
 //
 // Replicas needs a base that is an *http.Transport (transport.New says so
-// otherwise); each lane is its Clone, so a base whose HTTP/2 was set up by
-// golang.org/x/net/http2.ConfigureTransport shares that HTTP/2 pool
-// across its clones, and needs net/http's own HTTP/2 (the default, or
-// Transport.Protocols) for lanes to be pools of their own. The zero
-// Replicas is four connection lanes.
+// otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
+// golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
+// HTTP/2 connections apart (its clones hand them to the one
+// http2.Transport it made): use net/http's own HTTP/2 (the default with
+// ForceAttemptHTTP2, or Transport.Protocols). The zero Replicas is four
+// connection lanes.
 type Replicas struct {
 	// Endpoints resolves a request's host and port to the addresses of
 	// its replicas, one lane each. If nil, lanes are Connections pools to
