@@ -34,23 +34,28 @@ func lanePool(base *http.Transport, addr string) *http.Transport {
 	if addr == "" {
 		return p
 	}
+	// A user's base may still set the deprecated Dial and DialTLS; they
+	// are honoured as net/http honours them, DialContext first.
 	dial := base.DialContext
-	if dial == nil {
-		if d := base.Dial; d != nil {
-			dial = func(_ context.Context, network, addr string) (net.Conn, error) { return d(network, addr) }
-		} else {
-			dial = new(net.Dialer).DialContext
-		}
+	//lint:ignore SA1019 honoured when the base sets it
+	if d := base.Dial; dial == nil && d != nil {
+		dial = func(_ context.Context, network, addr string) (net.Conn, error) { return d(network, addr) }
 	}
-	p.Proxy, p.Dial = nil, nil
+	if dial == nil {
+		dial = new(net.Dialer).DialContext
+	}
+	p.Proxy = nil
 	p.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return dial(ctx, network, addr)
 	}
-	if tls := base.DialTLSContext; tls != nil {
+	//lint:ignore SA1019 honoured when the base sets it
+	tls := base.DialTLS
+	if tlsc := base.DialTLSContext; tlsc != nil {
 		p.DialTLSContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return tls(ctx, network, addr)
+			return tlsc(ctx, network, addr)
 		}
-	} else if tls := base.DialTLS; tls != nil {
+	} else if tls != nil {
+		//lint:ignore SA1019 honoured when the base sets it
 		p.DialTLS = func(network, _ string) (net.Conn, error) { return tls(network, addr) }
 	}
 	return p

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -747,4 +749,54 @@ func TestAFastFailingReplicaGetsLittleTrafficUnderLoad(t *testing.T) {
 			t.Errorf("the replica failing at once got %.2f%% of %d calls from 16 callers, want under 0.1%%", 100*share, calls.Load())
 		}
 	})
+}
+
+// TestAnAddressLaneDialsItsAddress: whichever dial func the base sets,
+// an address lane's pool dials the lane's address in place of the
+// request's, and uses no proxy; a connection lane's pool dials as the base.
+func TestAnAddressLaneDialsItsAddress(t *testing.T) {
+	errDialed := errors.New("dialed")
+	var got []string
+	dialCtx := func(_ context.Context, _, addr string) (net.Conn, error) {
+		got = append(got, addr)
+		return nil, errDialed
+	}
+	dial := func(_, addr string) (net.Conn, error) { got = append(got, addr); return nil, errDialed }
+	proxy := func(*http.Request) (*url.URL, error) { return url.Parse("http://proxy:3128") }
+	for _, tt := range []struct {
+		name string
+		base *http.Transport
+		tls  bool
+	}{
+		{"DialContext", &http.Transport{DialContext: dialCtx, Proxy: proxy}, false},
+		{"Dial", &http.Transport{Dial: dial}, false},
+		{"DialTLSContext", &http.Transport{DialTLSContext: dialCtx}, true},
+		{"DialTLS", &http.Transport{DialTLS: dial}, true},
+	} {
+		got = nil
+		p := lanePool(tt.base, "10.0.0.7:8443")
+		if p.Proxy != nil {
+			t.Errorf("%s: an address lane keeps the base's Proxy", tt.name)
+		}
+		switch {
+		case !tt.tls:
+			_, err := p.DialContext(context.Background(), "tcp", "api:443")
+			if !errors.Is(err, errDialed) || !slices.Equal(got, []string{"10.0.0.7:8443"}) {
+				t.Errorf("%s: the lane dialed %v (%v), want 10.0.0.7:8443 through the base's func", tt.name, got, err)
+			}
+		case p.DialTLSContext != nil:
+			p.DialTLSContext(context.Background(), "tcp", "api:443")
+		default:
+			p.DialTLS("tcp", "api:443")
+		}
+		if tt.tls && !slices.Equal(got, []string{"10.0.0.7:8443"}) {
+			t.Errorf("%s: the lane's TLS dial went to %v, want 10.0.0.7:8443", tt.name, got)
+		}
+	}
+	got = nil
+	p := lanePool(&http.Transport{DialContext: dialCtx, Proxy: proxy}, "")
+	p.DialContext(context.Background(), "tcp", "api:443")
+	if p.Proxy == nil || !slices.Equal(got, []string{"api:443"}) {
+		t.Errorf("a connection lane dialed %v (proxy kept: %v), want api:443 as the base, with its proxy", got, p.Proxy != nil)
+	}
 }
