@@ -769,8 +769,10 @@ func TestAnAddressLaneDialsItsAddress(t *testing.T) {
 		tls  bool
 	}{
 		{"DialContext", &http.Transport{DialContext: dialCtx, Proxy: proxy}, false},
+		//lint:ignore SA1019 a base may still set it
 		{"Dial", &http.Transport{Dial: dial}, false},
 		{"DialTLSContext", &http.Transport{DialTLSContext: dialCtx}, true},
+		//lint:ignore SA1019 a base may still set it
 		{"DialTLS", &http.Transport{DialTLS: dial}, true},
 	} {
 		got = nil
@@ -787,6 +789,7 @@ func TestAnAddressLaneDialsItsAddress(t *testing.T) {
 		case p.DialTLSContext != nil:
 			p.DialTLSContext(context.Background(), "tcp", "api:443")
 		default:
+			//lint:ignore SA1019 a base may still set it
 			p.DialTLS("tcp", "api:443")
 		}
 		if tt.tls && !slices.Equal(got, []string{"10.0.0.7:8443"}) {
