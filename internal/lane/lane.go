@@ -334,9 +334,10 @@ type Report[P any] struct {
 	// Returned is the ejection the lane came back from, when this was
 	// the first evidence on it since: its Lane is nil otherwise.
 	Returned Ejection[P]
-	// Drained is the lane, when it had left the set and this was its
-	// last attempt: its pool's idle connections should be closed. Nil
-	// otherwise.
+	// Drained is the lane, when it had left the set or is ejected and
+	// this was its last attempt in flight: its pool's idle connections
+	// should be closed (an ejected lane then comes back with none, so
+	// that a balancer places its next connection anew). Nil otherwise.
 	Drained *Lane[P]
 }
 
@@ -355,11 +356,22 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	t := s.nanos(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var rep Report[P]
-	if l.outstanding.Add(-1) == 0 && l.removed {
+	last := l.outstanding.Add(-1) == 0
+	rep := s.doneLocked(l, t, latency, o, holdFor)
+	switch {
+	case !last:
+	case l.removed:
 		rep.Drained = l
 		s.draining = slices.DeleteFunc(s.draining, func(d *Lane[P]) bool { return d == l })
+	case l.ejectedAt(t):
+		rep.Drained = l
 	}
+	return rep
+}
+
+// doneLocked is Done's learning, with s.mu held.
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+	var rep Report[P]
 	switch {
 	case o == policy.Success:
 		if latency > 0 {

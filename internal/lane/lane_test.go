@@ -147,6 +147,9 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 		if ej := s.Counts(now).Ejected; ej != 1 {
 			t.Errorf("Counts: %d ejected, want 1", ej)
 		}
+		if rep.Drained != bad {
+			t.Errorf("the ejecting failure, the lane's last attempt in flight, drained %v, want the lane", rep.Drained)
+		}
 		// Ejected: not picked while others are left, even unused.
 		for range 100 {
 			l := s.Take(now.Add(want-time.Nanosecond), 0)
