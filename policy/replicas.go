@@ -38,7 +38,8 @@ import (
 // unejected takes one off its count. At most MaxEjected of the lanes are
 // ejected at once, and never the last one. An ejected lane gets traffic
 // again when its time is up, with the other lanes' mean estimate, and
-// stays if healthy. A 503 or 429 with a Retry-After from one lane holds
+// stays if healthy; its connections are closed as they fall idle, so it
+// comes back on a fresh one, which a balancer places anew. A 503 or 429 with a Retry-After from one lane holds
 // that lane back for that long (at most MaxEjectFor), not the key: the
 // Throttler's pushback is armed only when no other lane is left.
 //
