@@ -52,15 +52,16 @@ type leg struct {
 	inherited *releaser
 
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
-	// lane is the lane the leg is sent on, from the time took until its
-	// lane is told how it went; nil without Replicas.
-	lane    *lane.Lane[*http.Transport]
-	took    time.Time
-	resp    *http.Response
-	err     error
-	outcome policy.Outcome
-	again   bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
-	latency time.Duration
+	resp     *http.Response
+	err      error
+	outcome  policy.Outcome
+	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
+	latency  time.Duration
+
+	// lane is the lane the leg is sent on (Set.Replicas), from the time
+	// took until the lane is told how it went; nil otherwise.
+	lane *lane.Lane[*http.Transport]
+	took time.Time
 
 	// A hedged round's legs; guarded by the round's lock.
 	round   *round
