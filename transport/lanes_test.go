@@ -803,3 +803,61 @@ func TestAnAddressLaneDialsItsAddress(t *testing.T) {
 		t.Errorf("a connection lane dialed %v (proxy kept: %v), want api:443 as the base, with its proxy", got, p.Proxy != nil)
 	}
 }
+
+func TestASnapshotOfLanesAllocatesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static(four...)}}})
+		prime(t, rt, "http://api/")
+		laneGet(t, rt, "http://api/", "")
+		if m := rt.Measured("api"); !m.HasReplicas || m.Lanes != 4 || m.LanesEjected != 0 || m.LanesIgnored != 0 {
+			t.Errorf("Measured: HasReplicas %v, %d lanes, %d ejected, %d ignored; want true, 4, 0, 0", m.HasReplicas, m.Lanes, m.LanesEjected, m.LanesIgnored)
+		}
+		if n := testing.AllocsPerRun(100, func() { rt.Measured("api") }); n != 0 {
+			t.Errorf("Measured of a key with lanes allocates %v times, want 0", n)
+		}
+	})
+}
+
+// TestLanesAllocateNothingOfTheirOwn: a call over four connection lanes
+// allocates what the same call over the base does. Each pool, and the
+// base, answer from a RoundTripper registered for "http", so that only
+// resilix's own path differs.
+func TestLanesAllocateNothingOfTheirOwn(t *testing.T) {
+	ok := fakeRT(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
+	})
+	measure := func(set policy.Set) float64 {
+		base := new(http.Transport)
+		base.RegisterProtocol("http", ok)
+		rt, err := New(Config{Base: base, Policies: set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := rt.scopes.enter("api", time.Now())
+		s.leave()
+		if s.lanes != nil {
+			s.lanes.Pools(func(p *http.Transport) { p.RegisterProtocol("http", ok) })
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
+		return testing.AllocsPerRun(1000, func() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		})
+	}
+	for _, set := range []policy.Set{
+		{},
+		{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: &policy.Timeout{PerAttempt: time.Second}},
+	} {
+		off := measure(set)
+		set.Replicas = &policy.Replicas{}
+		on := measure(set)
+		if on != off {
+			t.Errorf("a call allocates %v times over lanes, %v over the base, want the same (Retry set: %v)", on, off, set.Retry != nil)
+		}
+	}
+}
