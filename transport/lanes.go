@@ -66,7 +66,9 @@ func lanePool(base *http.Transport, addr string) *http.Transport {
 // Endpoints in the background if one is due.
 func (c *call) takeLane(l *leg) http.RoundTripper {
 	s := c.s
-	l.took = timing.Since(c.start)
+	if l.took = l.dispatch; l.took.IsZero() { // a timed leg's dispatch is now
+		l.took = timing.Since(c.start)
+	}
 	if s.lanes.StartRefresh(l.took) {
 		go c.t.resolve(s, hostport(l.req))
 	}
@@ -79,7 +81,12 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 // answer if any. It closes the idle connections of the lanes the outcome
 // ejected, and of a lane drained by it.
 func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Report[*http.Transport] {
-	now := timing.Since(l.took)
+	var now time.Time
+	if l.latency > 0 { // send read the time of the answer, from took
+		now = l.took.Add(l.latency)
+	} else {
+		now = timing.Since(l.took)
+	}
 	var hold time.Duration
 	if resp != nil && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
 		if vs := resp.Header["Retry-After"]; len(vs) > 0 {

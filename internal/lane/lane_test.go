@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -539,6 +540,15 @@ func TestNth(t *testing.T) {
 			if got := nth(m, k); got != w {
 				t.Errorf("nth(%#x, %d) = %d, want %d", m, k, got, w)
 			}
+		}
+	}
+}
+
+func TestDecayed(t *testing.T) {
+	for _, dt := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 100 * time.Millisecond, 499 * time.Millisecond, 500 * time.Millisecond, time.Second, time.Minute} {
+		want := math.Exp(-max(float64(dt), 0) / float64(decay))
+		if got := decayed(int64(dt)); math.Abs(got-want) > 3e-7*want {
+			t.Errorf("decayed(%v) = %v, want %v", dt, got, want)
 		}
 	}
 }
