@@ -194,6 +194,7 @@ func TestConnectionLanesSpreadOverABalancedFleet(t *testing.T) {
 func TestOneBadReplicaOfFourDoesNotOpenTheKeysBreaker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFleet()
+		f.serve("api:80", "own") // the first call's, before Endpoints answers: a failure there would be the breaker's
 		f.serveFour()
 		var opened atomic.Int64
 		rt := newLaneTransport(t, f, Config{
