@@ -135,6 +135,8 @@ func TestEnumNames(t *testing.T) {
 		{Rejected.String(), "rejected"},
 		{Invalid.String(), "invalid"},
 		{Outcome(7).String(), "outcome(7)"},
+		{EjectRate.String(), "rate"},
+		{EjectionReason(0).String(), "ejection_reason(0)"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
@@ -155,6 +157,44 @@ func TestBudgetDefaults(t *testing.T) {
 	} {
 		if got := tt.cfg.WithDefaults(); got != tt.want {
 			t.Errorf("%+v.WithDefaults() = %+v, want %+v", tt.cfg, got, tt.want)
+		}
+	}
+}
+
+func TestReplicasDefaults(t *testing.T) {
+	d := Replicas{}.WithDefaults()
+	if d.Connections != 4 || d.Refresh != 30*time.Second || d.MaxEjected != 0.5 || d.ConsecutiveFailures != 5 ||
+		d.EjectFor != 30*time.Second || d.MaxEjectFor != 300*time.Second {
+		t.Errorf("defaults: %+v; want 4 connections, 30s refresh, 0.5 ejected, 5 failures, 30s..300s", d)
+	}
+	if got := (Replicas{EjectFor: 10 * time.Minute}).WithDefaults().MaxEjectFor; got != 10*time.Minute {
+		t.Errorf("EjectFor 10m leaves MaxEjectFor %v, want it raised to 10m", got)
+	}
+	if d := (Replicas{MaxEjected: -1, ConsecutiveFailures: -1}).WithDefaults(); d.MaxEjected >= 0 || d.ConsecutiveFailures >= 0 {
+		t.Errorf("negative MaxEjected and ConsecutiveFailures must stay negative (off), got %+v", d)
+	}
+}
+
+func TestReplicasValidate(t *testing.T) {
+	for _, tt := range []struct {
+		cfg Replicas
+		ok  bool
+	}{
+		{Replicas{}, true},
+		{Replicas{Connections: 64}, true},
+		{Replicas{Connections: 65}, false},
+		{Replicas{Connections: -1}, false},
+		{Replicas{MaxEjected: 1}, true},
+		{Replicas{MaxEjected: -1}, true}, // never eject
+		{Replicas{MaxEjected: 1.5}, false},
+		{Replicas{MaxEjected: math.NaN()}, false},
+		{Replicas{EjectFor: time.Minute, MaxEjectFor: time.Second}, false},
+		{Replicas{EjectFor: 10 * time.Minute}, true}, // MaxEjectFor's default follows it
+		{Replicas{Refresh: -1}, false},
+	} {
+		err := tt.cfg.validate()
+		if (err == nil) != tt.ok {
+			t.Errorf("%+v: validate() = %v, want ok %v", tt.cfg, err, tt.ok)
 		}
 	}
 }

@@ -82,6 +82,12 @@ type Set struct {
 	Bulkhead  *Bulkhead
 	RateLimit *RateLimit
 	Timeout   *Timeout
+
+	// Replicas, when set, sends the wire attempts over lanes, connection
+	// pools of their own, one per replica of the host or per connection
+	// to it, picked by load and latency, with outliers ejected; nil is
+	// one pool for every key (the base itself). See Replicas.
+	Replicas *Replicas
 }
 
 // DefaultReplayBuffer is the ReplayBuffer used when the field is zero.
@@ -134,6 +140,7 @@ func (s *Set) Validate() error {
 		validateIf(s.Bulkhead),
 		validateIf(s.RateLimit),
 		validateIf(s.Timeout),
+		validateIf(s.Replicas),
 	)
 }
 

@@ -94,4 +94,12 @@ type Snapshot struct {
 	PushbackLeft    time.Duration
 	PushbackStopped bool
 	PushbackRate    float64
+
+	// HasReplicas is true when the key sends over lanes (Set.Replicas).
+	// Lanes is the number of lanes it picks from (lanes draining after
+	// their address left are not counted), LanesEjected the number of
+	// them ejected now, and LanesIgnored the addresses past MaxLanes in
+	// Endpoints' last answer.
+	HasReplicas                       bool
+	Lanes, LanesEjected, LanesIgnored int
 }

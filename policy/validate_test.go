@@ -28,6 +28,7 @@ func TestValidateReportsEveryField(t *testing.T) {
 		Bulkhead:  &Bulkhead{MaxConcurrent: 0, MaxWait: -1},
 		RateLimit: &RateLimit{PerSecond: -1, Burst: -1, MaxWait: -1},
 		Timeout:   &Timeout{PerAttempt: -1},
+		Replicas:  &Replicas{Connections: 65, Refresh: -1, MaxEjected: 2, EjectFor: -1, MaxEjectFor: -1},
 	}
 	want := []string{
 		"policy: Attempts must be >= 0",
@@ -62,6 +63,11 @@ func TestValidateReportsEveryField(t *testing.T) {
 		"policy: RateLimit.Burst ",
 		"policy: RateLimit.MaxWait ",
 		"policy: Timeout.PerAttempt ",
+		"policy: Replicas.Connections ",
+		"policy: Replicas.Refresh ",
+		"policy: Replicas.MaxEjected ",
+		"policy: Replicas.EjectFor ",
+		"policy: Replicas.MaxEjectFor ",
 	}
 	err := s.Validate()
 	if err == nil {

@@ -1,0 +1,629 @@
+// Package lane is the runtime state of policy.Replicas: the lanes of one
+// key, the picker, each lane's health and ejection, and the refresh of an
+// Endpoints answer. It is a pure core: time is an input, and it starts no
+// goroutine and no timer; the transport sends the wire attempts, asks the
+// resolver and closes connections, as the answers of Set's methods tell it.
+package lane
+
+import (
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// The picking cost and the health rules, against their anchors.
+const (
+	// decay is the time constant of a lane's latency estimate: a sample
+	// slower than the estimate replaces it at once, a faster one is
+	// averaged in with weight 1 − e^(−Δt/decay), and the estimate read at
+	// a pick has decayed towards zero by e^(−Δt/decay) since its last
+	// sample, so that a lane left alone because it was slow is tried
+	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
+	decay = 10 * time.Second
+	// failurePenalty: a failure is a sample of the slowest other lane's
+	// estimate (at least its own latency, at least minPenalty) times
+	// failurePenalty to the power of the lane's consecutive failures (at
+	// most maxPenalty): a lane that fails fast costs more than any
+	// healthy one, and a run of failures more than the outstanding
+	// attempts that load puts on the others (1 + about 4 at 16 callers
+	// on four lanes: three failures in a row outweigh it).
+	failurePenalty = 2.0
+	minPenalty     = float64(time.Millisecond)
+	maxPenalty     = float64(30 * time.Second)
+	// minEstimate is the least estimate a pick reads: a lane with no
+	// sample yet costs its outstanding attempts, not nothing.
+	minEstimate = float64(time.Microsecond)
+
+	// interval is the period over which failure rates are compared
+	// (Envoy's outlier detection interval); minCalls is how many outcomes
+	// a lane, and the other lanes together, need in it for its rate to
+	// be judged (Envoy asks 100 for its success rate, the breaker's
+	// MinCalls is 20).
+	interval = 10 * time.Second
+	minCalls = 20
+	// The rate trip, the breaker's relative rule with the other lanes as
+	// the baseline: min(rateCeiling, max(rateFloor, rateFactor × theirs)).
+	rateFactor  = 3.0
+	rateFloor   = 0.2
+	rateCeiling = 0.9
+
+	// firstRetry is the wait after a failed or empty Endpoints answer,
+	// doubled after each one up to Refresh.
+	firstRetry = time.Second
+)
+
+// Lane is one connection pool of a key: an address of Endpoints, or one of
+// Connections pools to the request's own address. Pool is what the caller
+// sends through, built by the open func given to New. A lane is safe for
+// concurrent use; its fields other than Pool are the Set's.
+type Lane[P any] struct {
+	// Addr is the lane's address, "" for a connection lane, and for the
+	// lane that dials the request's own address until Endpoints answers.
+	Addr string
+	// Index is the lane's slot in its Set, in [0, policy.MaxLanes): the
+	// bit of a used mask, and the name of a connection lane.
+	Index int
+	Pool  P
+
+	outstanding atomic.Int64  // attempts taken and not done
+	est         atomic.Uint64 // float64 bits: the latency estimate, ns
+	stamp       atomic.Int64  // when est was last sampled, ns since the Set's epoch
+	until       atomic.Int64  // blocked (ejected or held) until then, ns; 0: never blocked
+
+	// Guarded by the Set's mu.
+	answered        bool // some outcome was evidence
+	lastOK          bool // the last outcome that was evidence was a Success
+	consecutive     int
+	calls, failures int // in the current interval
+	ejections       int // the multiplier of the next ejection's time, less one
+	ejected         bool
+	last            Ejection[P] // the last ejection
+	back            bool        // returned from it, and not yet reported
+	removed         bool        // its address left the set: draining
+}
+
+// cheaper reports whether a's picking cost at t is below b's: (outstanding
+// + 1) × its latency estimate decayed to t, the estimate at least
+// minEstimate, so that among lanes with no samples yet (or none for long)
+// the least loaded wins.
+func cheaper[P any](a, b *Lane[P], t int64) bool {
+	return float64(a.outstanding.Load()+1)*max(a.estimate(t), minEstimate) <
+		float64(b.outstanding.Load()+1)*max(b.estimate(t), minEstimate)
+}
+
+func (l *Lane[P]) estimate(t int64) float64 {
+	return math.Float64frombits(l.est.Load()) * decayed(t-l.stamp.Load())
+}
+
+// decayed returns e^(−dt/decay), 1 for dt <= 0. Picks read it twice, so
+// the common case, a lane sampled within the last half second, takes the
+// series to its fourth term (relative error under 3e-7) rather than
+// math.Exp.
+func decayed(dt int64) float64 {
+	x := float64(dt) / float64(decay)
+	switch {
+	case x <= 0:
+		return 1
+	case x < 0.05:
+		return 1 - x*(1-x/2*(1-x/3))
+	}
+	return math.Exp(-x)
+}
+
+// ejectedAt reports whether l is ejected at t. The Set's mu is held.
+func (l *Lane[P]) ejectedAt(t int64) bool { return l.ejected && l.until.Load() > t }
+
+// view is the set of lanes picks read, immutable once published.
+type view[P any] struct {
+	lanes [policy.MaxLanes]*Lane[P]
+	mask  uint64 // the slots in use
+	n     int
+}
+
+// Set is the lanes of one key (see policy.Replicas).
+//
+// Take picks a lane for a wire attempt by the power of two choices
+// (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing",
+// 2001) over peak-EWMA cost (Finagle's PeakEwma, finagle-core
+// loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
+// those the call has not used and that are not blocked, the lower
+// (outstanding + 1) × latency estimate wins. The estimate jumps to a
+// slower sample at once, averages a faster one in, and decays towards zero
+// while a lane is left alone (see decay). Done tells the lane how the
+// attempt went, and returns what the caller must act on.
+//
+// A lane's health: a Failure adds to its consecutive failures, a Success
+// ends them; outcomes are also counted per interval of 10 s. A lane is
+// ejected when its consecutive failures reach ConsecutiveFailures, or, at
+// the end of an interval, when it had minCalls outcomes, the other lanes
+// together as many, and its failure rate reached
+// min(0.9, max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's
+// ejection count, at most MaxEjectFor; each interval a lane ends unejected
+// takes one off the count. At most MaxEjected of the lanes are ejected at
+// once (at least one of two or more, never all); the worst rate goes
+// first. A lane held by a Retry-After, or ejected, is blocked: it is
+// picked only when no other lane is left. When its time is up it is picked
+// again; an ejected lane returns as a new one, its consecutive count
+// cleared and its estimate the mean of the others'.
+//
+// Nothing here starts a goroutine or a timer: ejections end, intervals
+// close and refreshes fall due lazily, from the now of the calls. Take
+// takes no lock (a few atomic loads, one random word from math/rand/v2's
+// per-thread source, one atomic add for the lane's outstanding count)
+// except, once per ejection's end, to unblock; Done holds the Set's mutex briefly. A Set is safe for
+// concurrent use. Its memory is a few hundred bytes plus about 100 bytes a
+// lane, and the caller's Pool.
+type Set[P any] struct {
+	consecutive int
+	maxEjected  float64
+	ejectFor    time.Duration
+	maxEjectFor time.Duration
+	refresh     time.Duration // 0: no Endpoints
+	open        func(addr string, index int) P
+	epoch       time.Time
+
+	view         atomic.Pointer[view[P]]
+	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
+	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
+	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
+
+	mu        sync.Mutex
+	intervalT int64 // ns: the start of the current interval
+	draining  []*Lane[P]
+	resolved  bool // Endpoints has answered with a good set
+	backoff   time.Duration
+	ignored   int
+}
+
+// New returns the lanes of a key for cfg (policy.Replicas with its
+// defaults applied) at now. With Endpoints, it has one
+// lane, dialing the request's own address (Addr ""), and a refresh is due
+// at once; without, cfg.Connections lanes. open builds a lane's pool; it is
+// called with the Set's mutex held, and must not call the Set.
+func New[P any](cfg policy.Replicas, now time.Time, open func(addr string, index int) P) *Set[P] {
+	s := &Set[P]{
+		consecutive: cfg.ConsecutiveFailures,
+		maxEjected:  cfg.MaxEjected,
+		ejectFor:    cfg.EjectFor,
+		maxEjectFor: cfg.MaxEjectFor,
+		open:        open,
+		epoch:       now.Add(-1), // so that now itself is 1 ns, and 0 is before anything
+		backoff:     firstRetry,
+	}
+	n := max(cfg.Connections, 1)
+	s.refreshAt.Store(math.MaxInt64)
+	if cfg.Endpoints != nil {
+		s.refresh = cfg.Refresh
+		n = 1
+		s.refreshAt.Store(0)
+	}
+	v := new(view[P])
+	for i := range n {
+		v.lanes[i] = s.newLane("", i, 0)
+		v.mask |= 1 << i
+	}
+	v.n = n
+	s.view.Store(v)
+	return s
+}
+
+func (s *Set[P]) newLane(addr string, index int, est float64) *Lane[P] {
+	l := &Lane[P]{Addr: addr, Index: index, Pool: s.open(addr, index)}
+	l.est.Store(math.Float64bits(est))
+	return l
+}
+
+// nanos is now as the Set counts time: nanoseconds since its epoch, at
+// least 1, so that 0 can mean never.
+func (s *Set[P]) nanos(now time.Time) int64 { return max(int64(now.Sub(s.epoch)), 1) }
+
+// Take picks a lane for a wire attempt at now, and counts it outstanding
+// until Done. used is the mask of lane indexes the attempt's call has
+// already sent on (bit Index); the pick is among the lanes neither used nor
+// blocked, else among those not blocked, else among those not used, else
+// any. It never returns nil, and never allocates.
+func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
+	t := s.nanos(now)
+	v := s.view.Load()
+	blocked := s.blocked.Load()
+	if blocked != 0 && t >= s.blockedUntil.Load() {
+		blocked = s.unblock(t)
+	}
+	all := v.mask
+	cand := all &^ used &^ blocked
+	if cand == 0 {
+		cand = all &^ blocked
+	}
+	if cand == 0 {
+		cand = all &^ used
+	}
+	if cand == 0 {
+		cand = all
+	}
+	var l *Lane[P]
+	if n := bits.OnesCount64(cand); n == 1 {
+		l = v.lanes[bits.TrailingZeros64(cand)]
+	} else {
+		r := rand.Uint64()
+		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
+		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
+		l = v.lanes[a]
+		if o := v.lanes[b]; cheaper(o, l, t) {
+			l = o
+		}
+	}
+	l.outstanding.Add(1)
+	return l
+}
+
+// nth returns the index of the k-th set bit of m, counting from zero: for
+// k of 8 or more, a binary search by population count down to a byte, then
+// at most seven steps.
+func nth(m uint64, k int) int {
+	base := 0
+	for _, w := range [...]int{32, 16, 8} {
+		if k < 8 {
+			break
+		}
+		lo := m & (1<<w - 1)
+		if c := bits.OnesCount64(lo); k >= c {
+			k -= c
+			m >>= w
+			base += w
+		} else {
+			m = lo
+		}
+	}
+	for ; k > 0; k-- {
+		m &= m - 1
+	}
+	return base + bits.TrailingZeros64(m)
+}
+
+// unblock ends the blocks whose time is up at t, and returns the slots
+// still blocked.
+func (s *Set[P]) unblock(t int64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reblockLocked(t)
+}
+
+// reblockLocked recomputes the blocked slots at t: a lane whose time is up
+// is unblocked, and an ejected one returns as a new lane would, its
+// consecutive count cleared and its estimate the mean of the others' (its
+// last, a failure's, would keep it from being picked long after it served
+// its time). s.mu is held.
+func (s *Set[P]) reblockLocked(t int64) uint64 {
+	v := s.view.Load()
+	var b uint64
+	next := int64(math.MaxInt64)
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		u := l.until.Load()
+		switch {
+		case u > t:
+			b |= 1 << l.Index
+			next = min(next, u)
+		case l.ejected:
+			l.ejected, l.back, l.consecutive = false, true, 0
+			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
+			l.stamp.Store(t)
+		}
+	}
+	s.blockedUntil.Store(next)
+	s.blocked.Store(b)
+	return b
+}
+
+// Ejection is a lane ejected, or back from an ejection, for the caller to
+// act on and report.
+type Ejection[P any] struct {
+	Lane   *Lane[P]
+	Reason policy.EjectionReason
+	For    time.Duration
+}
+
+// Report is what Done tells the caller.
+type Report[P any] struct {
+	// Explained is true when the attempt failed and its lane explains
+	// the failure: the lane is ejected, or is failing (two failures in a
+	// row, or held by the answer's Retry-After) while another lane that
+	// is not blocked is not known to fail (its last outcome succeeded, or
+	// it has had none yet). The key's breaker should then learn nothing
+	// from it: every lane failing is the host failing, and reaches it.
+	Explained bool
+	// Held is true when the answer's Retry-After held its lane back, so
+	// that the key need not be: another lane is left to pick.
+	Held bool
+	// Ejected lists the lanes ejected by this outcome (one, or at the end
+	// of an interval several); their pools' idle connections should be
+	// closed, so that a balancer places the lane anew.
+	Ejected []Ejection[P]
+	// Returned is the ejection the lane came back from, when this was
+	// the first evidence on it since: its Lane is nil otherwise.
+	Returned Ejection[P]
+	// Drained is the lane, when it had left the set or is ejected and
+	// this was its last attempt in flight: its pool's idle connections
+	// should be closed (an ejected lane then comes back with none, so
+	// that a balancer places its next connection anew). Nil otherwise.
+	Drained *Lane[P]
+}
+
+// Done ends an attempt that Take counted on lane l, at now, with its
+// latency to headers (or error) and its outcome as the key's Classify gave
+// it. A Success or a Failure is evidence of the lane's health and a
+// latency sample (a Failure a slow one: see failurePenalty); a Discarded
+// outcome with a latency (a hedge leg cancelled as the loser) is a sample
+// of at least that latency, and no evidence; any other outcome, or a zero
+// latency, teaches nothing. holdFor is the answer's Retry-After on a 503
+// or 429, zero otherwise: the lane is held that long (at most MaxEjectFor)
+// when another lane is left, and the failure is then a sample of its own
+// latency, not a slow one: the hold is its penalty. Done allocates only to
+// report an ejection.
+func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+	t := s.nanos(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := l.outstanding.Add(-1) == 0
+	rep := s.doneLocked(l, t, latency, o, holdFor)
+	switch {
+	case !last:
+	case l.removed:
+		rep.Drained = l
+		s.draining = slices.DeleteFunc(s.draining, func(d *Lane[P]) bool { return d == l })
+	case l.ejectedAt(t):
+		rep.Drained = l
+	}
+	return rep
+}
+
+// doneLocked is Done's learning, with s.mu held.
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+	var rep Report[P]
+	switch {
+	case o == policy.Success:
+		if latency > 0 {
+			s.sampleLocked(l, t, float64(latency))
+		}
+		l.answered, l.lastOK = true, true
+		l.consecutive = 0
+		l.calls++
+	case o == policy.Failure:
+		// A lane held back by its answer's Retry-After is out until
+		// then, which is its penalty; its answer's speed is a sample.
+		rep.Held = holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+		l.answered, l.lastOK = true, false
+		l.consecutive++
+		switch {
+		case !rep.Held:
+			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
+			s.sampleLocked(l, t, min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64)))))
+		case latency > 0:
+			s.sampleLocked(l, t, float64(latency))
+		}
+		l.calls++
+		l.failures++
+	case o == policy.Discarded && latency > 0:
+		s.sampleLocked(l, t, float64(latency))
+		return rep
+	default:
+		return rep
+	}
+	if l.back {
+		l.back, rep.Returned = false, l.last
+	}
+	if l.removed {
+		return rep
+	}
+	if t-s.intervalT >= int64(interval) {
+		rep.Ejected = s.closeIntervalLocked(t)
+	}
+	if o != policy.Failure {
+		return rep
+	}
+	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
+		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
+			rep.Ejected = append(rep.Ejected, e)
+		}
+	}
+	if rep.Held {
+		if u := t + int64(min(holdFor, s.maxEjectFor)); u > l.until.Load() {
+			l.until.Store(u)
+			s.reblockLocked(t)
+		}
+	}
+	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	return rep
+}
+
+// sampleLocked folds a latency sample x (ns) into l's estimate at t:
+// Finagle's peak EWMA. s.mu is held, so that samples do not race.
+func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
+	e := math.Float64frombits(l.est.Load())
+	if x > e {
+		e = x
+	} else {
+		w := decayed(t - l.stamp.Load())
+		e = e*w + x*(1-w)
+	}
+	l.est.Store(math.Float64bits(e))
+	l.stamp.Store(t)
+}
+
+// slowestLocked returns the largest estimate at t of the lanes other than
+// l. s.mu is held.
+func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
+	v := s.view.Load()
+	slowest := 0.0
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+			slowest = max(slowest, o.estimate(t))
+		}
+	}
+	return slowest
+}
+
+// meanLocked returns the mean estimate at t of the lanes other than l, or
+// zero when there are none. s.mu is held.
+func (s *Set[P]) meanLocked(l *Lane[P], t int64) float64 {
+	v := s.view.Load()
+	sum, n := 0.0, 0
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+			sum += o.estimate(t)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+// otherOpenLocked reports whether a lane other than l is in the set and
+// not blocked at t, and, with ok, not known to be failing: its last
+// outcome that was evidence succeeded, or it has had none yet. s.mu is
+// held.
+func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o != l && o.until.Load() <= t && (!ok || o.lastOK || !o.answered) {
+			return true
+		}
+	}
+	return false
+}
+
+// ejectLocked ejects l at t for why, unless MaxEjected lanes are ejected
+// already. s.mu is held.
+func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why policy.EjectionReason) (Ejection[P], bool) {
+	v := s.view.Load()
+	ejected := 0
+	for m := v.mask; m != 0; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o.ejectedAt(t) {
+			ejected++
+		}
+	}
+	if ejected >= s.maxEject(v.n) {
+		return Ejection[P]{}, false
+	}
+	l.ejections++
+	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
+	l.ejected, l.last = true, Ejection[P]{Lane: l, Reason: why, For: d}
+	l.until.Store(max(l.until.Load(), t+int64(d)))
+	s.reblockLocked(t)
+	return l.last, true
+}
+
+// maxEject returns how many of n lanes may be ejected at once.
+func (s *Set[P]) maxEject(n int) int {
+	if s.maxEjected < 0 || n < 2 {
+		return 0
+	}
+	return min(max(int(s.maxEjected*float64(n)), 1), n-1)
+}
+
+// closeIntervalLocked ends the interval at t: it ejects the lanes whose
+// failure rate is far above the others', the worst first, takes one off
+// the ejection count of every lane for each whole interval it spent
+// unblocked, and starts the next interval. s.mu is held.
+func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
+	v := s.view.Load()
+	start := s.intervalT
+	s.intervalT = t
+	var calls, failures int
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		calls += l.calls
+		failures += l.failures
+	}
+	var worst [policy.MaxLanes]*Lane[P]
+	outliers := worst[:0]
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		oc, of := calls-l.calls, failures-l.failures
+		if l.calls >= minCalls && oc >= minCalls && !l.ejectedAt(t) {
+			theirs := float64(of) / float64(oc)
+			trip := min(rateCeiling, max(rateFloor, rateFactor*theirs))
+			if float64(l.failures)/float64(l.calls) >= trip {
+				outliers = append(outliers, l)
+			}
+		}
+	}
+	slices.SortFunc(outliers, func(a, b *Lane[P]) int {
+		// a.failures/a.calls > b.failures/b.calls, without division
+		return b.failures*a.calls - a.failures*b.calls
+	})
+	var ejected []Ejection[P]
+	for _, l := range outliers {
+		e, ok := s.ejectLocked(l, t, policy.EjectRate)
+		if !ok {
+			break
+		}
+		ejected = append(ejected, e)
+	}
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		l.calls, l.failures = 0, 0
+		// The intervals since the interval began, or since the lane's
+		// last ejection ended if later.
+		if free := t - max(start, l.until.Load()); free > 0 && !l.ejectedAt(t) {
+			l.ejections = max(l.ejections-int(free/int64(interval)), 0)
+		}
+	}
+	return ejected
+}
+
+// Counts is what Counts reports.
+type Counts struct {
+	Lanes    int // lanes picked from, those draining left out
+	Ejected  int // of them, ejected now
+	Ignored  int // addresses past policy.MaxLanes in Endpoints' last answer
+	InFlight int // attempts taken and not done, on every lane, draining ones too
+}
+
+// Counts returns the Set's counts at now.
+func (s *Set[P]) Counts(now time.Time) Counts {
+	t := s.nanos(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view.Load()
+	c := Counts{Lanes: v.n, Ignored: s.ignored}
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		if l.ejectedAt(t) {
+			c.Ejected++
+		}
+		c.InFlight += int(l.outstanding.Load())
+	}
+	for _, l := range s.draining {
+		c.InFlight += int(l.outstanding.Load())
+	}
+	return c
+}
+
+// Pools calls f with the pool of every lane, those draining included, with
+// no lock held while f runs.
+func (s *Set[P]) Pools(f func(P)) {
+	s.mu.Lock()
+	v := s.view.Load()
+	pools := make([]P, 0, v.n+len(s.draining))
+	for m := v.mask; m != 0; m &= m - 1 {
+		pools = append(pools, v.lanes[bits.TrailingZeros64(m)].Pool)
+	}
+	for _, l := range s.draining {
+		pools = append(pools, l.Pool)
+	}
+	s.mu.Unlock()
+	for _, p := range pools {
+		f(p)
+	}
+}

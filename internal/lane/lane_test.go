@@ -1,0 +1,554 @@
+package lane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// pool is a test lane's pool: its address and index, as open saw them.
+type pool struct {
+	addr  string
+	index int
+}
+
+func open(addr string, index int) pool { return pool{addr, index} }
+
+func newSet(cfg policy.Replicas) *Set[pool] {
+	return New(cfg.WithDefaults(), t0, open)
+}
+
+// stub is a Resolver for configs; the Set never calls it.
+type stub struct{}
+
+func (stub) Resolve(_ context.Context, _ string) ([]string, error) { return nil, nil }
+
+// picks takes n lanes at now, each done at once with latency and outcome
+// from f, and returns how many went to each index.
+func picks(s *Set[pool], now time.Time, n int, f func(*Lane[pool]) (time.Duration, policy.Outcome)) map[int]int {
+	got := map[int]int{}
+	for range n {
+		l := s.Take(now, 0)
+		got[l.Index]++
+		lat, o := f(l)
+		s.Done(l, now, lat, o, 0)
+	}
+	return got
+}
+
+func TestTakeSpreadsOverEqualLanes(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	got := picks(s, t0, 4000, func(*Lane[pool]) (time.Duration, policy.Outcome) { return 10 * time.Millisecond, policy.Success })
+	for i := range 4 {
+		if got[i] < 700 || got[i] > 1300 {
+			t.Errorf("lane %d got %d of 4000 picks, want about 1000: %v", i, got[i], got)
+		}
+	}
+}
+
+func TestTakeAvoidsASlowLane(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	now := t0
+	lat := func(l *Lane[pool]) (time.Duration, policy.Outcome) {
+		if l.Index == 2 {
+			return 100 * time.Millisecond, policy.Success
+		}
+		return 10 * time.Millisecond, policy.Success
+	}
+	got := map[int]int{}
+	for range 4000 {
+		now = now.Add(time.Millisecond)
+		for i, n := range picks(s, now, 1, lat) {
+			got[i] += n
+		}
+	}
+	if got[2] > 4000/20 {
+		t.Errorf("the slow lane got %d of 4000 picks, want under 5%%: %v", got[2], got)
+	}
+}
+
+func TestAFastFailureIsASlowSample(t *testing.T) {
+	s := newSet(policy.Replicas{ConsecutiveFailures: -1, MaxEjected: -1})
+	now := t0
+	res := func(l *Lane[pool]) (time.Duration, policy.Outcome) {
+		if l.Index == 0 {
+			return 100 * time.Microsecond, policy.Failure
+		}
+		return 20 * time.Millisecond, policy.Success
+	}
+	got := map[int]int{}
+	for range 4000 {
+		now = now.Add(time.Millisecond)
+		for i, n := range picks(s, now, 1, res) {
+			got[i] += n
+		}
+	}
+	if got[0] > 4000/20 {
+		t.Errorf("the lane failing in 100µs got %d of 4000 picks, want under 5%%: %v", got[0], got)
+	}
+}
+
+func TestTakePrefersLanesTheCallHasNotUsed(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	for range 1000 {
+		var used uint64
+		for i := range 4 {
+			l := s.Take(t0, used)
+			if used&(1<<l.Index) != 0 {
+				t.Fatalf("pick %d reused lane %d with %04b used", i, l.Index, used)
+			}
+			used |= 1 << l.Index
+			s.Done(l, t0, time.Millisecond, policy.Success, 0)
+		}
+		if used != 0b1111 {
+			t.Fatalf("four picks used %04b, want every lane", used)
+		}
+		// All used: any lane may be reused.
+		l := s.Take(t0, used)
+		s.Done(l, t0, time.Millisecond, policy.Success, 0)
+	}
+}
+
+func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
+	s := newSet(policy.Replicas{EjectFor: 30 * time.Second, MaxEjectFor: 100 * time.Second})
+	lanes := s.view.Load().lanes
+	bad := lanes[1]
+	now := t0
+	// Keep the others succeeding so the bad lane is an outlier; take
+	// the bad lane by marking the others used.
+	others := uint64(0b1101)
+	fail := func() Report[pool] {
+		l := s.Take(now, others)
+		if l != bad {
+			t.Fatalf("took lane %d, want the only unused one, 1", l.Index)
+		}
+		return s.Done(l, now, time.Millisecond, policy.Failure, 0)
+	}
+	for _, want := range []time.Duration{30 * time.Second, 60 * time.Second, 90 * time.Second, 100 * time.Second} {
+		for i := range 4 {
+			if rep := fail(); len(rep.Ejected) != 0 {
+				t.Fatalf("ejected after %d failures, want 5", i+1)
+			}
+		}
+		rep := fail()
+		if len(rep.Ejected) != 1 || rep.Ejected[0].Lane.Index != 1 || rep.Ejected[0].Reason != policy.EjectConsecutive || rep.Ejected[0].For != want {
+			t.Fatalf("fifth failure: ejected %+v, want lane 1 for %v by Consecutive", rep.Ejected, want)
+		}
+		if !rep.Explained {
+			t.Error("the ejecting failure is not explained by its lane")
+		}
+		if ej := s.Counts(now).Ejected; ej != 1 {
+			t.Errorf("Counts: %d ejected, want 1", ej)
+		}
+		if rep.Drained != bad {
+			t.Errorf("the ejecting failure, the lane's last attempt in flight, drained %v, want the lane", rep.Drained)
+		}
+		// Ejected: not picked while others are left, even unused.
+		for range 100 {
+			l := s.Take(now.Add(want-time.Nanosecond), 0)
+			if l == bad {
+				t.Fatal("an ejected lane was picked")
+			}
+			s.Done(l, now, time.Millisecond, policy.Success, 0)
+		}
+		// Back when its time is up.
+		now = now.Add(want)
+		if ej := s.Counts(now).Ejected; ej != 0 {
+			t.Errorf("Counts after the ejection: %d ejected, want 0", ej)
+		}
+	}
+}
+
+func TestAHealthyIntervalTakesOneOffTheEjectionCount(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	bad := s.view.Load().lanes[0]
+	now := t0
+	eject := func() time.Duration {
+		for range 5 {
+			l := s.Take(now, 0b1110)
+			if rep := s.Done(l, now, time.Millisecond, policy.Failure, 0); len(rep.Ejected) == 1 {
+				return rep.Ejected[0].For
+			}
+		}
+		t.Fatal("five failures ejected nothing")
+		return 0
+	}
+	if d := eject(); d != 30*time.Second {
+		t.Fatalf("first ejection %v, want 30s", d)
+	}
+	now = now.Add(30 * time.Second)
+	if d := eject(); d != 60*time.Second {
+		t.Fatalf("second ejection %v, want 60s", d)
+	}
+	// Back, then two healthy intervals (an outcome closes each).
+	now = now.Add(60 * time.Second)
+	for range 2 {
+		now = now.Add(interval)
+		s.Done(s.Take(now, 0b1110), now, time.Millisecond, policy.Success, 0)
+	}
+	if bad.ejections != 0 {
+		t.Fatalf("ejection count %d after two healthy intervals, want 0", bad.ejections)
+	}
+	if d := eject(); d != 30*time.Second {
+		t.Fatalf("ejection after healthy intervals %v, want 30s again", d)
+	}
+}
+
+func TestAtMostMaxEjectedAtOnce(t *testing.T) {
+	for _, tt := range []struct {
+		lanes int
+		max   float64
+		want  int
+	}{
+		{4, 0.5, 2},
+		{4, 0.1, 1}, // at least one of two or more
+		{4, 1, 3},   // never all
+		{2, 0.5, 1},
+		{1, 1, 0}, // a lone lane is the key's breaker's to judge
+		{4, -1, 0},
+	} {
+		s := newSet(policy.Replicas{Connections: tt.lanes, MaxEjected: tt.max})
+		for range 50 {
+			l := s.Take(t0, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+		}
+		if ej := s.Counts(t0).Ejected; ej != tt.want {
+			t.Errorf("%d lanes all failing, MaxEjected %v: %d ejected, want %d", tt.lanes, tt.max, ej, tt.want)
+		}
+	}
+}
+
+func TestARateFarAboveTheOthersEjects(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		bad   int // one failure in bad on lane 0; 0: none
+		other int // one failure in other on the other lanes; 0: none
+		eject bool
+	}{
+		{"half of lane 0 fails, the others never", 2, 0, true},
+		{"a third of lane 0 fails, the others never", 3, 0, true},
+		{"a fifth of lane 0 fails, the others a tenth", 5, 10, false}, // trip min(0.9, max(0.2, 0.3)) = 0.3
+		{"half of every lane fails", 2, 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSet(policy.Replicas{ConsecutiveFailures: -1})
+			now := t0
+			var ejected []Ejection[pool]
+			n := map[int]int{}
+			for k := range 400 {
+				// Round robin, by marking the other lanes used: the
+				// picker would starve the failing lane, and its rate
+				// needs minCalls outcomes to be judged.
+				now = now.Add(interval / 200)
+				l := s.Take(now, 0b1111&^(1<<(k%4)))
+				n[l.Index]++
+				o := policy.Success
+				every := tt.other
+				if l.Index == 0 {
+					every = tt.bad
+				}
+				if every > 0 && n[l.Index]%every == 0 {
+					o = policy.Failure
+				}
+				ejected = append(ejected, s.Done(l, now, time.Millisecond, o, 0).Ejected...)
+			}
+			switch {
+			case tt.eject && (len(ejected) != 1 || ejected[0].Lane.Index != 0 || ejected[0].Reason != policy.EjectRate):
+				t.Errorf("ejected %+v, want lane 0 by Rate", ejected)
+			case !tt.eject && len(ejected) != 0:
+				t.Errorf("ejected %+v, want none", ejected)
+			}
+		})
+	}
+}
+
+func TestOneBadLaneExplainsItsFailuresAndAllBadExplainNone(t *testing.T) {
+	t.Run("one bad of four", func(t *testing.T) {
+		s := newSet(policy.Replicas{})
+		unexplained := 0
+		now := t0
+		for range 2000 {
+			now = now.Add(5 * time.Millisecond)
+			l := s.Take(now, 0)
+			o := policy.Success
+			if l.Index == 3 {
+				o = policy.Failure
+			}
+			if rep := s.Done(l, now, time.Millisecond, o, 0); o == policy.Failure && !rep.Explained {
+				unexplained++
+			}
+		}
+		// The first failure of each run is the key's evidence; the
+		// ejections (30 s, 60 s) leave room for two runs in 10 s.
+		if unexplained > 3 {
+			t.Errorf("%d failures of the bad lane reach the key, want at most 3", unexplained)
+		}
+	})
+	t.Run("all four bad", func(t *testing.T) {
+		s := newSet(policy.Replicas{})
+		unexplained := 0
+		for range 100 {
+			l := s.Take(t0, 0)
+			if rep := s.Done(l, t0, time.Millisecond, policy.Failure, 0); !rep.Explained {
+				unexplained++
+			}
+		}
+		// Two lanes may be ejected; the other two's failures all reach
+		// the key.
+		if unexplained < 90 {
+			t.Errorf("only %d of 100 failures reach the key with every lane failing, want at least 90", unexplained)
+		}
+	})
+}
+
+func TestARetryAfterHoldsItsLane(t *testing.T) {
+	s := newSet(policy.Replicas{ConsecutiveFailures: -1})
+	s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, 0) // lane 0 last succeeded
+	l := s.Take(t0, 0b1101)
+	rep := s.Done(l, t0, time.Millisecond, policy.Failure, 5*time.Second)
+	if !rep.Held || !rep.Explained {
+		t.Fatalf("a 503 with Retry-After on lane 1: %+v, want held and explained", rep)
+	}
+	for range 100 {
+		l := s.Take(t0.Add(5*time.Second-1), 0)
+		if l.Index == 1 {
+			t.Fatal("a held lane was picked")
+		}
+		s.Done(l, t0, 0, policy.Canceled, 0)
+	}
+	if l := s.Take(t0.Add(5*time.Second), 0b1101); l.Index != 1 {
+		t.Fatalf("took lane %d after the hold, want lane 1 back", l.Index)
+	}
+	// A lone lane is not held: the key's throttler takes the pushback.
+	one := newSet(policy.Replicas{Connections: 1})
+	if rep := one.Done(one.Take(t0, 0), t0, time.Millisecond, policy.Failure, 5*time.Second); rep.Held {
+		t.Error("a lone lane was held; the key should be")
+	}
+}
+
+func TestRefresh(t *testing.T) {
+	s := newSet(policy.Replicas{Endpoints: stub{}, Refresh: 30 * time.Second})
+	if l := s.Take(t0, 0); l.Addr != "" || l.Index != 0 {
+		t.Fatalf("before any answer took %+v, want the request's own address", l.Pool)
+	}
+	s.Done(s.view.Load().lanes[0], t0, time.Millisecond, policy.Success, 0)
+	type step struct {
+		at      time.Duration
+		start   bool     // StartRefresh's answer
+		addrs   []string // Update's answer, if started
+		err     error
+		lanes   []string // the set's addresses after
+		drained int
+	}
+	boom := errors.New("no answer")
+	steps := []step{
+		{0, true, nil, boom, []string{""}, 0}, // a failed first answer: ask again after 1 s
+		{500 * time.Millisecond, false, nil, nil, []string{""}, 0},
+		{time.Second, true, []string{}, nil, []string{""}, 0}, // empty: again after 2 s
+		{2 * time.Second, false, nil, nil, []string{""}, 0},
+		{3 * time.Second, true, []string{"a:1", "b:1", "a:1", ""}, nil, []string{"a:1", "b:1"}, 1},
+		{20 * time.Second, false, nil, nil, []string{"a:1", "b:1"}, 0},
+		{33 * time.Second, true, nil, boom, []string{"a:1", "b:1"}, 0},                   // kept; again after 1 s
+		{34 * time.Second, true, []string{"c:1", "b:1"}, nil, []string{"c:1", "b:1"}, 1}, // a drained, c in its slot
+	}
+	for i, st := range steps {
+		now := t0.Add(st.at)
+		if got := s.StartRefresh(now); got != st.start {
+			t.Fatalf("step %d: StartRefresh = %v, want %v", i, got, st.start)
+		}
+		if st.start {
+			if s.StartRefresh(now) {
+				t.Fatalf("step %d: a second refresh started while one runs", i)
+			}
+			if d := s.Update(now, st.addrs, st.err); len(d) != st.drained {
+				t.Fatalf("step %d: %d lanes drained, want %d", i, len(d), st.drained)
+			}
+		}
+		v := s.view.Load()
+		var got []string
+		for j := range v.n {
+			got = append(got, v.lanes[j].Addr)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(st.lanes) {
+			t.Fatalf("step %d: lanes %q, want %q", i, got, st.lanes)
+		}
+	}
+}
+
+func TestALaneLeavingWithAttemptsInFlightDrainsWithTheLast(t *testing.T) {
+	s := newSet(policy.Replicas{Endpoints: stub{}})
+	s.StartRefresh(t0)
+	s.Update(t0, []string{"a:1", "b:1"}, nil)
+	a := s.Take(t0, 0b10)
+	a2 := s.Take(t0, 0b10)
+	if a.Addr != "a:1" || a2.Addr != "a:1" {
+		t.Fatalf("took %q and %q, want a:1 twice", a.Addr, a2.Addr)
+	}
+	s.refreshAt.Store(0)
+	s.StartRefresh(t0)
+	if d := s.Update(t0, []string{"b:1"}, nil); len(d) != 0 {
+		t.Fatalf("a lane with attempts in flight drained at once: %v", d)
+	}
+	n := 0
+	s.Pools(func(pool) { n++ })
+	if n != 2 {
+		t.Errorf("Pools reached %d pools, want 2 (b, and a draining)", n)
+	}
+	if rep := s.Done(a, t0, time.Millisecond, policy.Success, 0); rep.Drained != nil {
+		t.Fatal("drained with an attempt still in flight")
+	}
+	if rep := s.Done(a2, t0, time.Millisecond, policy.Success, 0); rep.Drained != a {
+		t.Fatalf("the last attempt's Done drained %v, want lane a", rep.Drained)
+	}
+	n = 0
+	s.Pools(func(pool) { n++ })
+	if n != 1 {
+		t.Errorf("Pools reached %d pools after the drain, want 1", n)
+	}
+}
+
+func TestAnswersPastMaxLanesAreCounted(t *testing.T) {
+	s := newSet(policy.Replicas{Endpoints: stub{}})
+	var addrs []string
+	for i := range 70 {
+		addrs = append(addrs, fmt.Sprintf("10.0.0.%d:80", i))
+	}
+	s.StartRefresh(t0)
+	s.Update(t0, addrs, nil)
+	if c := s.Counts(t0); c.Lanes != 64 || c.Ignored != 6 {
+		t.Errorf("Counts: %d lanes, %d ignored, want 64 and 6", c.Lanes, c.Ignored)
+	}
+}
+
+// TestLanesComeAndGoWhileCallsRun is for the race detector: picks and
+// outcomes on every lane while refreshes add and remove them; every lane
+// that left is drained exactly when its last attempt ends, or at once.
+func TestLanesComeAndGoWhileCallsRun(t *testing.T) {
+	s := newSet(policy.Replicas{Endpoints: stub{}})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Go(func() {
+			var used uint64
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				l := s.Take(now, used)
+				used |= 1 << l.Index
+				if i%3 == 0 {
+					used = 0
+				}
+				o := policy.Success
+				if (i+g)%7 == 0 {
+					o = policy.Failure
+				}
+				s.Done(l, now, time.Millisecond, o, 0)
+			}
+		})
+	}
+	sets := [][]string{{"a:1", "b:1"}, {"b:1", "c:1", "d:1"}, {"a:1"}, {"e:1", "f:1", "a:1"}}
+	for i := range 200 {
+		now := t0.Add(time.Duration(i) * time.Minute)
+		if s.StartRefresh(now) {
+			s.Update(now, sets[i%len(sets)], nil)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.draining) != 0 {
+		t.Errorf("%d lanes still draining with nothing in flight", len(s.draining))
+	}
+}
+
+func TestTakeAllocatesNothing(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	if n := testing.AllocsPerRun(1000, func() {
+		l := s.Take(t0, 0b1)
+		s.Done(l, t0, time.Millisecond, policy.Success, 0)
+	}); n != 0 {
+		t.Errorf("Take and Done allocate %v times, want 0", n)
+	}
+}
+
+func BenchmarkTake(b *testing.B) {
+	for _, n := range []int{4, 64} {
+		b.Run(fmt.Sprint(n, "-lanes"), func(b *testing.B) {
+			s := newSet(policy.Replicas{Connections: n})
+			now := time.Now()
+			for range n * 10 {
+				l := s.Take(now, 0)
+				s.Done(l, now, time.Millisecond, policy.Success, 0)
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					l := s.Take(now, 0)
+					l.outstanding.Add(-1)
+				}
+			})
+		})
+	}
+}
+
+func BenchmarkTakeAndDone(b *testing.B) {
+	s := newSet(policy.Replicas{})
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		l := s.Take(now, 0)
+		s.Done(l, now, time.Millisecond, policy.Success, 0)
+	}
+}
+
+func BenchmarkTakeSerial(b *testing.B) {
+	s := newSet(policy.Replicas{})
+	now := time.Now()
+	for range 40 {
+		l := s.Take(now, 0)
+		s.Done(l, now, time.Millisecond, policy.Success, 0)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		l := s.Take(now, 0)
+		l.outstanding.Add(-1)
+	}
+}
+
+func TestNth(t *testing.T) {
+	for _, m := range []uint64{1, 0b1011, 1 << 63, 0xffffffffffffffff, 0x8000_0001_0000_0100, 0x00ff_0000_ff00_00f0} {
+		var want []int
+		for i := range 64 {
+			if m&(1<<i) != 0 {
+				want = append(want, i)
+			}
+		}
+		for k, w := range want {
+			if got := nth(m, k); got != w {
+				t.Errorf("nth(%#x, %d) = %d, want %d", m, k, got, w)
+			}
+		}
+	}
+}
+
+func TestDecayed(t *testing.T) {
+	for _, dt := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 100 * time.Millisecond, 499 * time.Millisecond, 500 * time.Millisecond, time.Second, time.Minute} {
+		want := math.Exp(-max(float64(dt), 0) / float64(decay))
+		if got := decayed(int64(dt)); math.Abs(got-want) > 3e-7*want {
+			t.Errorf("decayed(%v) = %v, want %v", dt, got, want)
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package lane
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// StartRefresh reports whether Endpoints should be asked again at now: its
+// last good answer is older than Refresh, or the last answer failed and its
+// wait is over. When it returns true, a refresh is begun, no other is until
+// it ends, and the caller must end it with Update. A Set without Endpoints
+// never refreshes. When nothing is due it is one atomic load.
+func (s *Set[P]) StartRefresh(now time.Time) bool {
+	t := s.nanos(now)
+	if t < s.refreshAt.Load() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t < s.refreshAt.Load() {
+		return false
+	}
+	s.refreshAt.Store(math.MaxInt64)
+	return true
+}
+
+// Update ends the refresh StartRefresh began with Endpoints' answer at now.
+// A good answer (no error, at least one address) becomes the set: a lane
+// whose address is still in it keeps its slot, its estimate and its
+// health; a new address gets a lane of its own, with the mean estimate of
+// the lanes kept; a lane whose address left (and, after the first good
+// answer, the lane that dialed the request's own address) is draining. The
+// next refresh is due Refresh later. A failed or empty answer changes
+// nothing, and the next refresh is due after a wait that starts at 1 s and
+// doubles with each failure in a row, up to Refresh.
+//
+// Addresses are used as given, duplicates and empty ones dropped, the first
+// policy.MaxLanes in the answer's order kept and the rest counted (Counts'
+// ignored). Update returns the draining lanes that have no attempt in
+// flight: their pools' idle connections should be closed now; the others'
+// are reported by the Done of their last attempt.
+func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*Lane[P]) {
+	t := s.nanos(now)
+	var uniq []string
+	if err == nil {
+		seen := make(map[string]bool, len(addrs))
+		for _, a := range addrs {
+			if a != "" && !seen[a] {
+				seen[a] = true
+				uniq = append(uniq, a)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(uniq) == 0 {
+		s.refreshAt.Store(t + int64(s.backoff))
+		s.backoff = min(2*s.backoff, max(s.refresh, firstRetry))
+		return nil
+	}
+	s.backoff = firstRetry
+	s.refreshAt.Store(t + int64(s.refresh))
+	s.ignored = max(len(uniq)-policy.MaxLanes, 0)
+	uniq = uniq[:min(len(uniq), policy.MaxLanes)]
+
+	old := s.view.Load()
+	nv := new(view[P])
+	var kept, sum float64
+	for m := old.mask; m != 0; m &= m - 1 {
+		l := old.lanes[bits.TrailingZeros64(m)]
+		if s.resolved && slices.Contains(uniq, l.Addr) {
+			nv.lanes[l.Index] = l
+			nv.mask |= 1 << l.Index
+			kept++
+			sum += l.estimate(t)
+			continue
+		}
+		l.removed = true
+		if l.outstanding.Load() == 0 {
+			drained = append(drained, l)
+		} else {
+			s.draining = append(s.draining, l)
+		}
+	}
+	est := 0.0
+	if kept > 0 {
+		est = sum / kept
+	}
+	for _, a := range uniq {
+		if s.resolved && slices.ContainsFunc(old.lanes[:], func(l *Lane[P]) bool { return l != nil && l.Addr == a && nv.lanes[l.Index] == l }) {
+			continue
+		}
+		i := bits.TrailingZeros64(^nv.mask)
+		l := s.newLane(a, i, est)
+		l.stamp.Store(t)
+		nv.lanes[i] = l
+		nv.mask |= 1 << i
+	}
+	nv.n = bits.OnesCount64(nv.mask)
+	s.resolved = true
+	s.view.Store(nv)
+	s.reblockLocked(t)
+	return drained
+}

@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"context"
+	"time"
+)
+
+// Replicas sends a key's wire attempts over lanes, so that a host that is
+// really a fleet (pods behind a Kubernetes Service, an address list in DNS)
+// is treated as one: each lane is a connection pool of its own, a clone of
+// the transport's base *http.Transport, so TLS, timeouts and HTTP/2 are the
+// base's.
+//
+// A lane is an address when Endpoints names the replicas, or one of
+// Connections pools to the request's own address when it does not (behind
+// an L4 balancer, which places each connection on a replica, each pool
+// lands on replicas of its own, as gRPC's subchannels do).
+//
+// Each attempt picks a lane by the power of two choices over peak-EWMA
+// cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
+// the lower (outstanding attempts + 1) × latency estimate wins; the
+// estimate jumps to a slower sample at once and decays towards faster
+// ones with a 10 s time constant. A failure is a sample of the slowest
+// other lane's estimate times 2 to the power of the lane's failures in a
+// row (at most 30 s), so a replica that is slow or fails fast gets little
+// traffic before anything is ejected. A hedge or a retry picks among the
+// lanes its call has not used yet (Envoy's previous_hosts), and reuses
+// one only when every lane has been tried; an ejected or held lane is
+// picked only when no other is left.
+//
+// A lane is ejected (not picked while another lane is left) for
+// EjectFor × the number of times it has been ejected, at most MaxEjectFor
+// (Envoy's outlier detection), when ConsecutiveFailures attempts on it
+// failed in a row, or when, over a 10 s interval with at least 20 of its
+// attempts and 20 of the others', its failure rate reached
+// min(0.9, max(0.2, 3 × the other lanes' rate)), the breaker's relative
+// rule with the other lanes as the baseline. Each interval a lane spends
+// unejected takes one off its count. At most MaxEjected of the lanes are
+// ejected at once, and never the last one. An ejected lane gets traffic
+// again when its time is up, with the other lanes' mean estimate, and
+// stays if healthy; its connections are closed as they fall idle, so it
+// comes back on a fresh one, which a balancer places anew. A 503 or 429 with a Retry-After from one lane holds
+// that lane back for that long (at most MaxEjectFor), not the key: the
+// Throttler's pushback is armed only when no other lane is left.
+//
+// The key's Breaker judges the host, not a replica: a failure on a lane
+// that is ejected, or that is failing (two failures in a row on it, or a
+// Retry-After that held it) while another lane is not known to fail (its
+// last outcome a success, or none yet), is released to the breaker as no
+// evidence, so one bad replica of four never opens it, while every lane
+// failing opens it as it would without lanes.
+//
+// Lanes cost no goroutine and no timer: ejections end and refreshes fall
+// due lazily, from the time of the calls; a refresh runs on a goroutine
+// of its own, started by the call that found it due, and ends with
+// Resolve. A key's lanes take about 100 bytes each beside their pools,
+// and a pool holds connections only while in use or idle (the base's
+// IdleConnTimeout).
+//
+// Replicas needs a base that is an *http.Transport (transport.New says so
+// otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
+// golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
+// HTTP/2 connections apart (its clones hand them to the one
+// http2.Transport it made): use net/http's own HTTP/2 (the default with
+// ForceAttemptHTTP2, or Transport.Protocols). The zero Replicas is four
+// connection lanes.
+type Replicas struct {
+	// Endpoints resolves a request's host and port to the addresses of
+	// its replicas, one lane each. If nil, lanes are Connections pools to
+	// the request's own address.
+	//
+	// It is asked in the background, never on a call's path: by the first
+	// call of a key, then by the first call that finds its answer older
+	// than Refresh; one question at a time per key. Until the first good
+	// answer, calls go to the request's own address. A failed or empty
+	// answer keeps the last good set (a failed first one is asked again
+	// after 1 s, doubling up to Refresh). A lane whose address left the
+	// set is drained: its attempts in flight finish, its idle connections
+	// are closed.
+	//
+	// An address lane dials its address in place of the request's, with
+	// the base's DialContext (or Dial, or DialTLSContext for TLS it does
+	// itself): the Host header and the TLS server name stay the
+	// request's, so a replica must still prove it is the host. The base's
+	// Proxy is not used for it: a proxy would pick the replica itself.
+	Endpoints Resolver
+
+	// Connections is the number of lanes without Endpoints. If zero, 4 is
+	// used. At most 64.
+	Connections int
+
+	// Refresh is how old Endpoints' answer may grow before a call asks
+	// again. If zero, 30 s is used.
+	Refresh time.Duration
+
+	// MaxEjected is the share of lanes that may be ejected at once, in
+	// [0, 1]: with 4 lanes and 0.5, two; at least one of two or more
+	// lanes may always be, and never all of them. If zero, 0.5 is used.
+	// If negative, no lane is ever ejected.
+	MaxEjected float64
+
+	// ConsecutiveFailures ejects a lane on which that many attempts in a
+	// row failed. If zero, 5 is used. If negative, only the failure rate
+	// ejects.
+	ConsecutiveFailures int
+
+	// EjectFor is how long a lane's first ejection lasts; each further one
+	// lasts EjectFor more. If zero, 30 s is used.
+	EjectFor time.Duration
+
+	// MaxEjectFor bounds an ejection, and a lane's Retry-After hold. If
+	// zero, 300 s is used.
+	MaxEjectFor time.Duration
+}
+
+// Resolver returns the addresses of a host's replicas.
+//
+// hostport is the request's host and port, the scheme's default port
+// filled in: "api.example.com:443". The answer is host:port addresses,
+// one lane each; past 64 the rest are ignored (and counted in
+// Snapshot.LanesIgnored). Resolve is called from a goroutine of its own,
+// with a context that ends after Refresh; it must be safe for concurrent
+// use, and must not panic: nobody is there to recover it.
+type Resolver interface {
+	Resolve(ctx context.Context, hostport string) ([]string, error)
+}
+
+// MaxLanes is the most lanes a key has.
+const MaxLanes = 64
+
+func (r *Replicas) validate() error {
+	return joinErrs(
+		fieldErrIf(r.Connections < 0 || r.Connections > MaxLanes, "Replicas.Connections", "must be in [0, %d], got %d", MaxLanes, r.Connections),
+		fieldErrIf(r.Refresh < 0, "Replicas.Refresh", "must be >= 0, got %v", r.Refresh),
+		fieldErrIf(r.MaxEjected > 1 || r.MaxEjected != r.MaxEjected, "Replicas.MaxEjected", "must be <= 1, got %v", r.MaxEjected),
+		fieldErrIf(r.EjectFor < 0, "Replicas.EjectFor", "must be >= 0, got %v", r.EjectFor),
+		fieldErrIf(r.MaxEjectFor < 0, "Replicas.MaxEjectFor", "must be >= 0, got %v", r.MaxEjectFor),
+		fieldErrIf(r.EjectFor > 0 && r.MaxEjectFor > 0 && r.EjectFor > r.MaxEjectFor,
+			"Replicas.EjectFor", "(%v) must be <= MaxEjectFor (%v)", r.EjectFor, r.MaxEjectFor),
+	)
+}
+
+// WithDefaults returns r with every zero field set to its default.
+func (r Replicas) WithDefaults() Replicas {
+	r.Connections = or(r.Connections, 4)
+	r.Refresh = or(r.Refresh, 30*time.Second)
+	r.MaxEjected = or(r.MaxEjected, 0.5)
+	r.ConsecutiveFailures = or(r.ConsecutiveFailures, 5)
+	r.EjectFor = or(r.EjectFor, 30*time.Second)
+	r.MaxEjectFor = or(r.MaxEjectFor, 300*time.Second)
+	if r.EjectFor > r.MaxEjectFor {
+		r.MaxEjectFor = r.EjectFor // only MaxEjectFor's default is below it
+	}
+	return r
+}
+
+// EjectionReason says why a lane was ejected (see Replicas).
+type EjectionReason uint8
+
+const (
+	// EjectConsecutive: ConsecutiveFailures attempts in a row failed on
+	// the lane.
+	EjectConsecutive EjectionReason = iota + 1
+	// EjectRate: over an interval, the lane's failure rate was far above
+	// the other lanes'.
+	EjectRate
+)
+
+var ejectionReasonNames = [...]string{"", "consecutive", "rate"}
+
+// String returns "consecutive" or "rate".
+func (r EjectionReason) String() string {
+	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
+}
+
+// LaneEjection describes a lane of a key ejected, or back from an
+// ejection (see Replicas).
+type LaneEjection struct {
+	// Context is the context of the call whose attempt ejected the lane,
+	// or, for a return, whose attempt was the lane's first after it.
+	// Never nil.
+	Context context.Context
+	Key     string
+	// Addr is the lane's address with Replicas.Endpoints, "" for a
+	// connection lane; Index is the lane's slot among the key's lanes,
+	// in [0, MaxLanes), which names a connection lane. Both are bounded:
+	// at most MaxLanes a key at once.
+	Addr   string
+	Index  int
+	Reason EjectionReason
+	// For is how long the ejection lasts: EjectFor × the lane's count of
+	// ejections, at most MaxEjectFor.
+	For time.Duration
+}
