@@ -140,6 +140,10 @@ type call struct {
 	outcome policy.Outcome     // of what the call returns
 	again   bool               // what the call returns asks for a retry (see leg.again)
 	why     policy.RetryReason // why the next round is a retry, once backoff has said
+	// used is the mask of the lanes the call has sent on (bit
+	// lane.Lane.Index), read and set atomically: a hedged round's legs
+	// pick concurrently.
+	used uint64
 }
 
 // run admits the call's first attempt, has a copy of its body kept when

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/resilix/resilix/internal/hedge"
@@ -148,6 +149,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	resp, err := r.collect()
 	done = true
 	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
+	c.used = atomic.LoadUint64(&r.c.used) // a loser may still be picking
 	r.release()
 	return resp, err
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/lane"
 	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
@@ -51,11 +52,15 @@ type leg struct {
 	inherited *releaser
 
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
-	resp     *http.Response
-	err      error
-	outcome  policy.Outcome
-	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
-	latency  time.Duration
+	// lane is the lane the leg is sent on, from the time took until its
+	// lane is told how it went; nil without Replicas.
+	lane    *lane.Lane[*http.Transport]
+	took    time.Time
+	resp    *http.Response
+	err     error
+	outcome policy.Outcome
+	again   bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
+	latency time.Duration
 
 	// A hedged round's legs; guarded by the round's lock.
 	round   *round
@@ -152,6 +157,11 @@ func (ch *chain) mayQueue() bool {
 // the end. A leg of a hedged round that lost while on the wire teaches
 // nothing: it is released as discarded and what it got is closed. If the
 // base panics, everything the leg holds is released and the panic goes on.
+//
+// With Replicas, the call goes out on a lane the call has not used yet,
+// and the lane learns first: a failure its lane explains (see
+// lane.Report) is no evidence for the key's breaker, and a Retry-After
+// that held its lane back does not push the key back.
 func (c *call) send(l *leg) {
 	s := c.s
 	sent := false
@@ -160,7 +170,11 @@ func (c *call) send(l *leg) {
 			c.abandon(l)
 		}
 	}()
-	resp, err := c.t.base.RoundTrip(l.req)
+	rt := c.t.base
+	if s.lanes != nil {
+		rt = c.takeLane(l)
+	}
+	resp, err := rt.RoundTrip(l.req)
 	sent = true
 	var now time.Time // the time of the answer: read only when the leg is timed
 	timed := !l.dispatch.IsZero()
@@ -199,6 +213,11 @@ func (c *call) send(l *leg) {
 		} else if resp != nil {
 			closeBody(resp.Body)
 		}
+		if l.lane != nil {
+			// Its time on the wire is a lower bound of the lane's
+			// latency, and no evidence of its health.
+			c.leaveLane(l, nil, policy.Discarded)
+		}
 		c.unadmit(l, now)
 		free(l.cancel, nil)
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
@@ -225,14 +244,25 @@ func (c *call) send(l *leg) {
 		}
 	}
 
-	// The throttler, the breaker and the limiter learn at headers; the
-	// bulkhead holds its slot until the body is done with.
+	// The lane learns first; then the throttler, the breaker and the
+	// limiter, at headers; the bulkhead holds its slot until the body is
+	// done with.
+	judged, pushback := l.outcome, resp // what the key's breaker and throttler learn
+	if l.lane != nil {
+		rep := c.leaveLane(l, resp, l.outcome)
+		if rep.Explained {
+			judged = policy.Discarded
+		}
+		if rep.Held {
+			pushback = nil
+		}
+	}
 	if l.throttled {
-		c.pushedBack(s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err), resp))
+		c.pushedBack(s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err), pushback))
 		l.throttled = false
 	}
 	if l.breaker {
-		c.transition(s.breaker.Done(now, l.bp, l.outcome))
+		c.transition(s.breaker.Done(now, l.bp, judged))
 		l.breaker = false
 	}
 	if l.limiter {
@@ -288,6 +318,9 @@ func (l *leg) answered() time.Time {
 func (c *call) abandon(l *leg) {
 	if l.timer != nil {
 		l.timer.stop()
+	}
+	if l.lane != nil {
+		c.leaveLane(l, nil, policy.Canceled)
 	}
 	c.unadmit(l, time.Now())
 	free(l.cancel, nil)

@@ -45,6 +45,7 @@ type chain struct {
 	// propagate is Set.Propagate: the wire attempts carry the call's
 	// priority, tenant, time left and attempt number (see stamp).
 	propagate bool
+	replicas  *policy.Replicas // nil: every attempt goes to the base
 }
 
 func compile(s policy.Set) (*chain, error) {
@@ -68,6 +69,7 @@ func compile(s policy.Set) (*chain, error) {
 		bulkhead:  defaulted(s.Bulkhead, func(b policy.Bulkhead) policy.Bulkhead { return b }),
 		rateLimit: defaulted(s.RateLimit, policy.RateLimit.WithDefaults),
 		propagate: s.Propagate,
+		replicas:  defaulted(s.Replicas, policy.Replicas.WithDefaults),
 	}
 	if c.classify == nil {
 		c.classify = policy.DefaultClassify
@@ -107,6 +109,7 @@ type scope struct {
 	bulkhead *gate.Bulkhead
 	rate     *gate.RateLimiter
 	hedge    *hedge.State
+	lanes    *lanes // nil: Replicas is off
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave
@@ -175,6 +178,9 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 		}
 		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
 	}
+	if c.replicas != nil {
+		s.lanes = t.newLanes(c.replicas, now, rand.Uint64())
+	}
 	s.lastUsed.Store(now.UnixNano())
 	return s
 }
@@ -224,6 +230,10 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 	}
 	m.HasRateLimit = s.rate != nil
 	m.RateLimitStore, m.RateLimitLeased = s.rate.Store(now)
+	if s.lanes != nil {
+		m.HasReplicas = true
+		m.Lanes, m.LanesEjected, m.LanesIgnored = s.lanes.Counts(now)
+	}
 	return m
 }
 
@@ -320,7 +330,7 @@ func (r *registry) evictLocked(now time.Time, n int) {
 			}
 		}
 		if found {
-			delete(r.m, victim)
+			r.dropLocked(victim)
 			return
 		}
 	}
@@ -342,8 +352,15 @@ func (r *registry) evictLocked(now time.Time, n int) {
 		return cmp.Compare(a.lastUsed, b.lastUsed)
 	})
 	for _, c := range cands[:min(n, len(cands))] {
-		delete(r.m, c.key)
+		r.dropLocked(c.key)
 	}
+}
+
+// dropLocked forgets key's scope, and closes its lanes' idle connections
+// (attempts still in flight on them finish). r.mu is held.
+func (r *registry) dropLocked(key string) {
+	r.m[key].closeLanes()
+	delete(r.m, key)
 }
 
 // len returns the number of scopes held.

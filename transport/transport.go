@@ -337,6 +337,16 @@ func New(cfg Config) (*Transport, error) {
 			perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
 		}
 	}
+	if _, ok := cfg.Base.(*http.Transport); !ok && cfg.Base != nil {
+		if cfg.Policies.Replicas != nil {
+			errs = append(errs, fmt.Errorf("transport: Policies: Replicas needs a Base that is an *http.Transport, whose clones are the lanes' connection pools; Base is a %T", cfg.Base))
+		}
+		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
+			if cfg.PerKey[k].Replicas != nil {
+				errs = append(errs, fmt.Errorf("transport: PerKey[%q]: Replicas needs a Base that is an *http.Transport, whose clones are the lanes' connection pools; Base is a %T", k, cfg.Base))
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -615,13 +625,15 @@ func checkRequest(req *http.Request) (*http.Request, error) {
 }
 
 // CloseIdleConnections closes the idle connections of the base
-// RoundTripper, if it has such a method; http.Client.CloseIdleConnections
-// reaches it through this.
+// RoundTripper, if it has such a method, and of every key's lanes
+// (policy.Replicas); http.Client.CloseIdleConnections reaches it through
+// this.
 func (t *Transport) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
 	if ci, ok := t.base.(closeIdler); ok {
 		ci.CloseIdleConnections()
 	}
+	t.scopes.each((*scope).closeLanes)
 }
 
 // Measured returns a snapshot of key's state, key as the Transport

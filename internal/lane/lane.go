@@ -136,7 +136,8 @@ type view[P any] struct {
 // once (at least one of two or more, never all); the worst rate goes
 // first. A lane held by a Retry-After, or ejected, is blocked: it is
 // picked only when no other lane is left. When its time is up it is picked
-// again, its consecutive count cleared.
+// again; an ejected lane returns as a new one, its consecutive count
+// cleared and its estimate the mean of the others'.
 //
 // Nothing here starts a goroutine or a timer: ejections end, intervals
 // close and refreshes fall due lazily, from the now of the calls. Take
@@ -290,8 +291,10 @@ func (s *Set[P]) unblock(t int64) uint64 {
 }
 
 // reblockLocked recomputes the blocked slots at t: a lane whose time is up
-// is unblocked, and an ejected one returns with its consecutive count
-// cleared. s.mu is held.
+// is unblocked, and an ejected one returns as a new lane would, its
+// consecutive count cleared and its estimate the mean of the others' (its
+// last, a failure's, would keep it from being picked long after it served
+// its time). s.mu is held.
 func (s *Set[P]) reblockLocked(t int64) uint64 {
 	v := s.view.Load()
 	var b uint64
@@ -305,6 +308,8 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			next = min(next, u)
 		case l.ejected:
 			l.ejected, l.consecutive = false, 0
+			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
+			l.stamp.Store(t)
 		}
 	}
 	s.blockedUntil.Store(next)
@@ -323,9 +328,8 @@ const (
 )
 
 // Ejection is a lane ejected, for the caller to act on and report.
-type Ejection struct {
-	Addr   string // the lane's address, "" for a connection lane
-	Index  int
+type Ejection[P any] struct {
+	Lane   *Lane[P]
 	Reason Reason
 	For    time.Duration
 }
@@ -344,7 +348,7 @@ type Report[P any] struct {
 	// Ejected lists the lanes ejected by this outcome (one, or at the end
 	// of an interval several); their pools' idle connections should be
 	// closed, so that a balancer places the lane anew.
-	Ejected []Ejection
+	Ejected []Ejection[P]
 	// Drained is the lane, when it had left the set and this was its
 	// last attempt: its pool's idle connections should be closed. Nil
 	// otherwise.
@@ -442,6 +446,23 @@ func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
 	return slowest
 }
 
+// meanLocked returns the mean estimate at t of the lanes other than l, or
+// zero when there are none. s.mu is held.
+func (s *Set[P]) meanLocked(l *Lane[P], t int64) float64 {
+	v := s.view.Load()
+	sum, n := 0.0, 0
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+			sum += o.estimate(t)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
 // otherOpenLocked reports whether a lane other than l is in the set and
 // not blocked at t, and, with ok, last succeeded. s.mu is held.
 func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
@@ -457,7 +478,7 @@ func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 
 // ejectLocked ejects l at t for why, unless MaxEjected lanes are ejected
 // already. s.mu is held.
-func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection, bool) {
+func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection[P], bool) {
 	v := s.view.Load()
 	ejected := 0
 	for m := v.mask; m != 0; m &= m - 1 {
@@ -467,14 +488,14 @@ func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection, bool) {
 		}
 	}
 	if ejected >= s.maxEject(v.n) {
-		return Ejection{}, false
+		return Ejection[P]{}, false
 	}
 	l.ejections++
 	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
 	l.ejected = true
 	l.until.Store(max(l.until.Load(), t+int64(d)))
 	s.reblockLocked(t)
-	return Ejection{Addr: l.Addr, Index: l.Index, Reason: why, For: d}, true
+	return Ejection[P]{Lane: l, Reason: why, For: d}, true
 }
 
 // maxEject returns how many of n lanes may be ejected at once.
@@ -489,7 +510,7 @@ func (s *Set[P]) maxEject(n int) int {
 // failure rate is far above the others', the worst first, takes one off
 // the ejection count of every lane for each whole interval it spent
 // unblocked, and starts the next interval. s.mu is held.
-func (s *Set[P]) closeIntervalLocked(t int64) []Ejection {
+func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 	v := s.view.Load()
 	start := s.intervalT
 	s.intervalT = t
@@ -516,7 +537,7 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection {
 		// a.failures/a.calls > b.failures/b.calls, without division
 		return b.failures*a.calls - a.failures*b.calls
 	})
-	var ejected []Ejection
+	var ejected []Ejection[P]
 	for _, l := range outliers {
 		e, ok := s.ejectLocked(l, t, Rate)
 		if !ok {

@@ -138,7 +138,7 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 			}
 		}
 		rep := fail()
-		if len(rep.Ejected) != 1 || rep.Ejected[0].Index != 1 || rep.Ejected[0].Reason != Consecutive || rep.Ejected[0].For != want {
+		if len(rep.Ejected) != 1 || rep.Ejected[0].Lane.Index != 1 || rep.Ejected[0].Reason != Consecutive || rep.Ejected[0].For != want {
 			t.Fatalf("fifth failure: ejected %+v, want lane 1 for %v by Consecutive", rep.Ejected, want)
 		}
 		if !rep.Explained {
@@ -237,7 +237,7 @@ func TestARateFarAboveTheOthersEjects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newSet(policy.Replicas{ConsecutiveFailures: -1})
 			now := t0
-			var ejected []Ejection
+			var ejected []Ejection[pool]
 			n := map[int]int{}
 			for k := range 400 {
 				// Round robin, by marking the other lanes used: the
@@ -257,7 +257,7 @@ func TestARateFarAboveTheOthersEjects(t *testing.T) {
 				ejected = append(ejected, s.Done(l, now, time.Millisecond, o, 0).Ejected...)
 			}
 			switch {
-			case tt.eject && (len(ejected) != 1 || ejected[0].Index != 0 || ejected[0].Reason != Rate):
+			case tt.eject && (len(ejected) != 1 || ejected[0].Lane.Index != 0 || ejected[0].Reason != Rate):
 				t.Errorf("ejected %+v, want lane 0 by Rate", ejected)
 			case !tt.eject && len(ejected) != 0:
 				t.Errorf("ejected %+v, want none", ejected)

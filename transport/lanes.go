@@ -1,0 +1,158 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/lane"
+	"github.com/resilix/resilix/internal/timing"
+	"github.com/resilix/resilix/policy"
+)
+
+// lanes is a key's lanes, each with a clone of the base as its pool.
+type lanes = lane.Set[*http.Transport]
+
+// newLanes returns the lanes of a key whose chain has Replicas on.
+func (t *Transport) newLanes(r *policy.Replicas, now time.Time, seed uint64) *lanes {
+	base := t.base.(*http.Transport) // New checked
+	return lane.New(*r, now, seed, func(addr string, _ int) *http.Transport { return lanePool(base, addr) })
+}
+
+// lanePool returns a lane's connection pool: a clone of base, which, for
+// an address lane, dials addr in place of the request's address. The
+// request's Host header and TLS server name are unchanged, so the
+// replica is asked for, and must prove it is, the request's host. The
+// base's Proxy is not used for an address lane: a proxy would choose the
+// replica itself.
+func lanePool(base *http.Transport, addr string) *http.Transport {
+	p := base.Clone()
+	if addr == "" {
+		return p
+	}
+	dial := base.DialContext
+	if dial == nil {
+		if d := base.Dial; d != nil {
+			dial = func(_ context.Context, network, addr string) (net.Conn, error) { return d(network, addr) }
+		} else {
+			dial = new(net.Dialer).DialContext
+		}
+	}
+	p.Proxy, p.Dial = nil, nil
+	p.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return dial(ctx, network, addr)
+	}
+	if tls := base.DialTLSContext; tls != nil {
+		p.DialTLSContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return tls(ctx, network, addr)
+		}
+	} else if tls := base.DialTLS; tls != nil {
+		p.DialTLS = func(network, _ string) (net.Conn, error) { return tls(network, addr) }
+	}
+	return p
+}
+
+// takeLane picks the lane leg l is sent on, among those its call has not
+// used yet, and returns its pool; it starts a refresh of the key's
+// Endpoints in the background if one is due.
+func (c *call) takeLane(l *leg) http.RoundTripper {
+	s := c.s
+	l.took = timing.Since(c.start)
+	if s.lanes.StartRefresh(l.took) {
+		go c.t.resolve(s, hostport(l.req))
+	}
+	l.lane = s.lanes.Take(l.took, atomic.LoadUint64(&c.used))
+	atomic.OrUint64(&c.used, 1<<l.lane.Index)
+	return l.lane.Pool
+}
+
+// leaveLane tells leg l's lane how its attempt went: outcome o, resp the
+// answer if any. It closes the idle connections of the lanes the outcome
+// ejected, and of a lane drained by it.
+func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Report[*http.Transport] {
+	now := timing.Since(l.took)
+	var hold time.Duration
+	if resp != nil && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
+		if vs := resp.Header["Retry-After"]; len(vs) > 0 {
+			hold, _ = httpx.ParseRetryAfter(vs[0], now)
+		}
+	}
+	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, hold)
+	l.lane = nil
+	for _, e := range rep.Ejected {
+		e.Lane.Pool.CloseIdleConnections()
+	}
+	if rep.Drained != nil {
+		rep.Drained.Pool.CloseIdleConnections()
+	}
+	return rep
+}
+
+// resolve asks key s's Endpoints for the addresses of hostport, and makes
+// the answer its lanes; it runs on a goroutine of its own, started by the
+// call that found a refresh due.
+func (t *Transport) resolve(s *scope, hostport string) {
+	r := s.chain.replicas
+	ctx, cancel := context.WithTimeout(context.Background(), r.Refresh)
+	addrs, err := r.Endpoints.Resolve(ctx, hostport)
+	cancel()
+	for _, l := range s.lanes.Update(time.Now(), addrs, err) {
+		l.Pool.CloseIdleConnections()
+	}
+}
+
+// closeLanes closes the idle connections of every lane of s.
+func (s *scope) closeLanes() {
+	if s.lanes != nil {
+		s.lanes.Pools((*http.Transport).CloseIdleConnections)
+	}
+}
+
+// hostport returns the host and port req goes to, the scheme's default
+// port filled in: what a Resolver is asked.
+func hostport(req *http.Request) string {
+	port := req.URL.Port()
+	if port == "" {
+		if port = defaultPort(req.URL.Scheme); port == "" {
+			port = "80"
+		}
+	}
+	return net.JoinHostPort(req.URL.Hostname(), port)
+}
+
+// Static returns a policy.Resolver whose answer is always addrs (host:port
+// each), for the replicas of one host, and so meant for a key's own set in
+// Config.PerKey: under Policies, every key would be sent to the same
+// addresses.
+func Static(addrs ...string) policy.Resolver { return static(slices.Clone(addrs)) }
+
+type static []string
+
+func (s static) Resolve(context.Context, string) ([]string, error) { return slices.Clone(s), nil }
+
+// DNS returns a policy.Resolver that looks the host up with
+// net.DefaultResolver, every address it has a lane of its own, on the
+// port as given.
+func DNS() policy.Resolver { return dnsResolver{} }
+
+type dnsResolver struct{}
+
+func (dnsResolver) Resolve(ctx context.Context, hostport string) ([]string, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, err
+	}
+	ips, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	addrs := make([]string, len(ips))
+	for i, ip := range ips {
+		addrs[i] = net.JoinHostPort(ip, port)
+	}
+	return addrs, nil
+}

@@ -1,0 +1,616 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
+)
+
+// replica is one server of a fleet: it counts its hits, records which
+// call (the X-Call header) reached it, and answers with status after
+// delay, both settable while it serves.
+type replica struct {
+	name   string
+	f      *fleet
+	hits   atomic.Int64
+	status atomic.Int64 // 0: 200
+	delay  atomic.Int64 // ns
+	// slowFirst: the first arrival of each call waits this long instead.
+	slowFirst atomic.Int64
+}
+
+func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.hits.Add(1)
+	first := r.f.arrive(req.Header.Get("X-Call"), r.name)
+	d := time.Duration(r.delay.Load())
+	if s := time.Duration(r.slowFirst.Load()); s > 0 && first {
+		d = s
+	}
+	if d > 0 {
+		select {
+		case <-time.After(d):
+		case <-req.Context().Done():
+			return
+		}
+	}
+	if s := int(r.status.Load()); s != 0 {
+		w.WriteHeader(s)
+	}
+	io.WriteString(w, r.name)
+}
+
+// fleet is the replicas of a test, on an in-memory network.
+type fleet struct {
+	net  httptestutil.Network
+	reps map[string]*replica
+
+	mu    sync.Mutex
+	calls map[string][]string // X-Call → the replicas it reached, in order
+}
+
+func newFleet() *fleet {
+	return &fleet{reps: map[string]*replica{}, calls: map[string][]string{}}
+}
+
+// serve serves addr with one replica per name, placed per connection.
+func (f *fleet) serve(addr string, names ...string) {
+	var hs []http.Handler
+	for _, n := range names {
+		r := &replica{name: n, f: f}
+		f.reps[n] = r
+		hs = append(hs, r)
+	}
+	f.net.Listen(addr, hs...)
+}
+
+// arrive records call reaching replica name, and reports whether it is
+// the call's first arrival anywhere.
+func (f *fleet) arrive(call, name string) bool {
+	if call == "" {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[call] = append(f.calls[call], name)
+	return len(f.calls[call]) == 1
+}
+
+func (f *fleet) hits(names ...string) []int64 {
+	var h []int64
+	for _, n := range names {
+		h = append(h, f.reps[n].hits.Load())
+	}
+	return h
+}
+
+// laneGet sends GET url through rt as call id, reads the body, and returns
+// the status, or the error.
+func laneGet(t *testing.T, rt http.RoundTripper, url, id string) (int, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id != "" {
+		req.Header.Set("X-Call", id)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// newLaneTransport returns a Transport over f's network with set, and a
+// cleanup that closes its connections and the network's servers.
+func newLaneTransport(t *testing.T, f *fleet, cfg Config) *Transport {
+	t.Helper()
+	cfg.Base = f.net.Transport()
+	rt, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rt.CloseIdleConnections()
+		f.net.Close()
+	})
+	return rt
+}
+
+var four = []string{"a:80", "b:80", "c:80", "d:80"}
+
+// prime makes rt's first call to url, which starts the key's first
+// refresh of its Endpoints (and goes to the request's own address), and
+// waits for the refresh to end.
+func prime(t *testing.T, rt http.RoundTripper, url string) {
+	t.Helper()
+	laneGet(t, rt, url, "")
+	synctest.Wait()
+}
+
+// serveFour serves a:80 ... d:80 with replicas a ... d.
+func (f *fleet) serveFour() {
+	for _, a := range four {
+		f.serve(a, a[:1])
+	}
+}
+
+func TestConnectionLanesSpreadOverABalancedFleet(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		replicas *policy.Replicas
+	}{{"off", nil}, {"four connections", &policy.Replicas{}}} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				f.serve("api:80", "a", "b", "c", "d")
+				rt := newLaneTransport(t, f, Config{Policies: policy.Set{Replicas: tt.replicas}})
+				for i := range 400 {
+					if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != 200 {
+						t.Fatalf("call %d: %d, %v", i, code, err)
+					}
+				}
+				hits := f.hits("a", "b", "c", "d")
+				reached := 0
+				for _, h := range hits {
+					if h > 0 {
+						reached++
+					}
+				}
+				switch {
+				case tt.replicas == nil && reached != 1:
+					t.Errorf("one pool reached %d replicas %v, want 1 (one kept-alive connection)", reached, hits)
+				case tt.replicas != nil && slices.Min(hits) < 50:
+					t.Errorf("four lanes' hits %v, want every replica well used", hits)
+				}
+			})
+		})
+	}
+}
+
+func TestOneBadReplicaOfFourDoesNotOpenTheKeysBreaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var opened atomic.Int64
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{
+				Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+				Breaker:  &policy.Breaker{},
+				Replicas: &policy.Replicas{Endpoints: Static(four...)},
+			},
+			Observer: &policy.Observer{BreakerTransition: func(b policy.BreakerTransition) {
+				if b.To == policy.BreakerOpen {
+					opened.Add(1)
+				}
+			}},
+		})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		f.reps["d"].status.Store(http.StatusInternalServerError)
+		failed := 0
+		for range 2000 {
+			time.Sleep(10 * time.Millisecond)
+			if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != 200 {
+				failed++
+			}
+		}
+		if n := opened.Load(); n != 0 {
+			t.Errorf("one bad replica of four opened the key's breaker %d times", n)
+		}
+		if failed > 0 {
+			t.Errorf("%d of 2000 calls failed with one bad replica of four and retries to other lanes", failed)
+		}
+		if d := f.reps["d"].hits.Load(); d > 100 {
+			t.Errorf("the bad replica got %d of about 2000 attempts, want it ejected", d)
+		}
+
+		// Every replica failing is the host failing: the breaker opens.
+		for _, r := range f.reps {
+			r.status.Store(http.StatusInternalServerError)
+		}
+		for range 100 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+			if opened.Load() > 0 {
+				break
+			}
+		}
+		if opened.Load() == 0 {
+			t.Error("every replica failing did not open the key's breaker")
+		}
+	})
+}
+
+func TestARetryGoesToALaneItsCallHasNotUsed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 4,
+			Budget:   policy.Budget{Ratio: -1}, // off: every retry is sent
+			Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+			Replicas: &policy.Replicas{Endpoints: Static(four...), MaxEjected: -1},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.status.Store(http.StatusServiceUnavailable)
+		}
+		for i := range 50 {
+			laneGet(t, rt, "http://api/", strconv.Itoa(i))
+		}
+		for call, reached := range f.calls {
+			if len(reached) != 4 {
+				t.Fatalf("call %s made %d attempts, want 4", call, len(reached))
+			}
+			if distinct := len(slices.Compact(slices.Sorted(slices.Values(reached)))); distinct != 4 {
+				t.Errorf("call %s's four attempts reached %v, want four replicas", call, reached)
+			}
+		}
+	})
+}
+
+func TestAHedgeGoesToAnotherLane(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 2,
+			Budget:   policy.Budget{Ratio: -1},
+			Hedge:    &policy.Hedge{Quantile: 0.5, MaxConcurrent: 2},
+			Replicas: &policy.Replicas{Endpoints: Static(four...)},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		for i := range 100 {
+			laneGet(t, rt, "http://api/", "warm"+strconv.Itoa(i))
+		}
+		for _, r := range f.reps {
+			r.slowFirst.Store(int64(100 * time.Millisecond))
+		}
+		for i := range 100 {
+			laneGet(t, rt, "http://api/", strconv.Itoa(i))
+		}
+		synctest.Wait() // the losers' cancellation reaches the replicas
+		hedged := 0
+		for i := range 100 {
+			reached := f.calls[strconv.Itoa(i)]
+			if len(reached) == 2 {
+				hedged++
+				if reached[0] == reached[1] {
+					t.Errorf("call %d's hedge went back to replica %s", i, reached[0])
+				}
+			}
+		}
+		if hedged < 90 {
+			t.Errorf("%d of 100 calls slow on their first leg were hedged, want nearly all", hedged)
+		}
+	})
+}
+
+func TestPickingAvoidsASlowReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Replicas: &policy.Replicas{Endpoints: Static(four...)},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		f.reps["d"].delay.Store(int64(50 * time.Millisecond))
+		for range 1000 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		if d := f.reps["d"].hits.Load(); d > 50 {
+			t.Errorf("the slow replica got %d of 1000 calls, want under 5%%: %v", d, f.hits("a", "b", "c", "d"))
+		}
+	})
+}
+
+func TestAnEjectedLaneGetsTrafficAgainAfterItsTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var ejected atomic.Int64
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 4,
+			Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+			Replicas: &policy.Replicas{Endpoints: Static(four...)},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		// The picker sends little to a lane that failed (a failure is a
+		// sample twice as slow as the slowest other lane, and decays in
+		// about 7 s), so its fifth failure in a row takes a while.
+		f.reps["d"].status.Store(http.StatusBadGateway)
+		for range 10000 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+			if m := rt.Measured("api"); m.LanesEjected > 0 {
+				ejected.Store(int64(m.LanesEjected))
+				break
+			}
+		}
+		if ejected.Load() != 1 {
+			t.Fatalf("the failing replica was not ejected: %+v", rt.Measured("api"))
+		}
+		f.reps["d"].status.Store(0)
+		before := f.reps["d"].hits.Load()
+		time.Sleep(30 * time.Second)
+		for range 400 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+		}
+		if m := rt.Measured("api"); m.LanesEjected != 0 || m.Lanes != 4 {
+			t.Errorf("after its ejection: %d of %d lanes ejected, want 0 of 4", m.LanesEjected, m.Lanes)
+		}
+		if got := f.reps["d"].hits.Load() - before; got < 50 {
+			t.Errorf("the replica back from ejection got %d of 400 calls, want its share", got)
+		}
+	})
+}
+
+// scripted is a Resolver whose answers a test gives one by one.
+type scripted struct {
+	asked   chan string
+	answers chan answer
+}
+
+type answer struct {
+	addrs []string
+	err   error
+}
+
+func (s *scripted) Resolve(ctx context.Context, hostport string) ([]string, error) {
+	s.asked <- hostport
+	select {
+	case a := <-s.answers:
+		return a.addrs, a.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func TestEndpointsRefreshKeepsTheLastGoodSet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "own")
+		f.serveFour()
+		r := &scripted{asked: make(chan string, 1), answers: make(chan answer)}
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Replicas: &policy.Replicas{Endpoints: r, Refresh: 30 * time.Second},
+		}})
+		calls := 0
+		reached := func(n int) []string {
+			t.Helper()
+			var got []string
+			for range n {
+				calls++
+				id := strconv.Itoa(calls)
+				if code, err := laneGet(t, rt, "http://api/", id); err != nil || code != 200 {
+					t.Fatalf("%d, %v", code, err)
+				}
+				got = append(got, f.calls[id]...)
+			}
+			return slices.Compact(slices.Sorted(slices.Values(got)))
+		}
+		// The first call asks, and does not wait for the answer.
+		if got := reached(10); !slices.Equal(got, []string{"own"}) {
+			t.Fatalf("before any answer, calls reached %v, want the request's own address", got)
+		}
+		if hp := <-r.asked; hp != "api:80" {
+			t.Fatalf("Resolve asked for %q, want api:80", hp)
+		}
+		r.answers <- answer{err: errors.New("no answer")}
+		synctest.Wait()
+		if got := reached(10); !slices.Equal(got, []string{"own"}) {
+			t.Fatalf("after a failed first answer, calls reached %v, want the request's own address", got)
+		}
+		time.Sleep(time.Second) // the retry's wait
+		reached(1)
+		<-r.asked
+		r.answers <- answer{addrs: []string{"a:80", "b:80"}}
+		synctest.Wait()
+		if got := reached(20); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("after the answer a, b: calls reached %v", got)
+		}
+		time.Sleep(30 * time.Second)
+		reached(1)
+		<-r.asked
+		r.answers <- answer{err: errors.New("no answer")}
+		synctest.Wait()
+		if got := reached(20); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("after a failed refresh: calls reached %v, want the last good set a, b", got)
+		}
+		time.Sleep(time.Second)
+		reached(1)
+		<-r.asked
+		r.answers <- answer{addrs: []string{}}
+		synctest.Wait()
+		if got := reached(20); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("after an empty refresh: calls reached %v, want the last good set a, b", got)
+		}
+		time.Sleep(2 * time.Second)
+		reached(1)
+		<-r.asked
+		r.answers <- answer{addrs: []string{"c:80"}}
+		synctest.Wait()
+		if got := reached(20); !slices.Equal(got, []string{"c"}) {
+			t.Fatalf("after the answer c: calls reached %v", got)
+		}
+		synctest.Wait()
+		if _, open := f.net.Conns(); open != 1 {
+			t.Errorf("%d connections open after a and b left, want 1, c's: drained lanes close theirs", open)
+		}
+	})
+}
+
+func TestLanesComeAndGoWhileCallsRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "own")
+		names := []string{"a", "b", "c", "d", "e", "f"}
+		for _, n := range names {
+			f.serve(n+":80", n)
+		}
+		var turn atomic.Int64
+		sets := [][]string{{"a:80", "b:80"}, {"b:80", "c:80", "d:80"}, {"e:80"}, {"f:80", "a:80", "c:80"}}
+		rotating := resolverFunc(func(context.Context, string) ([]string, error) {
+			return sets[turn.Add(1)%int64(len(sets))], nil
+		})
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Replicas: &policy.Replicas{Endpoints: rotating, Refresh: 20 * time.Millisecond},
+		}})
+		for _, r := range f.reps {
+			r.delay.Store(int64(3 * time.Millisecond))
+		}
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for range 200 {
+					if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != 200 {
+						failed.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n := failed.Load(); n != 0 {
+			t.Errorf("%d calls failed while lanes came and went", n)
+		}
+		if turn.Load() < 20 {
+			t.Errorf("only %d refreshes while calls ran", turn.Load())
+		}
+	})
+}
+
+type resolverFunc func(context.Context, string) ([]string, error)
+
+func (f resolverFunc) Resolve(ctx context.Context, hp string) ([]string, error) { return f(ctx, hp) }
+
+func TestDNSResolvesLocalhost(t *testing.T) {
+	addrs, err := DNS().Resolve(context.Background(), "localhost:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(addrs, func(a string) bool { return a == "127.0.0.1:8080" || a == "[::1]:8080" }) {
+		t.Errorf("DNS().Resolve(localhost:8080) = %v, want a loopback address on port 8080", addrs)
+	}
+	if _, err := DNS().Resolve(context.Background(), "no port"); err == nil {
+		t.Error("DNS().Resolve of an address with no port did not fail")
+	}
+}
+
+func TestStaticAnswersACopy(t *testing.T) {
+	addrs := []string{"a:1", "b:2"}
+	r := Static(addrs...)
+	addrs[0] = "edited"
+	got, _ := r.Resolve(context.Background(), "any:80")
+	got[1] = "edited too"
+	again, _ := r.Resolve(context.Background(), "any:80")
+	if !slices.Equal(again, []string{"a:1", "b:2"}) {
+		t.Errorf("Static answered %v, want a:1 b:2 whatever its callers edit", again)
+	}
+}
+
+func TestNewRefusesReplicasOverABaseThatIsNotAnHTTPTransport(t *testing.T) {
+	_, err := New(Config{
+		Base:     fakeRT(func(*http.Request) (*http.Response, error) { return nil, errors.New("unused") }),
+		Policies: policy.Set{Replicas: &policy.Replicas{}},
+		PerKey:   map[string]policy.Set{"b": {Replicas: &policy.Replicas{}}, "c": {}},
+	})
+	if err == nil {
+		t.Fatal("New accepted Replicas over a fakeRT")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "transport: Policies: Replicas needs a Base that is an *http.Transport") ||
+		!strings.HasPrefix(lines[1], `transport: PerKey["b"]: Replicas needs`) {
+		t.Errorf("New's error:\n%v\nwant one line for Policies and one for PerKey[\"b\"]", err)
+	}
+	if _, err := New(Config{Base: new(http.Transport), Policies: policy.Set{Replicas: &policy.Replicas{}}}); err != nil {
+		t.Errorf("New refused Replicas over an *http.Transport: %v", err)
+	}
+}
+
+func TestCloseIdleConnectionsAndEvictionReachEveryLane(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "a", "b", "c", "d")
+		f.serve("other:80", "o")
+		rt := newLaneTransport(t, f, Config{MaxKeys: 1, Policies: policy.Set{Replicas: &policy.Replicas{}}})
+		for range 100 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		synctest.Wait()
+		if _, open := f.net.Conns(); open != 4 {
+			t.Fatalf("%d connections open after 100 calls on four lanes, want 4", open)
+		}
+		rt.CloseIdleConnections()
+		synctest.Wait()
+		if _, open := f.net.Conns(); open != 0 {
+			t.Fatalf("%d connections open after CloseIdleConnections, want 0", open)
+		}
+		for range 100 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		laneGet(t, rt, "http://other/", "") // evicts api, MaxKeys being 1
+		synctest.Wait()
+		if _, open := f.net.Conns(); open != 1 {
+			t.Errorf("%d connections open after api was evicted, want 1, other's", open)
+		}
+	})
+}
+
+// BenchmarkLanes compares a call through one pool with a call through
+// four connection lanes, over the in-memory network (HTTP/1.1, kept
+// alive): what picking, and telling the lane, cost a call.
+func BenchmarkLanes(b *testing.B) {
+	for _, bb := range []struct {
+		name     string
+		replicas *policy.Replicas
+	}{{"off", nil}, {"on", &policy.Replicas{}}} {
+		b.Run(bb.name, func(b *testing.B) {
+			var n httptestutil.Network
+			n.Listen("api:80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+			defer n.Close()
+			rt, err := New(Config{Base: n.Transport(), Policies: policy.Set{Replicas: bb.replicas}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rt.CloseIdleConnections()
+			req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+}
