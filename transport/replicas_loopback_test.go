@@ -181,7 +181,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		switch path {
 		case "direct":
 			r.key = addrs[0]
-			replicas = &policy.Replicas{Endpoints: replStatic(addrs)}
+			replicas = &policy.Replicas{Endpoints: transport.Static(addrs...)}
 		case "l4":
 			r.bal = newReplBalancer(t, addrs, 100)
 			r.key = r.bal.addr()
@@ -399,12 +399,6 @@ func (b *replBalancer) close() {
 	b.mu.Unlock()
 	b.wg.Wait()
 }
-
-// replStatic is a policy.Resolver whose answer is always the same
-// addresses.
-type replStatic []string
-
-func (s replStatic) Resolve(context.Context, string) ([]string, error) { return slices.Clone(s), nil }
 
 // replClient is one process of a fleet: a base *http.Transport of its own
 // and, for the resilix rows, a Transport of its own over it, whose
