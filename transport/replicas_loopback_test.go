@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -32,10 +34,12 @@ import (
 // (`make replicas` sets it). It prints one table per case.
 //
 // Paths: direct (the requests name the first replica's address, and
-// Replicas' Endpoints is a static list of the four), and l4 (a TCP
-// balancer written here, which places each connection on a replica drawn
-// at random, as kube-proxy does; Replicas is the zero value, four
-// connection lanes). Each over HTTP/1.1 and h2c (prior knowledge).
+// Replicas' Endpoints is a static list of the four), l4 (a TCP balancer
+// written here, which places each connection on a replica drawn at
+// random, as kube-proxy does; Replicas is the zero value, four connection
+// lanes), and haproxy (the same with HAProxy in TCP mode, balance random,
+// in front; skipped when haproxy is not in PATH). Each over HTTP/1.1 and
+// h2c (prior knowledge).
 //
 // Cases, in order, per path and protocol: none degraded (the reference);
 // the first replica 20× slower than the others; the first replica
@@ -57,9 +61,14 @@ func TestReplicas(t *testing.T) {
 	// The p99 of case 1 for each path, protocol and row, which case 2's
 	// target is relative to.
 	ref := map[string]time.Duration{}
-	for _, path := range []string{"direct", "l4"} {
+	for _, path := range []string{"direct", "l4", "haproxy"} {
 		for _, proto := range []string{"h1", "h2c"} {
 			t.Run(path+"/"+proto, func(t *testing.T) {
+				if path == "haproxy" {
+					if _, err := exec.LookPath("haproxy"); err != nil {
+						t.Skip("haproxy is not in PATH")
+					}
+				}
 				for _, c := range replCases() {
 					t.Run(c.name, func(t *testing.T) { replRun(t, path, proto, c, d, ref) })
 				}
@@ -149,7 +158,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	type row struct {
 		reps  []*replReplica
-		bal   *replBalancer
+		proxy interface{ close() } // the balancer, nil on the direct path
 		url   string
 		key   string
 		fleet []*replClient
@@ -177,16 +186,24 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		for j, rep := range r.reps {
 			addrs[j] = rep.addr()
 		}
-		var replicas *policy.Replicas
+		var (
+			replicas *policy.Replicas
+			proxy    interface{ close() }
+		)
 		switch path {
 		case "direct":
 			r.key = addrs[0]
 			replicas = &policy.Replicas{Endpoints: transport.Static(addrs...)}
 		case "l4":
-			r.bal = newReplBalancer(t, addrs, 100)
-			r.key = r.bal.addr()
+			b := newReplBalancer(t, addrs, 100)
+			proxy, r.key = b, b.addr()
+			replicas = &policy.Replicas{}
+		case "haproxy":
+			h := newReplHAProxy(t, addrs)
+			proxy, r.key = h, h.addr
 			replicas = &policy.Replicas{}
 		}
+		r.proxy = proxy
 		r.url = "http://" + r.key + "/"
 		var set *policy.Set
 		switch name {
@@ -233,8 +250,8 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 	}
 	for _, r := range rows {
-		if r.bal != nil {
-			r.bal.close()
+		if r.proxy != nil {
+			r.proxy.close()
 		}
 		for _, rep := range r.reps {
 			rep.srv.Close()
@@ -398,6 +415,60 @@ func (b *replBalancer) close() {
 	b.conns = nil
 	b.mu.Unlock()
 	b.wg.Wait()
+}
+
+// replHAProxy is HAProxy in TCP mode on 127.0.0.1 in front of the
+// replicas, placing each connection on one at random (its own draw, not
+// seeded). The process is started by the test and killed by close.
+type replHAProxy struct {
+	addr string
+	cmd  *exec.Cmd
+	once sync.Once
+}
+
+func newReplHAProxy(t *testing.T, addrs []string) *replHAProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &replHAProxy{addr: l.Addr().String()}
+	l.Close() // for HAProxy to bind; another bind in between fails the start below
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "global\n  maxconn 4096\ndefaults\n  mode tcp\n  timeout connect 1s\n  timeout client 30s\n  timeout server 30s\n")
+	fmt.Fprintf(&cfg, "frontend fe\n  bind %s\n  default_backend be\nbackend be\n  balance random\n", h.addr)
+	for i, a := range addrs {
+		fmt.Fprintf(&cfg, "  server r%d %s\n", i, a)
+	}
+	file := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(file, []byte(cfg.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.cmd = exec.Command("haproxy", "-db", "-f", file)
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.close)
+	// Wait for the frontend to accept, at most 5s.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", h.addr, time.Second)
+		if err == nil {
+			c.Close()
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("haproxy did not listen on %s within 5s: %v", h.addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// close kills the process and waits for it, which closes every connection
+// it holds. Safe to call more than once.
+func (h *replHAProxy) close() {
+	h.once.Do(func() {
+		_ = h.cmd.Process.Kill()
+		_ = h.cmd.Wait()
+	})
 }
 
 // replClient is one process of a fleet: a base *http.Transport of its own
