@@ -133,6 +133,8 @@ func TestEnumNames(t *testing.T) {
 		{RetryReason(0).String(), "retry_reason(0)"},
 		{Discarded.String(), "discarded"},
 		{Outcome(7).String(), "outcome(7)"},
+		{EjectRate.String(), "rate"},
+		{EjectionReason(0).String(), "ejection_reason(0)"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)

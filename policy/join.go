@@ -32,6 +32,8 @@ func JoinObservers(observers ...*Observer) *Observer {
 		Attach:            join(os, func(o *Observer) func(StateSource) { return o.Attach }),
 		StoreTransition:   join(os, func(o *Observer) func(StoreTransition) { return o.StoreTransition }),
 		Pushback:          join(os, func(o *Observer) func(Pushback) { return o.Pushback }),
+		LaneEjected:       join(os, func(o *Observer) func(LaneEjection) { return o.LaneEjected }),
+		LaneReturned:      join(os, func(o *Observer) func(LaneEjection) { return o.LaneReturned }),
 	}
 }
 

@@ -89,6 +89,13 @@ type Observer struct {
 	// holds back are reported to Refused, with Gate GateThrottler and a
 	// positive RetryAfter in the error.
 	Pushback func(Pushback)
+
+	// LaneEjected is called when a lane of a key is ejected (see
+	// Replicas), from the goroutine whose attempt's outcome ejected it.
+	// LaneReturned is called when the first attempt on an ejected lane
+	// after its time ends: ejections end lazily, so a lane that is not
+	// picked again is not reported back.
+	LaneEjected, LaneReturned func(LaneEjection)
 }
 
 // StateSource reports the current state of every key a transport holds.

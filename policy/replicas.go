@@ -20,11 +20,13 @@ import (
 // cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
 // the lower (outstanding attempts + 1) × latency estimate wins; the
 // estimate jumps to a slower sample at once and decays towards faster
-// ones with a 10 s time constant, and a failure counts as a sample slower
-// than any lane's, so a replica that is slow or fails fast gets little
+// ones with a 10 s time constant. A failure is a sample of the slowest
+// other lane's estimate times 2 to the power of the lane's failures in a
+// row (at most 30 s), so a replica that is slow or fails fast gets little
 // traffic before anything is ejected. A hedge or a retry picks among the
 // lanes its call has not used yet (Envoy's previous_hosts), and reuses
-// one only when every lane has been tried.
+// one only when every lane has been tried; an ejected or held lane is
+// picked only when no other is left.
 //
 // A lane is ejected (not picked while another lane is left) for
 // EjectFor × the number of times it has been ejected, at most MaxEjectFor
@@ -35,18 +37,32 @@ import (
 // rule with the other lanes as the baseline. Each interval a lane spends
 // unejected takes one off its count. At most MaxEjected of the lanes are
 // ejected at once, and never the last one. An ejected lane gets traffic
-// again when its time is up, and stays if healthy. A 503 or 429 with a
-// Retry-After from one lane holds that lane back for that long (at most
-// MaxEjectFor), not the key.
+// again when its time is up, with the other lanes' mean estimate, and
+// stays if healthy. A 503 or 429 with a Retry-After from one lane holds
+// that lane back for that long (at most MaxEjectFor), not the key: the
+// Throttler's pushback is armed only when no other lane is left.
 //
 // The key's Breaker judges the host, not a replica: a failure on a lane
-// that is ejected, or that is failing while another lane is not (two
-// failures in a row on it, its last outcome a success on another), is
-// released to the breaker as no evidence, so one bad replica of four never
-// opens it, while every lane failing opens it as it would without lanes.
+// that is ejected, or that is failing (two failures in a row on it, or a
+// Retry-After that held it) while another lane is not known to fail (its
+// last outcome a success, or none yet), is released to the breaker as no
+// evidence, so one bad replica of four never opens it, while every lane
+// failing opens it as it would without lanes.
+//
+// Lanes cost no goroutine and no timer: ejections end and refreshes fall
+// due lazily, from the time of the calls; a refresh runs on a goroutine
+// of its own, started by the call that found it due, and ends with
+// Resolve. A key's lanes take about 100 bytes each beside their pools,
+// and a pool holds connections only while in use or idle (the base's
+// IdleConnTimeout).
 //
 // Replicas needs a base that is an *http.Transport (transport.New says so
-// otherwise). The zero Replicas is four connection lanes.
+// otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
+// golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
+// HTTP/2 connections apart (its clones hand them to the one
+// http2.Transport it made): use net/http's own HTTP/2 (the default with
+// ForceAttemptHTTP2, or Transport.Protocols). The zero Replicas is four
+// connection lanes.
 type Replicas struct {
 	// Endpoints resolves a request's host and port to the addresses of
 	// its replicas, one lane each. If nil, lanes are Connections pools to
@@ -60,6 +76,12 @@ type Replicas struct {
 	// after 1 s, doubling up to Refresh). A lane whose address left the
 	// set is drained: its attempts in flight finish, its idle connections
 	// are closed.
+	//
+	// An address lane dials its address in place of the request's, with
+	// the base's DialContext (or Dial, or DialTLSContext for TLS it does
+	// itself): the Host header and the TLS server name stay the
+	// request's, so a replica must still prove it is the host. The base's
+	// Proxy is not used for it: a proxy would pick the replica itself.
 	Endpoints Resolver
 
 	// Connections is the number of lanes without Endpoints. If zero, 4 is
@@ -129,4 +151,43 @@ func (r Replicas) WithDefaults() Replicas {
 		r.MaxEjectFor = r.EjectFor // only MaxEjectFor's default is below it
 	}
 	return r
+}
+
+// EjectionReason says why a lane was ejected (see Replicas).
+type EjectionReason uint8
+
+const (
+	// EjectConsecutive: ConsecutiveFailures attempts in a row failed on
+	// the lane.
+	EjectConsecutive EjectionReason = iota + 1
+	// EjectRate: over an interval, the lane's failure rate was far above
+	// the other lanes'.
+	EjectRate
+)
+
+var ejectionReasonNames = [...]string{"", "consecutive", "rate"}
+
+// String returns "consecutive" or "rate".
+func (r EjectionReason) String() string {
+	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
+}
+
+// LaneEjection describes a lane of a key ejected, or back from an
+// ejection (see Replicas).
+type LaneEjection struct {
+	// Context is the context of the call whose attempt ejected the lane,
+	// or, for a return, whose attempt was the lane's first after it.
+	// Never nil.
+	Context context.Context
+	Key     string
+	// Addr is the lane's address with Replicas.Endpoints, "" for a
+	// connection lane; Index is the lane's slot among the key's lanes,
+	// in [0, MaxLanes), which names a connection lane. Both are bounded:
+	// at most MaxLanes a key at once.
+	Addr   string
+	Index  int
+	Reason EjectionReason
+	// For is how long the ejection lasts: EjectFor × the lane's count of
+	// ejections, at most MaxEjectFor.
+	For time.Duration
 }

@@ -83,13 +83,24 @@ func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Rep
 	}
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, hold)
 	l.lane = nil
+	obs := c.t.obs
 	for _, e := range rep.Ejected {
 		e.Lane.Pool.CloseIdleConnections()
+		if obs != nil && obs.LaneEjected != nil {
+			obs.LaneEjected(c.laneEjection(e))
+		}
+	}
+	if e := rep.Returned; e.Lane != nil && obs != nil && obs.LaneReturned != nil {
+		obs.LaneReturned(c.laneEjection(e))
 	}
 	if rep.Drained != nil {
 		rep.Drained.Pool.CloseIdleConnections()
 	}
 	return rep
+}
+
+func (c *call) laneEjection(e lane.Ejection[*http.Transport]) policy.LaneEjection {
+	return policy.LaneEjection{Context: c.ctx, Key: c.s.key, Addr: e.Lane.Addr, Index: e.Lane.Index, Reason: e.Reason, For: e.For}
 }
 
 // resolve asks key s's Endpoints for the addresses of hostport, and makes

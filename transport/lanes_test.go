@@ -29,10 +29,14 @@ type replica struct {
 	delay  atomic.Int64 // ns
 	// slowFirst: the first arrival of each call waits this long instead.
 	slowFirst atomic.Int64
+	// retryAfter, with a status, is the Retry-After it answers with.
+	retryAfter atomic.Value // string
+	host       atomic.Value // string: the Host of the last request
 }
 
 func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.hits.Add(1)
+	r.host.Store(req.Host)
 	first := r.f.arrive(req.Header.Get("X-Call"), r.name)
 	d := time.Duration(r.delay.Load())
 	if s := time.Duration(r.slowFirst.Load()); s > 0 && first {
@@ -46,6 +50,9 @@ func (r *replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if s := int(r.status.Load()); s != 0 {
+		if ra, _ := r.retryAfter.Load().(string); ra != "" {
+			w.Header().Set("Retry-After", ra)
+		}
 		w.WriteHeader(s)
 	}
 	io.WriteString(w, r.name)
@@ -220,6 +227,11 @@ func TestOneBadReplicaOfFourDoesNotOpenTheKeysBreaker(t *testing.T) {
 		if d := f.reps["d"].hits.Load(); d > 100 {
 			t.Errorf("the bad replica got %d of about 2000 attempts, want it ejected", d)
 		}
+		// The breaker learned the first failure of each run on d, not the
+		// ones its lane explains (all of them, with explanations off).
+		if r := rt.scopes.lookup("api").breaker.Rate(time.Now()); r.Failures*2 > uint64(f.reps["d"].hits.Load()) {
+			t.Errorf("the key's breaker counted %d failures of the %d on the bad replica, want under half", r.Failures, f.reps["d"].hits.Load())
+		}
 
 		// Every replica failing is the host failing: the breaker opens.
 		for _, r := range f.reps {
@@ -263,6 +275,11 @@ func TestARetryGoesToALaneItsCallHasNotUsed(t *testing.T) {
 				t.Errorf("call %s's four attempts reached %v, want four replicas", call, reached)
 			}
 		}
+		for name, r := range f.reps {
+			if h, _ := r.host.Load().(string); h != "api" {
+				t.Errorf("replica %s was asked for host %q, want the request's, api", name, h)
+			}
+		}
 	})
 }
 
@@ -303,6 +320,9 @@ func TestAHedgeGoesToAnotherLane(t *testing.T) {
 		if hedged < 90 {
 			t.Errorf("%d of 100 calls slow on their first leg were hedged, want nearly all", hedged)
 		}
+		if n := rt.scopes.lookup("api").lanes.Counts(time.Now()).InFlight; n != 0 {
+			t.Errorf("%d attempts in flight on the lanes after every call ended, want 0: the losers' lanes were not told", n)
+		}
 	})
 }
 
@@ -332,11 +352,23 @@ func TestAnEjectedLaneGetsTrafficAgainAfterItsTime(t *testing.T) {
 		f := newFleet()
 		f.serveFour()
 		var ejected atomic.Int64
-		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
-			Attempts: 4,
-			Retry:    &policy.Retry{BaseDelay: time.Millisecond},
-			Replicas: &policy.Replicas{Endpoints: Static(four...)},
-		}})
+		var mu sync.Mutex
+		var events []string
+		record := func(what string) func(policy.LaneEjection) {
+			return func(e policy.LaneEjection) {
+				mu.Lock()
+				defer mu.Unlock()
+				events = append(events, what+" "+e.Key+" "+e.Addr+" "+strconv.Itoa(e.Index)+" "+e.Reason.String()+" "+e.For.String())
+			}
+		}
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{
+				Attempts: 4,
+				Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+				Replicas: &policy.Replicas{Endpoints: Static(four...)},
+			},
+			Observer: &policy.Observer{LaneEjected: record("ejected"), LaneReturned: record("returned")},
+		})
 		prime(t, rt, "http://api/")
 		for _, r := range f.reps {
 			r.delay.Store(int64(time.Millisecond))
@@ -368,6 +400,10 @@ func TestAnEjectedLaneGetsTrafficAgainAfterItsTime(t *testing.T) {
 		}
 		if got := f.reps["d"].hits.Load() - before; got < 50 {
 			t.Errorf("the replica back from ejection got %d of 400 calls, want its share", got)
+		}
+		want := []string{"ejected api d:80 3 consecutive 30s", "returned api d:80 3 consecutive 30s"}
+		if !slices.Equal(events, want) {
+			t.Errorf("observed %q, want %q", events, want)
 		}
 	})
 }
@@ -613,4 +649,102 @@ func BenchmarkLanes(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestARetryAfterFromOneLaneHoldsTheLaneNotTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		// No Retry: a retry would wait out the Retry-After itself.
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Throttler: &policy.Throttler{},
+			Replicas:  &policy.Replicas{Endpoints: Static(four...), ConsecutiveFailures: -1},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		b := f.reps["b"]
+		b.retryAfter.Store("5")
+		b.status.Store(http.StatusServiceUnavailable)
+		for range 100 {
+			laneGet(t, rt, "http://api/", "")
+			if b.hits.Load() > 0 {
+				break
+			}
+		}
+		if b.hits.Load() != 1 {
+			t.Fatalf("replica b got %d attempts, want the one that pushed back", b.hits.Load())
+		}
+		b.status.Store(0)
+		if m := rt.Measured("api"); m.PushbackLeft != 0 {
+			t.Errorf("one lane's Retry-After pushed the key back for %v", m.PushbackLeft)
+		}
+		for range 400 {
+			time.Sleep(10 * time.Millisecond) // 4 s, within the hold
+			if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != 200 {
+				t.Fatalf("%d, %v", code, err)
+			}
+		}
+		if n := b.hits.Load(); n != 1 {
+			t.Errorf("replica b got %d attempts while its Retry-After held it, want none beyond the first", n-1)
+		}
+		time.Sleep(time.Second)
+		for range 400 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+		}
+		if n := b.hits.Load(); n < 50 {
+			t.Errorf("replica b got %d attempts after its hold, want its share back", n-1)
+		}
+	})
+}
+
+// TestAFastFailingReplicaGetsLittleTrafficUnderLoad: with ejection off,
+// the picker alone keeps a replica that fails at once from drawing calls
+// when the others, slower, have attempts outstanding (their cost rises
+// with them; a run of failures outweighs it), and the breaker closed.
+func TestAFastFailingReplicaGetsLittleTrafficUnderLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var opened atomic.Int64
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{
+				Breaker:  &policy.Breaker{},
+				Replicas: &policy.Replicas{Endpoints: Static(four...), MaxEjected: -1},
+			},
+			Observer: &policy.Observer{BreakerTransition: func(b policy.BreakerTransition) {
+				if b.To == policy.BreakerOpen {
+					opened.Add(1)
+				}
+			}},
+		})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(10 * time.Millisecond))
+		}
+		d := f.reps["d"]
+		d.delay.Store(0)
+		d.status.Store(http.StatusInternalServerError)
+		var wg sync.WaitGroup
+		var calls, failed atomic.Int64
+		for range 16 {
+			wg.Go(func() {
+				for range 6000 { // a minute
+					calls.Add(1)
+					if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != 200 {
+						failed.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n := opened.Load(); n != 0 {
+			t.Errorf("a bad replica of four, never ejected, opened the key's breaker %d times (%d of %d calls failed)", n, failed.Load(), calls.Load())
+		}
+		if share := float64(d.hits.Load()) / float64(calls.Load()); share > 0.001 {
+			t.Errorf("the replica failing at once got %.2f%% of %d calls from 16 callers, want under 0.1%%", 100*share, calls.Load())
+		}
+	})
 }

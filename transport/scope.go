@@ -232,7 +232,8 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 	m.RateLimitStore, m.RateLimitLeased = s.rate.Store(now)
 	if s.lanes != nil {
 		m.HasReplicas = true
-		m.Lanes, m.LanesEjected, m.LanesIgnored = s.lanes.Counts(now)
+		c := s.lanes.Counts(now)
+		m.Lanes, m.LanesEjected, m.LanesIgnored = c.Lanes, c.Ejected, c.Ignored
 	}
 	return m
 }

@@ -50,9 +50,11 @@
 //     over it may outlive its deadline by as long as the base takes.
 //   - No goroutine outlives its call, however many legs a hedged round
 //     starts, except a bounded background drain, a losing hedge leg for
-//     at most its time to bring its headers and its drain (above), and a
+//     at most its time to bring its headers and its drain (above), a
 //     hedge leg that lost while inside a base that ignores cancellation,
-//     which ends when the base returns.
+//     which ends when the base returns, and a refresh of a key's
+//     policy.Replicas Endpoints, which ends when its Resolve returns
+//     (within Refresh, if Resolve heeds its context).
 //   - A panic in the base releases everything the attempt held (permits,
 //     bulkhead slot, context) and reaches the caller: on a hedge leg's
 //     goroutine it is recovered, the round's other legs are cancelled and

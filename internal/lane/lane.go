@@ -25,13 +25,19 @@ const (
 	// sample, so that a lane left alone because it was slow is tried
 	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
 	decay = 10 * time.Second
-	// failurePenalty: a failure is a sample of this multiple of the
-	// slowest other lane's estimate (at least its own latency, at least
-	// minPenalty, at most maxPenalty), so a lane that fails fast costs
-	// more than any healthy one.
+	// failurePenalty: a failure is a sample of the slowest other lane's
+	// estimate (at least its own latency, at least minPenalty) times
+	// failurePenalty to the power of the lane's consecutive failures (at
+	// most maxPenalty): a lane that fails fast costs more than any
+	// healthy one, and a run of failures more than the outstanding
+	// attempts that load puts on the others (1 + about 4 at 16 callers
+	// on four lanes: three failures in a row outweigh it).
 	failurePenalty = 2.0
 	minPenalty     = float64(time.Millisecond)
 	maxPenalty     = float64(30 * time.Second)
+	// minEstimate is the least estimate a pick reads: a lane with no
+	// sample yet costs its outstanding attempts, not nothing.
+	minEstimate = float64(time.Microsecond)
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -68,31 +74,26 @@ type Lane[P any] struct {
 	est         atomic.Uint64 // float64 bits: the latency estimate, ns
 	stamp       atomic.Int64  // when est was last sampled, ns since the Set's epoch
 	until       atomic.Int64  // blocked (ejected or held) until then, ns; 0: never blocked
-	lastOK      atomic.Bool   // the last outcome that was evidence was a Success
 
 	// Guarded by the Set's mu.
+	answered        bool // some outcome was evidence
+	lastOK          bool // the last outcome that was evidence was a Success
 	consecutive     int
 	calls, failures int // in the current interval
 	ejections       int // the multiplier of the next ejection's time, less one
 	ejected         bool
-	removed         bool // its address left the set: draining
+	last            Ejection[P] // the last ejection
+	back            bool        // returned from it, and not yet reported
+	removed         bool        // its address left the set: draining
 }
 
-// cheaper reports whether a's picking cost at t, (outstanding + 1) × its
-// latency estimate decayed to t, is below b's. Both decay from their own
-// stamps to t, so one exponential compares them: a's decays e^((sa−sb)/τ)
-// more than b's.
+// cheaper reports whether a's picking cost at t is below b's: (outstanding
+// + 1) × its latency estimate decayed to t, the estimate at least
+// minEstimate, so that among lanes with no samples yet (or none for long)
+// the least loaded wins.
 func cheaper[P any](a, b *Lane[P], t int64) bool {
-	ca := float64(a.outstanding.Load()+1) * math.Float64frombits(a.est.Load())
-	cb := float64(b.outstanding.Load()+1) * math.Float64frombits(b.est.Load())
-	sa, sb := min(a.stamp.Load(), t), min(b.stamp.Load(), t)
-	switch {
-	case sa < sb:
-		ca *= math.Exp(-float64(sb-sa) / float64(decay))
-	case sb < sa:
-		cb *= math.Exp(-float64(sa-sb) / float64(decay))
-	}
-	return ca < cb
+	return float64(a.outstanding.Load()+1)*max(a.estimate(t), minEstimate) <
+		float64(b.outstanding.Load()+1)*max(b.estimate(t), minEstimate)
 }
 
 func (l *Lane[P]) estimate(t int64) float64 {
@@ -307,7 +308,7 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			b |= 1 << l.Index
 			next = min(next, u)
 		case l.ejected:
-			l.ejected, l.consecutive = false, 0
+			l.ejected, l.back, l.consecutive = false, true, 0
 			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
 			l.stamp.Store(t)
 		}
@@ -317,20 +318,11 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 	return b
 }
 
-// Reason says why a lane was ejected.
-type Reason uint8
-
-const (
-	// Consecutive: ConsecutiveFailures failures in a row.
-	Consecutive Reason = iota + 1
-	// Rate: a failure rate far above the other lanes' over an interval.
-	Rate
-)
-
-// Ejection is a lane ejected, for the caller to act on and report.
+// Ejection is a lane ejected, or back from an ejection, for the caller to
+// act on and report.
 type Ejection[P any] struct {
 	Lane   *Lane[P]
-	Reason Reason
+	Reason policy.EjectionReason
 	For    time.Duration
 }
 
@@ -339,8 +331,9 @@ type Report[P any] struct {
 	// Explained is true when the attempt failed and its lane explains
 	// the failure: the lane is ejected, or is failing (two failures in a
 	// row, or held by the answer's Retry-After) while another lane that
-	// is not blocked last succeeded. The key's breaker should then learn
-	// nothing from it.
+	// is not blocked is not known to fail (its last outcome succeeded, or
+	// it has had none yet). The key's breaker should then learn nothing
+	// from it: every lane failing is the host failing, and reaches it.
 	Explained bool
 	// Held is true when the answer's Retry-After held its lane back, so
 	// that the key need not be: another lane is left to pick.
@@ -349,6 +342,9 @@ type Report[P any] struct {
 	// of an interval several); their pools' idle connections should be
 	// closed, so that a balancer places the lane anew.
 	Ejected []Ejection[P]
+	// Returned is the ejection the lane came back from, when this was
+	// the first evidence on it since: its Lane is nil otherwise.
+	Returned Ejection[P]
 	// Drained is the lane, when it had left the set and this was its
 	// last attempt: its pool's idle connections should be closed. Nil
 	// otherwise.
@@ -363,7 +359,9 @@ type Report[P any] struct {
 // of at least that latency, and no evidence; any other outcome, or a zero
 // latency, teaches nothing. holdFor is the answer's Retry-After on a 503
 // or 429, zero otherwise: the lane is held that long (at most MaxEjectFor)
-// when another lane is left. Done allocates only to report an ejection.
+// when another lane is left, and the failure is then a sample of its own
+// latency, not a slow one: the hold is its penalty. Done allocates only to
+// report an ejection.
 func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
 	t := s.nanos(now)
 	s.mu.Lock()
@@ -378,13 +376,22 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 		if latency > 0 {
 			s.sampleLocked(l, t, float64(latency))
 		}
-		l.lastOK.Store(true)
+		l.answered, l.lastOK = true, true
 		l.consecutive = 0
 		l.calls++
 	case o == policy.Failure:
-		s.sampleLocked(l, t, min(maxPenalty, max(float64(latency), minPenalty, failurePenalty*s.slowestLocked(l, t))))
-		l.lastOK.Store(false)
+		// A lane held back by its answer's Retry-After is out until
+		// then, which is its penalty; its answer's speed is a sample.
+		rep.Held = holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+		l.answered, l.lastOK = true, false
 		l.consecutive++
+		switch {
+		case !rep.Held:
+			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
+			s.sampleLocked(l, t, min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64)))))
+		case latency > 0:
+			s.sampleLocked(l, t, float64(latency))
+		}
 		l.calls++
 		l.failures++
 	case o == policy.Discarded && latency > 0:
@@ -392,6 +399,9 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 		return rep
 	default:
 		return rep
+	}
+	if l.back {
+		l.back, rep.Returned = false, l.last
 	}
 	if l.removed {
 		return rep
@@ -403,17 +413,15 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 		return rep
 	}
 	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
-		if e, ok := s.ejectLocked(l, t, Consecutive); ok {
+		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
 			rep.Ejected = append(rep.Ejected, e)
 		}
 	}
-	if holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false) {
-		u := t + int64(min(holdFor, s.maxEjectFor))
-		if u > l.until.Load() {
+	if rep.Held {
+		if u := t + int64(min(holdFor, s.maxEjectFor)); u > l.until.Load() {
 			l.until.Store(u)
 			s.reblockLocked(t)
 		}
-		rep.Held = true
 	}
 	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
 	return rep
@@ -464,12 +472,14 @@ func (s *Set[P]) meanLocked(l *Lane[P], t int64) float64 {
 }
 
 // otherOpenLocked reports whether a lane other than l is in the set and
-// not blocked at t, and, with ok, last succeeded. s.mu is held.
+// not blocked at t, and, with ok, not known to be failing: its last
+// outcome that was evidence succeeded, or it has had none yet. s.mu is
+// held.
 func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 	v := s.view.Load()
 	for m := v.mask; m != 0; m &= m - 1 {
 		o := v.lanes[bits.TrailingZeros64(m)]
-		if o != l && o.until.Load() <= t && (!ok || o.lastOK.Load()) {
+		if o != l && o.until.Load() <= t && (!ok || o.lastOK || !o.answered) {
 			return true
 		}
 	}
@@ -478,7 +488,7 @@ func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 
 // ejectLocked ejects l at t for why, unless MaxEjected lanes are ejected
 // already. s.mu is held.
-func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection[P], bool) {
+func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why policy.EjectionReason) (Ejection[P], bool) {
 	v := s.view.Load()
 	ejected := 0
 	for m := v.mask; m != 0; m &= m - 1 {
@@ -492,10 +502,10 @@ func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why Reason) (Ejection[P], bool
 	}
 	l.ejections++
 	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
-	l.ejected = true
+	l.ejected, l.last = true, Ejection[P]{Lane: l, Reason: why, For: d}
 	l.until.Store(max(l.until.Load(), t+int64(d)))
 	s.reblockLocked(t)
-	return Ejection[P]{Lane: l, Reason: why, For: d}, true
+	return l.last, true
 }
 
 // maxEject returns how many of n lanes may be ejected at once.
@@ -539,7 +549,7 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 	})
 	var ejected []Ejection[P]
 	for _, l := range outliers {
-		e, ok := s.ejectLocked(l, t, Rate)
+		e, ok := s.ejectLocked(l, t, policy.EjectRate)
 		if !ok {
 			break
 		}
@@ -557,20 +567,32 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 	return ejected
 }
 
-// Counts returns, at now, the number of lanes picked from, how many of
-// them are ejected, and how many addresses past policy.MaxLanes Endpoints'
-// last answer held.
-func (s *Set[P]) Counts(now time.Time) (lanes, ejected, ignored int) {
+// Counts is what Counts reports.
+type Counts struct {
+	Lanes    int // lanes picked from, those draining left out
+	Ejected  int // of them, ejected now
+	Ignored  int // addresses past policy.MaxLanes in Endpoints' last answer
+	InFlight int // attempts taken and not done, on every lane, draining ones too
+}
+
+// Counts returns the Set's counts at now.
+func (s *Set[P]) Counts(now time.Time) Counts {
 	t := s.nanos(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.view.Load()
+	c := Counts{Lanes: v.n, Ignored: s.ignored}
 	for m := v.mask; m != 0; m &= m - 1 {
-		if v.lanes[bits.TrailingZeros64(m)].ejectedAt(t) {
-			ejected++
+		l := v.lanes[bits.TrailingZeros64(m)]
+		if l.ejectedAt(t) {
+			c.Ejected++
 		}
+		c.InFlight += int(l.outstanding.Load())
 	}
-	return v.n, ejected, s.ignored
+	for _, l := range s.draining {
+		c.InFlight += int(l.outstanding.Load())
+	}
+	return c
 }
 
 // Pools calls f with the pool of every lane, those draining included, with

@@ -138,13 +138,13 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 			}
 		}
 		rep := fail()
-		if len(rep.Ejected) != 1 || rep.Ejected[0].Lane.Index != 1 || rep.Ejected[0].Reason != Consecutive || rep.Ejected[0].For != want {
+		if len(rep.Ejected) != 1 || rep.Ejected[0].Lane.Index != 1 || rep.Ejected[0].Reason != policy.EjectConsecutive || rep.Ejected[0].For != want {
 			t.Fatalf("fifth failure: ejected %+v, want lane 1 for %v by Consecutive", rep.Ejected, want)
 		}
 		if !rep.Explained {
 			t.Error("the ejecting failure is not explained by its lane")
 		}
-		if _, ej, _ := s.Counts(now); ej != 1 {
+		if ej := s.Counts(now).Ejected; ej != 1 {
 			t.Errorf("Counts: %d ejected, want 1", ej)
 		}
 		// Ejected: not picked while others are left, even unused.
@@ -157,7 +157,7 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 		}
 		// Back when its time is up.
 		now = now.Add(want)
-		if _, ej, _ := s.Counts(now); ej != 0 {
+		if ej := s.Counts(now).Ejected; ej != 0 {
 			t.Errorf("Counts after the ejection: %d ejected, want 0", ej)
 		}
 	}
@@ -216,7 +216,7 @@ func TestAtMostMaxEjectedAtOnce(t *testing.T) {
 			l := s.Take(t0, 0)
 			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
 		}
-		if _, ej, _ := s.Counts(t0); ej != tt.want {
+		if ej := s.Counts(t0).Ejected; ej != tt.want {
 			t.Errorf("%d lanes all failing, MaxEjected %v: %d ejected, want %d", tt.lanes, tt.max, ej, tt.want)
 		}
 	}
@@ -257,7 +257,7 @@ func TestARateFarAboveTheOthersEjects(t *testing.T) {
 				ejected = append(ejected, s.Done(l, now, time.Millisecond, o, 0).Ejected...)
 			}
 			switch {
-			case tt.eject && (len(ejected) != 1 || ejected[0].Lane.Index != 0 || ejected[0].Reason != Rate):
+			case tt.eject && (len(ejected) != 1 || ejected[0].Lane.Index != 0 || ejected[0].Reason != policy.EjectRate):
 				t.Errorf("ejected %+v, want lane 0 by Rate", ejected)
 			case !tt.eject && len(ejected) != 0:
 				t.Errorf("ejected %+v, want none", ejected)
@@ -419,8 +419,8 @@ func TestAnswersPastMaxLanesAreCounted(t *testing.T) {
 	}
 	s.StartRefresh(t0)
 	s.Update(t0, addrs, nil)
-	if lanes, _, ignored := s.Counts(t0); lanes != 64 || ignored != 6 {
-		t.Errorf("Counts: %d lanes, %d ignored, want 64 and 6", lanes, ignored)
+	if c := s.Counts(t0); c.Lanes != 64 || c.Ignored != 6 {
+		t.Errorf("Counts: %d lanes, %d ignored, want 64 and 6", c.Lanes, c.Ignored)
 	}
 }
 
