@@ -258,7 +258,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 	}
 
-	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "opens", "lanes"}}
+	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "opens", "ejections", "lanes"}}
 	for i, r := range rows {
 		res := r.load.result(r.reps, r.fleet)
 		refKey := path + "/" + proto + "/" + replRows[i]
@@ -269,13 +269,13 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 			p, ok := ref[refKey]
 			c.check(tb, res, p, ok)
 		}
-		opens := "-"
+		opens, ejections := "-", "-"
 		if r.fleet[0].tr != nil {
-			opens = fmt.Sprint(res.opens())
+			opens, ejections = fmt.Sprint(res.opens()), fmt.Sprint(res.ejections)
 		}
 		tb.row(replRows[i], fmt.Sprintf("%.0f", float64(res.calls)/took), replPct(res.oks, res.calls),
 			replMS(res.p50), replMS(res.p99), fmt.Sprintf("%.2f%%", 100*res.degShare()),
-			fmt.Sprintf("%.3f", res.wirePerCall()), opens, lanes[i])
+			fmt.Sprintf("%.3f", res.wirePerCall()), opens, ejections, lanes[i])
 	}
 	tb.log(t, fmt.Sprintf("case %s: %s, %s; %d replicas (the first degraded), %d clients × %d callers, %d calls/s a row",
 		c.name, path, proto, replReplicas, replClients, replCallers, replCallsPerSec))
@@ -473,12 +473,13 @@ func (h *replHAProxy) close() {
 
 // replClient is one process of a fleet: a base *http.Transport of its own
 // and, for the resilix rows, a Transport of its own over it, whose
-// Observer counts the key's breaker openings.
+// Observer counts the key's breaker openings and lane ejections.
 type replClient struct {
-	base  *http.Transport
-	tr    *transport.Transport // nil for bare net/http
-	c     *http.Client
-	opens atomic.Int64
+	base *http.Transport
+	tr   *transport.Transport // nil for bare net/http
+	c    *http.Client
+
+	opens, ejections atomic.Int64 // of the key: breaker openings, lane ejections
 }
 
 // newReplClient builds a client: net/http's pool from cleanhttp (resilix's
@@ -501,11 +502,18 @@ func newReplClient(t *testing.T, proto, key string, set *policy.Set) *replClient
 			Base:     c.base,
 			PerKey:   map[string]policy.Set{key: *set},
 			Policies: replSet(),
-			Observer: &policy.Observer{BreakerTransition: func(b policy.BreakerTransition) {
-				if b.To == policy.BreakerOpen && b.Key == key {
-					c.opens.Add(1)
-				}
-			}},
+			Observer: &policy.Observer{
+				BreakerTransition: func(b policy.BreakerTransition) {
+					if b.To == policy.BreakerOpen && b.Key == key {
+						c.opens.Add(1)
+					}
+				},
+				LaneEjected: func(e policy.LaneEjection) {
+					if e.Key == key {
+						c.ejections.Add(1)
+					}
+				},
+			},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -607,6 +615,7 @@ type replResult struct {
 	wire          int64         // requests the replicas received
 	answered, deg int64         // answers the replicas gave, and the degraded one's
 	opensPer      []int64       // breaker openings of the key, per client
+	ejections     int64         // lane ejections of the key, the fleet's
 }
 
 func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
@@ -626,6 +635,7 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	}
 	for _, c := range fleet {
 		r.opensPer = append(r.opensPer, c.opens.Load())
+		r.ejections += c.ejections.Load()
 	}
 	return r
 }
