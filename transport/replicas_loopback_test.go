@@ -258,7 +258,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 	}
 
-	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "opens", "ejections", "lanes"}}
+	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "retries", "hedges", "opens", "ejections", "lanes"}}
 	for i, r := range rows {
 		res := r.load.result(r.reps, r.fleet)
 		refKey := path + "/" + proto + "/" + replRows[i]
@@ -269,13 +269,14 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 			p, ok := ref[refKey]
 			c.check(tb, res, p, ok)
 		}
-		opens, ejections := "-", "-"
+		retries, hedges, opens, ejections := "-", "-", "-", "-"
 		if r.fleet[0].tr != nil {
+			retries, hedges = fmt.Sprint(res.retries), fmt.Sprint(res.hedges)
 			opens, ejections = fmt.Sprint(res.opens()), fmt.Sprint(res.ejections)
 		}
 		tb.row(replRows[i], fmt.Sprintf("%.0f", float64(res.calls)/took), replPct(res.oks, res.calls),
 			replMS(res.p50), replMS(res.p99), fmt.Sprintf("%.2f%%", 100*res.degShare()),
-			fmt.Sprintf("%.3f", res.wirePerCall()), opens, ejections, lanes[i])
+			fmt.Sprintf("%.3f", res.wirePerCall()), retries, hedges, opens, ejections, lanes[i])
 	}
 	tb.log(t, fmt.Sprintf("case %s: %s, %s; %d replicas (the first degraded), %d clients × %d callers, %d calls/s a row",
 		c.name, path, proto, replReplicas, replClients, replCallers, replCallsPerSec))
@@ -473,13 +474,15 @@ func (h *replHAProxy) close() {
 
 // replClient is one process of a fleet: a base *http.Transport of its own
 // and, for the resilix rows, a Transport of its own over it, whose
-// Observer counts the key's breaker openings and lane ejections.
+// Observer counts the key's breaker openings and lane ejections, and the
+// retries and hedges sent.
 type replClient struct {
 	base *http.Transport
 	tr   *transport.Transport // nil for bare net/http
 	c    *http.Client
 
 	opens, ejections atomic.Int64 // of the key: breaker openings, lane ejections
+	retries, hedges  atomic.Int64 // wire attempts by kind
 }
 
 // newReplClient builds a client: net/http's pool from cleanhttp (resilix's
@@ -506,6 +509,14 @@ func newReplClient(t *testing.T, proto, key string, set *policy.Set) *replClient
 				BreakerTransition: func(b policy.BreakerTransition) {
 					if b.To == policy.BreakerOpen && b.Key == key {
 						c.opens.Add(1)
+					}
+				},
+				AttemptDone: func(a policy.AttemptInfo) {
+					switch a.Kind {
+					case policy.AttemptRetry:
+						c.retries.Add(1)
+					case policy.AttemptHedge:
+						c.hedges.Add(1)
 					}
 				},
 				LaneEjected: func(e policy.LaneEjection) {
@@ -616,6 +627,8 @@ type replResult struct {
 	answered, deg int64         // answers the replicas gave, and the degraded one's
 	opensPer      []int64       // breaker openings of the key, per client
 	ejections     int64         // lane ejections of the key, the fleet's
+	retries       int64         // retries sent, the fleet's
+	hedges        int64         // hedges sent, the fleet's
 }
 
 func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
@@ -636,6 +649,8 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	for _, c := range fleet {
 		r.opensPer = append(r.opensPer, c.opens.Load())
 		r.ejections += c.ejections.Load()
+		r.retries += c.retries.Load()
+		r.hedges += c.hedges.Load()
 	}
 	return r
 }
@@ -712,9 +727,9 @@ func (tb *replTable) log(t *testing.T, title string) {
 	t.Helper()
 	line := func(cells []string) string {
 		var b strings.Builder
-		fmt.Fprintf(&b, "%-26s", cells[0])
+		fmt.Fprintf(&b, "%-24s", cells[0])
 		for _, c := range cells[1:] {
-			fmt.Fprintf(&b, " %10s", c)
+			fmt.Fprintf(&b, " %9s", c)
 		}
 		return b.String()
 	}
