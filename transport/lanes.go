@@ -18,9 +18,9 @@ import (
 type lanes = lane.Set[*http.Transport]
 
 // newLanes returns the lanes of a key whose chain has Replicas on.
-func (t *Transport) newLanes(r *policy.Replicas, now time.Time, seed uint64) *lanes {
+func (t *Transport) newLanes(r *policy.Replicas, now time.Time) *lanes {
 	base := t.base.(*http.Transport) // New checked
-	return lane.New(*r, now, seed, func(addr string, _ int) *http.Transport { return lanePool(base, addr) })
+	return lane.New(*r, now, func(addr string, _ int) *http.Transport { return lanePool(base, addr) })
 }
 
 // lanePool returns a lane's connection pool: a clone of base, which, for

@@ -179,7 +179,7 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
 	}
 	if c.replicas != nil {
-		s.lanes = t.newLanes(c.replicas, now, rand.Uint64())
+		s.lanes = t.newLanes(c.replicas, now)
 	}
 	s.lastUsed.Store(now.UnixNano())
 	return s

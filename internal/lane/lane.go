@@ -8,6 +8,7 @@ package lane
 import (
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -142,9 +143,9 @@ type view[P any] struct {
 //
 // Nothing here starts a goroutine or a timer: ejections end, intervals
 // close and refreshes fall due lazily, from the now of the calls. Take
-// takes no lock (a few atomic loads, one atomic add for the random draw,
-// one for the lane's outstanding count) except, once per ejection's end,
-// to unblock; Done holds the Set's mutex briefly. A Set is safe for
+// takes no lock (a few atomic loads, one random word from math/rand/v2's
+// per-thread source, one atomic add for the lane's outstanding count)
+// except, once per ejection's end, to unblock; Done holds the Set's mutex briefly. A Set is safe for
 // concurrent use. Its memory is a few hundred bytes plus about 100 bytes a
 // lane, and the caller's Pool.
 type Set[P any] struct {
@@ -156,7 +157,6 @@ type Set[P any] struct {
 	open        func(addr string, index int) P
 	epoch       time.Time
 
-	seq          atomic.Uint64 // splitmix64 state, seeded
 	view         atomic.Pointer[view[P]]
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
@@ -171,11 +171,11 @@ type Set[P any] struct {
 }
 
 // New returns the lanes of a key for cfg (policy.Replicas with its
-// defaults applied) at now, seeded with seed. With Endpoints, it has one
+// defaults applied) at now. With Endpoints, it has one
 // lane, dialing the request's own address (Addr ""), and a refresh is due
 // at once; without, cfg.Connections lanes. open builds a lane's pool; it is
 // called with the Set's mutex held, and must not call the Set.
-func New[P any](cfg policy.Replicas, now time.Time, seed uint64, open func(addr string, index int) P) *Set[P] {
+func New[P any](cfg policy.Replicas, now time.Time, open func(addr string, index int) P) *Set[P] {
 	s := &Set[P]{
 		consecutive: cfg.ConsecutiveFailures,
 		maxEjected:  cfg.MaxEjected,
@@ -185,7 +185,6 @@ func New[P any](cfg policy.Replicas, now time.Time, seed uint64, open func(addr 
 		epoch:       now.Add(-1), // so that now itself is 1 ns, and 0 is before anything
 		backoff:     firstRetry,
 	}
-	s.seq.Store(seed)
 	n := max(cfg.Connections, 1)
 	s.refreshAt.Store(math.MaxInt64)
 	if cfg.Endpoints != nil {
@@ -212,16 +211,6 @@ func (s *Set[P]) newLane(addr string, index int, est float64) *Lane[P] {
 // nanos is now as the Set counts time: nanoseconds since its epoch, at
 // least 1, so that 0 can mean never.
 func (s *Set[P]) nanos(now time.Time) int64 { return max(int64(now.Sub(s.epoch)), 1) }
-
-// rand returns a random 64-bit word: splitmix64 (Steele, Lea and Flood,
-// "Fast Splittable Pseudorandom Number Generators", 2014) over an atomic
-// sequence, so that concurrent picks share no lock.
-func (s *Set[P]) rand() uint64 {
-	z := s.seq.Add(0x9e3779b97f4a7c15)
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
-}
 
 // Take picks a lane for a wire attempt at now, and counts it outstanding
 // until Done. used is the mask of lane indexes the attempt's call has
@@ -250,7 +239,7 @@ func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
 	if n := bits.OnesCount64(cand); n == 1 {
 		l = v.lanes[bits.TrailingZeros64(cand)]
 	} else {
-		r := s.rand()
+		r := rand.Uint64()
 		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
 		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
 		l = v.lanes[a]

@@ -22,7 +22,7 @@ type pool struct {
 func open(addr string, index int) pool { return pool{addr, index} }
 
 func newSet(cfg policy.Replicas) *Set[pool] {
-	return New(cfg.WithDefaults(), t0, 1, open)
+	return New(cfg.WithDefaults(), t0, open)
 }
 
 // stub is a Resolver for configs; the Set never calls it.
