@@ -258,7 +258,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 	}
 
-	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "retries", "hedges", "opens", "ejections", "lanes"}}
+	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "conns", "retries", "hedges", "opens", "ejections", "lanes"}}
 	for i, r := range rows {
 		res := r.load.result(r.reps, r.fleet)
 		refKey := path + "/" + proto + "/" + replRows[i]
@@ -276,20 +276,21 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 		tb.row(replRows[i], fmt.Sprintf("%.0f", float64(res.calls)/took), replPct(res.oks, res.calls),
 			replMS(res.p50), replMS(res.p99), fmt.Sprintf("%.2f%%", 100*res.degShare()),
-			fmt.Sprintf("%.3f", res.wirePerCall()), retries, hedges, opens, ejections, lanes[i])
+			fmt.Sprintf("%.3f", res.wirePerCall()), fmt.Sprint(res.conns), retries, hedges, opens, ejections, lanes[i])
 	}
 	tb.log(t, fmt.Sprintf("case %s: %s, %s; %d replicas (the first degraded), %d clients × %d callers, %d calls/s a row",
 		c.name, path, proto, replReplicas, replClients, replCallers, replCallsPerSec))
 }
 
 // replReplica is a server on 127.0.0.1 that answers after delay, 503 with
-// probability failP (a seeded draw), and counts the requests it received
-// (wire) and the ones it answered before their context ended.
+// probability failP (a seeded draw), and counts the connections it
+// accepted, the requests it received (wire) and the ones it answered
+// before their context ended.
 type replReplica struct {
-	srv            *httptest.Server
-	delay          time.Duration
-	failP          float64
-	wire, answered atomic.Int64
+	srv                   *httptest.Server
+	delay                 time.Duration
+	failP                 float64
+	conns, wire, answered atomic.Int64
 
 	mu  sync.Mutex
 	rng *rand.Rand
@@ -302,6 +303,11 @@ func newReplReplica(t *testing.T, delay time.Duration, failP float64, seed uint6
 	r.srv.Config.Protocols = new(http.Protocols)
 	r.srv.Config.Protocols.SetHTTP1(true)
 	r.srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			r.conns.Add(1)
+		}
+	}
 	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	return r
@@ -624,6 +630,7 @@ type replResult struct {
 	calls, oks    int64
 	p50, p99      time.Duration // of every call, failed ones too
 	wire          int64         // requests the replicas received
+	conns         int64         // connections the replicas accepted
 	answered, deg int64         // answers the replicas gave, and the degraded one's
 	opensPer      []int64       // breaker openings of the key, per client
 	ejections     int64         // lane ejections of the key, the fleet's
@@ -640,6 +647,7 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	r.p50, r.p99 = replQuantile(lat, 0.50), replQuantile(lat, 0.99)
 	for j, rep := range reps {
 		r.wire += rep.wire.Load()
+		r.conns += rep.conns.Load()
 		a := rep.answered.Load()
 		r.answered += a
 		if j == 0 {
