@@ -119,7 +119,7 @@ type Replicas struct {
 // one lane each; past 64 the rest are ignored (and counted in
 // Snapshot.LanesIgnored). Resolve is called from a goroutine of its own,
 // with a context that ends after Refresh; it must be safe for concurrent
-// use.
+// use, and must not panic: nobody is there to recover it.
 type Resolver interface {
 	Resolve(ctx context.Context, hostport string) ([]string, error)
 }
