@@ -297,7 +297,8 @@ func (c *call) replayable() bool {
 	return httpx.Rewindable(c.req)
 }
 
-// backoff returns the wait before the next round, or why there is none.
+// backoff returns the wait before the next round, or why there is none:
+// the backoff (or Retry.Delay), stretched by a 429's or 503's Retry-After.
 // It sets c.why, why the retry would be sent: an attempt whose error
 // proves the request unsent (httpx.Unsent) may be retried whatever the
 // method; any other only when the request may be sent twice. Either way
@@ -327,7 +328,7 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	} else {
 		d = r.Backoff(c.retries, rand.Float64())
 	}
-	if resp != nil && r.MaxRetryAfter >= 0 {
+	if resp != nil && r.MaxRetryAfter >= 0 && pushesBack(resp.StatusCode) {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)
 			switch {
@@ -344,6 +345,14 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		return 0, policy.SkipDeadline
 	}
 	return d, 0
+}
+
+// pushesBack reports whether a response's status is one whose
+// Retry-After a retry waits for: 429 Too Many Requests or 503 Service
+// Unavailable, the server asking to be called later, as the throttler
+// reads them. Any other status's Retry-After is not read.
+func pushesBack(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
 }
 
 // buffers reports whether the call keeps a copy of the request's body as
