@@ -20,7 +20,10 @@ import (
 // every path, and exactly one of the results is non-nil. A nil request, one
 // without a URL, or one whose context carries an Override with a negative
 // field, is an error before any policy runs; see checkRequest and
-// Override.
+// Override. A request whose context is already done (cancelled, or past
+// its deadline) gets the context's error before its key's state is even
+// looked up: it asks no gate, spends no token, creates no key, and is
+// reported to Observer.CallDone as Canceled, with no wire attempt.
 //
 // When the call made more than one wire attempt and the last one failed
 // with an error, the error returned says how many were made, as in
@@ -41,6 +44,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	start := time.Now()
+	if err := done(req.Context(), start); err != nil {
+		closeBody(req.Body)
+		t.doneBefore(req, start, err)
+		return nil, err
+	}
 	s := t.scopes.enter(t.key(req), start)
 	defer s.leave()
 	c := call{
@@ -77,8 +85,38 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// done returns the error of a context that is done at now: its own, or
+// context.DeadlineExceeded for a deadline that has passed before the
+// context's timer noticed.
+func done(ctx context.Context, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// doneBefore reports a call whose context was done before it began: a
+// call of its key, Canceled, with no wire attempt. Its key is computed but
+// its state neither looked up nor created.
+func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
+	if o := t.obs; o != nil && o.CallDone != nil {
+		o.CallDone(policy.CallInfo{
+			Context:  req.Context(),
+			Key:      t.key(req),
+			Priority: t.priority(req, nil),
+			Outcome:  policy.Canceled,
+			Duration: time.Since(start),
+			Err:      err,
+		})
+	}
+}
+
 // priority reads the call's priority: the context's, else the header's,
-// else Critical. A malformed header is counted and tolerated.
+// else Critical. A malformed header is tolerated, and counted in s unless
+// s is nil.
 func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
 		return p
@@ -88,7 +126,7 @@ func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
 		return shedding.Critical
 	}
 	p, err := shedding.ParsePriority(vs[0])
-	if err != nil {
+	if err != nil && s != nil {
 		t.malformed(req.Context(), s, t.priorityHeader, vs[0])
 	}
 	return p

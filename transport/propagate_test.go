@@ -258,6 +258,13 @@ func FuzzPropagate(f *testing.F) {
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://a.test/", nil)
 			resp, err := tr.RoundTrip(req)
+			if deadline < 0 {
+				// Past before the call: answered at once, sending nothing.
+				if resp != nil || err != context.DeadlineExceeded || len(rec.sent()) != 0 {
+					t.Fatalf("past deadline: got %v, %v after %d wire calls; want DeadlineExceeded and none", resp, err, len(rec.sent()))
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -44,7 +44,10 @@
 //     legs send a deep copy, so the request may be reused.
 //   - No wait (backoff, queue, rate limit, hedge) outlives the request's
 //     context, and a wait the caller's context ends returns the context's
-//     error, never a refusal. A wire call in flight is cut short by
+//     error, never a refusal. A request whose context is already done
+//     when RoundTrip is called gets that error at once, having cost
+//     nothing: no wire call, no gate asked, no rate-limit token, no state
+//     created for its key. A wire call in flight is cut short by
 //     cancelling its context, which net/http's transport honours; a base
 //     RoundTripper that ignores cancellation cannot be hurried, and a call
 //     over it may outlive its deadline by as long as the base takes.
