@@ -352,7 +352,7 @@ func first(h http.Header, name string) (string, bool) {
 func (s *server) malformedHeader(ctx context.Context, header, value string) {
 	s.malformed.Add(1)
 	if o := s.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.name, Header: header, Value: reported(value)})
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.name, Header: header, Value: httpx.Reported(value)})
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/resilix/resilix/attempt"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -833,8 +834,8 @@ func TestHugeHeadersCostNoMemory(t *testing.T) {
 	if huge > base+1024 {
 		t.Errorf("a request with 1 MB headers allocates %.0f bytes, one with small headers %.0f: the values are copied", huge, base)
 	}
-	if n := reportedLen.Load(); n == 0 || n > maxReported {
-		t.Errorf("the longest value reported was %d bytes, want 1 to %d", n, maxReported)
+	if n := reportedLen.Load(); n == 0 || n > httpx.MaxReported {
+		t.Errorf("the longest value reported was %d bytes, want 1 to %d", n, httpx.MaxReported)
 	}
 	// Nothing is kept: the heap after the requests, with their values
 	// dropped, is what it was before.

@@ -289,7 +289,10 @@ type MalformedHeader struct {
 	Context context.Context
 	Key     string
 	Header  string
-	Value   string
+	// Value is a copy of at most the first 64 bytes of the value, cut so
+	// as not to split a rune: a value of any length costs an observer that
+	// keeps it no more.
+	Value string
 }
 
 // HedgeInfo describes a hedge leg.

@@ -146,7 +146,7 @@ func (t *Transport) tenant(req *http.Request) string {
 func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
 	s.malformed.Add(1)
 	if o := t.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: value})
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: httpx.Reported(value)})
 	}
 }
 
