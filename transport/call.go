@@ -59,7 +59,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		start: start,
 	}
 	c.narrow(&o)
-	c.prio = t.priority(req, c.s)
+	c.prio, c.named = t.priority(req, c.s)
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
 	}
@@ -103,10 +103,11 @@ func done(ctx context.Context, now time.Time) error {
 // its state neither looked up nor created.
 func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
 	if o := t.obs; o != nil && o.CallDone != nil {
+		prio, _ := t.priority(req, nil)
 		o.CallDone(policy.CallInfo{
 			Context:  req.Context(),
 			Key:      t.key(req),
-			Priority: t.priority(req, nil),
+			Priority: prio,
 			Outcome:  policy.Canceled,
 			Duration: time.Since(start),
 			Err:      err,
@@ -115,21 +116,25 @@ func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
 }
 
 // priority reads the call's priority: the context's, else the header's,
-// else Critical. A malformed header is tolerated, and counted in s unless
-// s is nil.
-func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
+// else Critical, and whether the call named it (by the context, or a
+// header that parses). A malformed header is tolerated, and counted in s
+// unless s is nil.
+func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bool) {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
-		return p
+		return p, true
 	}
 	vs := req.Header[t.priorityHeader]
 	if len(vs) == 0 {
-		return shedding.Critical
+		return shedding.Critical, false
 	}
 	p, err := shedding.ParsePriority(vs[0])
-	if err != nil && s != nil {
-		t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+	if err != nil {
+		if s != nil {
+			t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+		}
+		return p, false
 	}
-	return p
+	return p, true
 }
 
 // tenant reads the call's tenant id: the context's, else the header's.
@@ -159,6 +164,7 @@ type call struct {
 	ctx    context.Context
 	start  time.Time
 	prio   shedding.Priority
+	named  bool   // prio is the context's or a header's, not the default
 	tenant string // read only when a gate is fair between tenants
 
 	// What the call may do: its key's set, as an Override narrows it.
