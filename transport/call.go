@@ -44,7 +44,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	start := time.Now()
-	if err := done(req.Context(), start); err != nil {
+	if err := contextDone(req.Context(), start); err != nil {
 		closeBody(req.Body)
 		t.doneBefore(req, start, err)
 		return nil, err
@@ -85,10 +85,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// done returns the error of a context that is done at now: its own, or
-// context.DeadlineExceeded for a deadline that has passed before the
-// context's timer noticed.
-func done(ctx context.Context, now time.Time) error {
+// contextDone returns the error of a context that is done at now: its
+// own, or context.DeadlineExceeded for a deadline that has passed before
+// the context's timer noticed.
+func contextDone(ctx context.Context, now time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

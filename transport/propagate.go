@@ -31,7 +31,7 @@ func (c *call) stamp(l *leg) {
 		prio = c.prio.String()
 		n++
 	}
-	if v := c.tenantID(); v != "" {
+	if v := t.tenant(c.req); v != "" { // c.tenant is read only for the gates
 		if validHeaderValue(v) {
 			id = v
 			n++
@@ -68,15 +68,6 @@ func (c *call) stamp(l *leg) {
 	w.put(t.tenantHeader, id)
 	w.put(t.timeoutHeader, left)
 	w.set(t.attemptHeader, strconv.Itoa(l.n))
-}
-
-// tenantID returns the call's tenant id as the transport reads it (see
-// Transport.tenant): c.tenant is read only when a gate needs it.
-func (c *call) tenantID() string {
-	if c.s.throttle != nil || c.s.limiter != nil {
-		return c.tenant
-	}
-	return c.t.tenant(c.req)
 }
 
 // headerWriter sets header values from one preallocated array.
