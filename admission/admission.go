@@ -42,8 +42,9 @@ type Config struct {
 	// most once per request, and only for a request that carries a
 	// priority or a tenant header its context does not override. If nil,
 	// no caller is trusted: every request gets DefaultPriority and no
-	// tenant, whatever its headers say, which is the safe choice for a
-	// server reachable from outside.
+	// tenant, whatever its headers say (and next's request goes without
+	// them; see the package doc), which is the safe choice for a server
+	// reachable from outside.
 	Trust func(r *http.Request) bool
 
 	// DefaultPriority is the priority of a request from an untrusted
@@ -179,7 +180,20 @@ type request struct {
 	// propagated: deadline came from the timeout header and is earlier
 	// than the context's own, so next's context needs it.
 	propagated bool
+	// drop names the headers next's request goes without: those whose
+	// value admission did not take (see read).
+	drop dropped
 }
+
+// dropped is a set of the four headers admission reads, one bit each.
+type dropped uint8
+
+const (
+	dropPriority dropped = 1 << iota
+	dropTenant
+	dropTimeout
+	dropAttempt
+)
 
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrival := time.Now()
@@ -216,8 +230,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if ctx != r.Context() {
+	if ctx != r.Context() || q.drop != 0 {
 		r = r.WithContext(ctx)
+		if q.drop != 0 {
+			r.Header = s.without(r.Header, q.drop)
+		}
 	}
 	s.serve(&writer{ResponseWriter: w}, r, p, start)
 }
@@ -277,9 +294,25 @@ func (s *server) release(ctx context.Context, p gate.LimiterPermit, now time.Tim
 	}
 }
 
+// without returns a copy of h without the headers in drop, for next's
+// request: h is the caller's, and is not modified.
+func (s *server) without(h http.Header, drop dropped) http.Header {
+	h = h.Clone()
+	for i, name := range [...]string{s.prioHeader, s.tenHeader, s.timeHeader, s.attHeader} {
+		if drop&(1<<i) != 0 {
+			delete(h, name)
+		}
+	}
+	return h
+}
+
 // read reads what r says about itself, as of arrival, into a request: the
 // context's values, else the headers' (priority and tenant only from a
-// trusted caller), reporting malformed values.
+// trusted caller), reporting malformed values. Each header whose value it
+// does not take goes in q.drop: a priority or a tenant the context
+// overrides, or from an untrusted caller, a malformed priority, a
+// malformed timeout, and an attempt number the context overrides or that
+// is malformed.
 func (s *server) read(r *http.Request, arrival time.Time) request {
 	ctx := r.Context()
 	q := request{ctx: ctx, prio: s.def}
@@ -294,12 +327,16 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 		trusted = s.trust != nil && s.trust(r)
 	}
 
+	if sentPrio {
+		q.drop |= dropPriority
+	}
 	switch {
 	case hasPrio:
 		q.prio = prio
 	case sentPrio && trusted:
 		if p, ok := parsePriority(pv); ok {
 			q.prio = p
+			q.drop &^= dropPriority
 		} else {
 			s.malformedHeader(ctx, s.prioHeader, pv)
 		}
@@ -311,21 +348,29 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 	switch {
 	case hasTenant:
 		q.tenant = id
+		if sentTenant {
+			q.drop |= dropTenant
+		}
 	case sentTenant && trusted:
 		q.tenant = tv
 		q.ctx = tenant.With(q.ctx, tv)
 	case sentTenant:
 		q.ctx = tenant.With(q.ctx, "") // what a transport inside next reads
+		q.drop |= dropTenant
 	}
 
 	if n, ok := attempt.From(ctx); ok {
 		q.attempt = n
+		if _, sent := h[s.attHeader]; sent {
+			q.drop |= dropAttempt
+		}
 	} else if v, sent := first(h, s.attHeader); sent {
 		if n, ok := parseAttempt(v); ok {
 			q.attempt = n
 			q.ctx = attempt.With(q.ctx, n)
 		} else {
 			s.malformedHeader(ctx, s.attHeader, v)
+			q.drop |= dropAttempt
 		}
 	}
 
@@ -333,6 +378,7 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 	if v, sent := first(h, s.timeHeader); sent {
 		if ms, ok := parseMillis(v); !ok {
 			s.malformedHeader(ctx, s.timeHeader, v)
+			q.drop |= dropTimeout
 		} else if dl := arrival.Add(time.Duration(ms) * time.Millisecond); !q.expires || dl.Before(q.deadline) {
 			q.deadline, q.expires, q.propagated = dl, true, true
 		}
@@ -352,7 +398,7 @@ func first(h http.Header, name string) (string, bool) {
 func (s *server) malformedHeader(ctx context.Context, header, value string) {
 	s.malformed.Add(1)
 	if o := s.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.name, Header: header, Value: reported(value)})
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.name, Header: header, Value: httpx.Reported(value)})
 	}
 }
 

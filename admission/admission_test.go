@@ -3,10 +3,12 @@ package admission
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/resilix/resilix/attempt"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -249,8 +252,9 @@ func TestPriorityIsTrustedOrDefault(t *testing.T) {
 
 // TestTenantIsTrustedOrNone: a tenant header is honoured only from a
 // trusted caller; an untrusted caller's is replaced by an empty tenant in
-// the context, which a transport inside next reads instead of a header next
-// forwarded; a tenant already in the context wins.
+// the context, which a transport inside next reads, and removed from the
+// request next gets, so that no transport forwards it; a tenant already in
+// the context wins, and the header goes too.
 func TestTenantIsTrustedOrNone(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -259,11 +263,12 @@ func TestTenantIsTrustedOrNone(t *testing.T) {
 		header    string
 		want      string
 		hasTenant bool
+		seen      string // the header next sees
 	}{
-		{"trusted", trustAll, nil, "acme", "acme", true},
-		{"untrusted", nil, nil, "acme", "", true},
-		{"none sent", trustAll, nil, "", "", false},
-		{"context wins", nil, tenant.With(context.Background(), "initech"), "acme", "initech", true},
+		{"trusted", trustAll, nil, "acme", "acme", true, "acme"},
+		{"untrusted", nil, nil, "acme", "", true, ""},
+		{"none sent", trustAll, nil, "", "", false, ""},
+		{"context wins", nil, tenant.With(context.Background(), "initech"), "acme", "initech", true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var s seen
@@ -280,8 +285,8 @@ func TestTenantIsTrustedOrNone(t *testing.T) {
 			if s.tenant != tc.want || s.hasTenant != tc.hasTenant {
 				t.Errorf("next's tenant %q (%v), want %q (%v)", s.tenant, s.hasTenant, tc.want, tc.hasTenant)
 			}
-			if s.tenantHeaderSeen != tc.header {
-				t.Errorf("next sees the header %q, want it untouched (%q)", s.tenantHeaderSeen, tc.header)
+			if s.tenantHeaderSeen != tc.seen {
+				t.Errorf("next sees the header %q, want %q", s.tenantHeaderSeen, tc.seen)
 			}
 		})
 	}
@@ -833,8 +838,8 @@ func TestHugeHeadersCostNoMemory(t *testing.T) {
 	if huge > base+1024 {
 		t.Errorf("a request with 1 MB headers allocates %.0f bytes, one with small headers %.0f: the values are copied", huge, base)
 	}
-	if n := reportedLen.Load(); n == 0 || n > maxReported {
-		t.Errorf("the longest value reported was %d bytes, want 1 to %d", n, maxReported)
+	if n := reportedLen.Load(); n == 0 || n > httpx.MaxReported {
+		t.Errorf("the longest value reported was %d bytes, want 1 to %d", n, httpx.MaxReported)
 	}
 	// Nothing is kept: the heap after the requests, with their values
 	// dropped, is what it was before.
@@ -851,19 +856,26 @@ func TestHugeHeadersCostNoMemory(t *testing.T) {
 // boxed string; and the deadline's context and timer.
 func TestAllocations(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	h := mustHandler(t, ok, Config{Trust: trustAll})
+	trusting := mustHandler(t, ok, Config{Trust: trustAll})
+	untrusting := mustHandler(t, ok, Config{})
 	headers := []string{"Resilix-Priority", "bulk", "Resilix-Tenant", "acme", "Resilix-Attempt", "2"}
 	for _, tc := range []struct {
 		name string
+		h    *server
 		kv   []string
 		max  float64
 	}{
-		{"no header", nil, 3},
-		{"priority, tenant, attempt", headers, 6},
-		{"and a timeout", append(headers, "Resilix-Timeout-Ms", "5000"), 10},
+		{"no header", trusting, nil, 3},
+		{"priority, tenant, attempt", trusting, headers, 6},
+		{"and a timeout", trusting, append(headers, "Resilix-Timeout-Ms", "5000"), 10},
+		// The three, the empty tenant's context and the attempt's, and
+		// the Header's copy without the priority and the tenant: its map
+		// (with its buckets) and its values.
+		{"untrusted: priority, tenant, attempt", untrusting, headers, 8},
 	} {
 		r := newRequest(context.Background(), tc.kv...)
 		w := &discard{h: http.Header{}}
+		h := tc.h
 		if n := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, r) }); n > tc.max {
 			t.Errorf("%s: %v allocations per request, want at most %v", tc.name, n, tc.max)
 		}
@@ -925,4 +937,63 @@ func TestManyTenantsBoundedMemory(t *testing.T) {
 		t.Errorf("100,000 tenant ids grew the heap by %d bytes", after-before)
 	}
 	runtime.KeepAlive(h)
+}
+
+// TestNextGetsOnlyTheHeadersAdmissionTook: of the four headers, the
+// request next gets carries only those whose value admission took, so
+// that a transport behind it (a reverse proxy's) cannot forward the rest:
+// a priority or tenant from an untrusted caller, or that the context
+// overrides, a malformed priority, timeout or attempt number, and an
+// attempt number the context overrides are removed, with all their
+// values. Every other header passes, and the caller's request keeps its
+// own.
+func TestNextGetsOnlyTheHeadersAdmissionTook(t *testing.T) {
+	all := []string{"Resilix-Priority", "bulk", "Resilix-Tenant", "acme", "Resilix-Timeout-Ms", "5000", "Resilix-Attempt", "2", "X-Other", "1"}
+	middleware := attempt.With(tenant.With(shedding.WithPriority(context.Background(), shedding.Degraded), "initech"), 1)
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		ctx   context.Context
+		kv    []string
+		wants []string // the headers next sees, sorted
+	}{
+		{"trusted", Config{Trust: trustAll}, nil, all,
+			[]string{"Resilix-Attempt", "Resilix-Priority", "Resilix-Tenant", "Resilix-Timeout-Ms", "X-Other"}},
+		{"untrusted", Config{}, nil, all,
+			[]string{"Resilix-Attempt", "Resilix-Timeout-Ms", "X-Other"}},
+		{"untrusted, every value", Config{}, nil,
+			[]string{"Resilix-Tenant", "a", "Resilix-Tenant", "b", "Resilix-Priority", "critical", "Resilix-Priority", "bulk"},
+			nil},
+		{"malformed", Config{Trust: trustAll}, nil,
+			[]string{"Resilix-Priority", "urgent", "Resilix-Tenant", "acme", "Resilix-Timeout-Ms", "soon", "Resilix-Attempt", "0"},
+			[]string{"Resilix-Tenant"}},
+		{"the context overrides", Config{Trust: trustAll}, middleware, all,
+			[]string{"Resilix-Timeout-Ms", "X-Other"}},
+		{"configured names", Config{PriorityHeader: "x-prio", TenantHeader: "x-tenant"}, nil,
+			[]string{"X-Prio", "bulk", "X-Tenant", "acme", "Resilix-Priority", "bulk", "Resilix-Tenant", "acme"},
+			[]string{"Resilix-Priority", "Resilix-Tenant"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got = slices.Sorted(maps.Keys(r.Header))
+			})
+			h := mustHandler(t, next, tc.cfg)
+			ctx := tc.ctx
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			r := newRequest(ctx, tc.kv...)
+			before := r.Header.Clone()
+			if w := serve(h, r); w.Code != http.StatusOK {
+				t.Fatalf("status %d", w.Code)
+			}
+			if diff := cmp.Diff(tc.wants, got); diff != "" {
+				t.Errorf("next's headers (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(before, r.Header); diff != "" {
+				t.Errorf("the caller's request was modified (-before +after):\n%s", diff)
+			}
+		})
+	}
 }

@@ -49,6 +49,15 @@
 // caller can only shorten its own deadline, and only spare the server
 // retries.
 //
+// The request next gets carries only those of the four headers whose
+// value admission took, all the others' values removed: a priority or a
+// tenant from an untrusted caller, or that the request's context
+// overrides; a priority, a timeout or an attempt number that cannot be
+// read; an attempt number the context overrides. So a transport behind
+// next, a reverse proxy's with policy.Set.Propagate or without, cannot
+// forward an outside caller's word about itself to a service that trusts
+// this one. The caller's own request keeps its headers: next gets a copy.
+//
 // The timeout is a whole number of milliseconds the caller will still
 // wait, counted from the request's arrival (when ServeHTTP is called; the
 // transit time is the caller's to subtract). It becomes a deadline on
@@ -152,6 +161,7 @@
 // The handler is safe for concurrent use and starts no goroutine. It
 // allocates three small objects per request (the priority's context, the
 // request copy next gets, the writer that records its status), one or two
-// more for each value it puts in the context, and a context and its timer
-// for a deadline.
+// more for each value it puts in the context, a context and its timer
+// for a deadline, and a copy of the request's Header when it removes one
+// of the four.
 package admission

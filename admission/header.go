@@ -4,7 +4,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/resilix/resilix/shedding"
 )
@@ -20,8 +19,6 @@ const (
 	maxTimeout = 24 * time.Hour
 	// maxAttempt is the largest attempt number read.
 	maxAttempt = math.MaxInt32
-	// maxReported is how much of a malformed value an Observer is given.
-	maxReported = 64
 )
 
 // parsePriority parses a priority header's value with
@@ -68,18 +65,4 @@ func parseUint(v string, limit int64) (int64, bool) {
 		}
 	}
 	return n, true
-}
-
-// reported returns what an Observer is given of a malformed value: a copy,
-// so that an Observer that keeps it does not keep the request's headers,
-// of at most maxReported bytes, cut at a rune's start.
-func reported(v string) string {
-	if len(v) > maxReported {
-		n := maxReported
-		for n > 0 && !utf8.RuneStart(v[n]) {
-			n--
-		}
-		v = v[:n]
-	}
-	return strings.Clone(v)
 }

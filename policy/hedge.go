@@ -19,8 +19,9 @@ import (
 // never hedged (the exception Retry makes for an attempt that never reached
 // the server does not apply: a hedge is sent while the first leg may be
 // on the server). A body without GetBody is hedged from the copy
-// Set.ReplayBuffer keeps, once the first leg has sent all of it; a hedge
-// due before then is not sent (HedgeBodyPending).
+// Set.ReplayBuffer keeps, once the first leg has sent all of it: a hedge
+// due before then waits for the body and is sent as it completes, unless
+// the first leg answers first (HedgeBodyPending).
 //
 // Each hedge withdraws one token from the scope's Budget as it starts,
 // after the admission gates, and gives it back if it wins: only the hedges
@@ -153,8 +154,9 @@ const (
 	// caller's body (one without GetBody, kept for replay) failed as it
 	// was read.
 	HedgeBodyError
-	// HedgeBodyPending: the request's body has no GetBody and the first
-	// leg was still sending it, so there was no copy of it to send yet.
+	// HedgeBodyPending: the request's body has no GetBody, and a hedge
+	// that came due while the first leg was still sending it waited for
+	// the copy, but the first leg answered before it had sent all of it.
 	HedgeBodyPending
 	// HedgeBodyTooLarge: the request's body has no GetBody and was larger
 	// than Set.ReplayBuffer, so no copy of it was kept.

@@ -50,10 +50,10 @@ type Observer struct {
 	BreakerTransition func(BreakerTransition)
 
 	// MalformedHeader is called when a header resilix reads cannot be
-	// parsed: a priority (the call goes on as Critical) or a Retry-After
-	// (the backoff alone decides the wait); when a tenant id that
-	// Set.Propagate would write is not a valid header value (it is then
-	// not written); on a server, package admission's priority, timeout
+	// parsed: a priority (the call goes on as Critical) or a 429's or
+	// 503's Retry-After (the backoff alone decides the wait); when a
+	// tenant id that Set.Propagate would write is not a valid header
+	// value (it is then not written); on a server, package admission's priority, timeout
 	// and attempt headers (treated as absent).
 	MalformedHeader func(MalformedHeader)
 
@@ -296,7 +296,10 @@ type MalformedHeader struct {
 	Context context.Context
 	Key     string
 	Header  string
-	Value   string
+	// Value is a copy of at most the first 64 bytes of the value, cut so
+	// as not to split a rune: a value of any length costs an observer that
+	// keeps it no more.
+	Value string
 }
 
 // HedgeInfo describes a hedge leg.

@@ -32,9 +32,12 @@ import (
 // uniform draw in [0, min(MaxDelay, BaseDelay·2ⁿ)), where n is the number
 // of retries already made, 0 before the first; see Backoff), or what Delay
 // returns when it is set, or longer if the response asked for it with
-// Retry-After. It never sleeps past the caller's deadline: when the next
-// attempt could not start before it, the last response or error is
-// returned at once. Each retry withdraws one token from the scope's
+// Retry-After. Only a 429 Too Many Requests or a 503 Service Unavailable
+// asks: these are the statuses that carry Retry-After as the server's
+// pushback, as the Throttler reads them, and any other status's
+// Retry-After is not read. It never sleeps past the caller's deadline:
+// when the next attempt could not start before it, the last response or
+// error is returned at once. Each retry withdraws one token from the scope's
 // Budget, which it gives back if its answer is the call's success, and
 // passes the admission gates like any attempt; when no token is left, or a
 // gate refuses, the last response or error is returned, and
@@ -58,12 +61,12 @@ type Retry struct {
 	MaxDelay time.Duration
 
 	// MaxRetryAfter is the longest Retry-After (delta-seconds or HTTP-date)
-	// that is honoured. A response asking for a longer wait is returned to
-	// the caller at once rather than retried early against the server's
-	// wish or held for longer than the caller is likely to wait (Envoy's
-	// rate-limited retry back-off makes the same choice). If zero, 10s is
-	// used. If negative, Retry-After is ignored and only the backoff
-	// applies.
+	// of a 429 or 503 that is honoured. A response asking for a longer
+	// wait is returned to the caller at once rather than retried early
+	// against the server's wish or held for longer than the caller is
+	// likely to wait (Envoy's rate-limited retry back-off makes the same
+	// choice). If zero, 10s is used. If negative, Retry-After is ignored
+	// and only the backoff applies.
 	MaxRetryAfter time.Duration
 
 	// Delay, when set, replaces the exponential backoff with full jitter:

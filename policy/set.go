@@ -64,8 +64,10 @@ type Set struct {
 	// Resilix-Tenant, Resilix-Timeout-Ms and Resilix-Attempt unless set).
 	// Package admission reads them back on the server. A header is
 	// written only when there is a value to write, and only on the
-	// attempt's own copy of the request; see package transport, "Across
-	// services", for what each one carries.
+	// attempt's own copy of the request, where it replaces what the
+	// request carried under that name, and removes it when there is no
+	// value; see package transport, "Across services", for what each one
+	// carries.
 	//
 	// It is off by default because a third-party API should not see
 	// internal headers: they tell it how the caller ranks its traffic

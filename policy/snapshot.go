@@ -73,7 +73,8 @@ type Snapshot struct {
 	Pressure float64
 
 	// MalformedHeaders counts priority headers on requests and
-	// Retry-After headers on responses that could not be parsed, and
+	// Retry-After headers on 429 and 503 responses that could not be
+	// parsed, and
 	// tenant ids that Set.Propagate could not write (see
 	// Observer.MalformedHeader).
 	MalformedHeaders uint64

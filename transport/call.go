@@ -20,7 +20,10 @@ import (
 // every path, and exactly one of the results is non-nil. A nil request, one
 // without a URL, or one whose context carries an Override with a negative
 // field, is an error before any policy runs; see checkRequest and
-// Override.
+// Override. A request whose context is already done (cancelled, or past
+// its deadline) gets the context's error before its key's state is even
+// looked up: it asks no gate, spends no token, creates no key, and is
+// reported to Observer.CallDone as Canceled, with no wire attempt.
 //
 // When the call made more than one wire attempt and the last one failed
 // with an error, the error returned says how many were made, as in
@@ -41,6 +44,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	start := time.Now()
+	if err := contextDone(req.Context(), start); err != nil {
+		closeBody(req.Body)
+		t.doneBefore(req, start, err)
+		return nil, err
+	}
 	s := t.scopes.enter(t.key(req), start)
 	defer s.leave()
 	c := call{
@@ -51,7 +59,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		start: start,
 	}
 	c.narrow(&o)
-	c.prio = t.priority(req, c.s)
+	c.prio, c.named = t.priority(req, c.s)
 	if c.s.throttle != nil || c.s.limiter != nil {
 		c.tenant = t.tenant(req)
 	}
@@ -77,21 +85,56 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// contextDone returns the error of a context that is done at now: its
+// own, or context.DeadlineExceeded for a deadline that has passed before
+// the context's timer noticed.
+func contextDone(ctx context.Context, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// doneBefore reports a call whose context was done before it began: a
+// call of its key, Canceled, with no wire attempt. Its key is computed but
+// its state neither looked up nor created.
+func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
+	if o := t.obs; o != nil && o.CallDone != nil {
+		prio, _ := t.priority(req, nil)
+		o.CallDone(policy.CallInfo{
+			Context:  req.Context(),
+			Key:      t.key(req),
+			Priority: prio,
+			Outcome:  policy.Canceled,
+			Duration: time.Since(start),
+			Err:      err,
+		})
+	}
+}
+
 // priority reads the call's priority: the context's, else the header's,
-// else Critical. A malformed header is counted and tolerated.
-func (t *Transport) priority(req *http.Request, s *scope) shedding.Priority {
+// else Critical, and whether the call named it (by the context, or a
+// header that parses). A malformed header is tolerated, and counted in s
+// unless s is nil.
+func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bool) {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
-		return p
+		return p, true
 	}
 	vs := req.Header[t.priorityHeader]
 	if len(vs) == 0 {
-		return shedding.Critical
+		return shedding.Critical, false
 	}
 	p, err := shedding.ParsePriority(vs[0])
 	if err != nil {
-		t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+		if s != nil {
+			t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+		}
+		return p, false
 	}
-	return p
+	return p, true
 }
 
 // tenant reads the call's tenant id: the context's, else the header's.
@@ -108,7 +151,7 @@ func (t *Transport) tenant(req *http.Request) string {
 func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
 	s.malformed.Add(1)
 	if o := t.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: value})
+		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: httpx.Reported(value)})
 	}
 }
 
@@ -121,6 +164,7 @@ type call struct {
 	ctx    context.Context
 	start  time.Time
 	prio   shedding.Priority
+	named  bool   // prio is the context's or a header's, not the default
 	tenant string // read only when a gate is fair between tenants
 
 	// What the call may do: its key's set, as an Override narrows it.
@@ -301,7 +345,8 @@ func (c *call) replayable() bool {
 	return httpx.Rewindable(c.req)
 }
 
-// backoff returns the wait before the next round, or why there is none.
+// backoff returns the wait before the next round, or why there is none:
+// the backoff (or Retry.Delay), stretched by a 429's or 503's Retry-After.
 // It sets c.why, why the retry would be sent: an attempt whose error
 // proves the request unsent (httpx.Unsent) may be retried whatever the
 // method; any other only when the request may be sent twice. Either way
@@ -331,7 +376,7 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	} else {
 		d = r.Backoff(c.retries, rand.Float64())
 	}
-	if resp != nil && r.MaxRetryAfter >= 0 {
+	if resp != nil && r.MaxRetryAfter >= 0 && pushesBack(resp.StatusCode) {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			ra, ok := httpx.ParseRetryAfter(v, now)
 			switch {
@@ -348,6 +393,14 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		return 0, policy.SkipDeadline
 	}
 	return d, 0
+}
+
+// pushesBack reports whether a response's status is one whose
+// Retry-After a retry waits for: 429 Too Many Requests or 503 Service
+// Unavailable, the server asking to be called later, as the throttler
+// reads them. Any other status's Retry-After is not read.
+func pushesBack(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
 }
 
 // buffers reports whether the call keeps a copy of the request's body as

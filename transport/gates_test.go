@@ -13,6 +13,7 @@ import (
 
 	"github.com/resilix/resilix/httptestutil"
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 // trackedBody is a request body that records whether it was closed.
@@ -381,4 +382,94 @@ func TestAnObserverStillTimesSuccessesDatedBySend(t *testing.T) {
 			t.Fatalf("attempt latencies %v, want [%v]", got, latency)
 		}
 	})
+}
+
+// TestADoneCallSpendsNothing: a call whose context is already done, or
+// whose deadline has passed, is answered with the context's error before
+// its key's state is looked up: no wire call, no gate asked, no rate-limit
+// token spent, no lease from a shared store, no key created. Its body is
+// closed and the Observer hears it as a Canceled call with no wire
+// attempt. A live call after three such calls gets the one token of a
+// bucket that refills once in ten seconds.
+func TestADoneCallSpendsNothing(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		name := "local"
+		if shared {
+			name = "shared"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var wire atomic.Int32
+				base := fakeRT(func(r *http.Request) (*http.Response, error) {
+					wire.Add(1)
+					return respond(r, 200), nil
+				})
+				rl := &policy.RateLimit{PerSecond: 0.1, Burst: 1}
+				store := new(memStore)
+				if shared {
+					rl.Shared, rl.Lease = store, 1
+				}
+				set := policy.Set{
+					Throttler: &policy.Throttler{},
+					Breaker:   &policy.Breaker{},
+					Limiter:   &policy.Limiter{},
+					Bulkhead:  &policy.Bulkhead{MaxConcurrent: 1},
+					RateLimit: rl,
+					Retry:     &policy.Retry{},
+				}
+				var calls []policy.CallInfo
+				var refusals, attempts int
+				tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
+					CallDone:    func(c policy.CallInfo) { calls = append(calls, c) },
+					Refused:     func(policy.Refusal) { refusals++ },
+					AttemptDone: func(policy.AttemptInfo) { attempts++ },
+				}})
+
+				cancelled, cancel := context.WithCancel(t.Context())
+				cancel()
+				expired, cancel2 := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+				defer cancel2()
+				for i, ctx := range []context.Context{cancelled, cancelled, expired} {
+					b := &trackedBody{Reader: strings.NewReader("x")}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://a.test/", b)
+					resp, err := tr.RoundTrip(req)
+					if resp != nil || err != ctx.Err() {
+						t.Fatalf("call %d: got %v, %v; want the context's error %v itself", i, resp, err, ctx.Err())
+					}
+					if !b.closed.Load() {
+						t.Errorf("call %d: the body was not closed", i)
+					}
+				}
+				if n := wire.Load(); n != 0 {
+					t.Errorf("%d wire calls, want none", n)
+				}
+				if s := tr.scopes.lookup("a.test"); s != nil || tr.scopes.len() != 0 {
+					t.Errorf("%d keys after done calls only, want none", tr.scopes.len())
+				}
+				if len(store.keys) != 0 {
+					t.Errorf("%d asks of the shared store, want none", len(store.keys))
+				}
+				if refusals != 0 || attempts != 0 {
+					t.Errorf("%d refusals, %d attempts reported; want none", refusals, attempts)
+				}
+				if len(calls) != 3 {
+					t.Fatalf("%d calls reported, want 3", len(calls))
+				}
+				for i, c := range calls {
+					if c.Key != "a.test" || c.Outcome != policy.Canceled || c.WireAttempts != 0 || c.Err == nil || c.Priority != shedding.Critical {
+						t.Errorf("call %d reported as %+v", i, c)
+					}
+				}
+
+				resp, err := get(t, t.Context(), tr, "http://a.test/")
+				if err != nil {
+					t.Fatalf("the live call after them: %v", err)
+				}
+				resp.Body.Close()
+				if n := wire.Load(); n != 1 {
+					t.Errorf("%d wire calls, want 1", n)
+				}
+			})
+		})
+	}
 }

@@ -62,6 +62,10 @@ type round struct {
 	expires time.Time
 	expired bool
 	refused int // hedges the budget refused in this round: later tries back off
+	// awaiting: a hedge came due while the first leg was still sending a
+	// body without GetBody; it is decided again once the body is read
+	// (see awaitBody).
+	awaiting bool
 	// rang: the timer's func has run, or may run, so a fire may still be
 	// using the round after the caller is done with it.
 	rang bool
@@ -248,6 +252,7 @@ func (r *round) hedge(now time.Time) {
 		r.mu.Unlock()
 		return
 	}
+	r.awaiting = false // decided now, if it waited for the body
 	why := r.gate(now)
 	r.firing = why == 0
 	firing = r.firing
@@ -265,7 +270,9 @@ func (r *round) hedge(now time.Time) {
 	body, why := r.body()
 	if why != 0 {
 		c.unadmit(l, now)
-		c.suppress(why)
+		if why != policy.HedgeBodyPending || !r.awaitBody() {
+			c.suppress(why)
+		}
 		return
 	}
 
@@ -322,8 +329,9 @@ func (r *round) hedge(now time.Time) {
 
 // body returns a hedge leg's body, or why it has none: GetBody failed, or
 // a body without GetBody is not yet, or cannot be, replayed from its copy.
-// A hedge never waits for the first leg to finish sending the body: it is
-// suppressed, HedgeBodyPending, and the first leg goes on.
+// A hedge never reads the caller's body itself: while the first leg is
+// still sending it (HedgeBodyPending), the hedge waits for it (see
+// awaitBody), and the first leg goes on.
 func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 	switch rb := r.c.rb; {
 	case r.getBody != nil:
@@ -344,6 +352,56 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 	// Complete: the hedge replays the copy alone, and never reads on
 	// from the caller's body.
 	return r.c.rb.Next(), 0
+}
+
+// awaitBody has the hedge now due, which found the first leg still
+// sending a body without GetBody, decided again once the body has been
+// read as far as it will be: complete, the hedge replays the copy; failed
+// or too large, it is suppressed for that. It reports whether the hedge
+// waits: not when the round is over. A round whose inline leg comes back
+// first ends with the hedge unsent, reported as HedgeBodyPending (see
+// report). The round cannot go back to the pool meanwhile: its timer has
+// rung.
+func (r *round) awaitBody() bool {
+	r.mu.Lock()
+	if r.over {
+		r.mu.Unlock()
+		return false
+	}
+	r.awaiting = true
+	r.mu.Unlock()
+	rb := r.c.rb
+	switch {
+	case rb.WhenRead(r.bodyRead):
+	case rb.Complete() || rb.TooLarge() || rb.Err() != nil:
+		r.bodyRead() // read meanwhile: decided again at once
+	default:
+		// No read will end it (the call is over): nothing to wait for,
+		// unless the inline leg's report took the hedge over already.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		waited := r.awaiting
+		r.awaiting = false
+		return !waited
+	}
+	return true
+}
+
+// bodyRead runs once the body a hedge awaits has been read: it sets the
+// round's timer to fire at once, for the hedge, unless the round is over.
+// It runs on the goroutine that read the body (the first leg's) and only
+// takes the round's lock. The hedge still awaits until the timer's fire
+// decides it: a round whose inline leg comes back before then reports it
+// HedgeBodyPending.
+func (r *round) bodyRead() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.awaiting || r.over {
+		return
+	}
+	now := time.Now()
+	r.due = now
+	r.armLocked(now)
 }
 
 // gate asks the hedging gates, in their order (see hedge.State.Gate);
@@ -405,12 +463,18 @@ func (r *round) report(l *leg) {
 	r.mu.Lock()
 	l.ended = true
 	r.live--
+	defer r.cond.Broadcast()
 	if l == r.legs[0] {
 		// The inline leg is back: whatever happens, no more legs start.
 		r.over = true
 		r.stopLocked()
+		if r.awaiting {
+			// The hedge waiting for the body will not be sent; reported
+			// once r.mu is let go, as report returns.
+			r.awaiting = false
+			defer c.suppress(policy.HedgeBodyPending)
+		}
 	}
-	defer r.cond.Broadcast()
 	if l.lost {
 		// Reported discarded when it lost; send closed what it got.
 		r.mu.Unlock()

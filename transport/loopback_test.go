@@ -2,11 +2,14 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,5 +138,91 @@ func TestLoopbackUntrustedCertificateIsNotRetried(t *testing.T) {
 	}
 	if len(skips) != 1 || skips[0].Reason != policy.SkipPermanent || skips[0].Attempt != 1 {
 		t.Fatalf("skips %+v: a certificate error is not retried", skips)
+	}
+}
+
+// TestLoopbackHedgeWaitsForTheBody: over real sockets, a PUT whose body has
+// no GetBody and trickles in past the hedge threshold is hedged once
+// net/http has written the whole body for the first leg, and both legs'
+// handlers receive it byte for byte; the hedge, answered at once, wins.
+func TestLoopbackHedgeWaitsForTheBody(t *testing.T) {
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 256) // 4 KiB
+	var mu sync.Mutex
+	bodies := map[string][]byte{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPut {
+			return // the warm-up's GETs
+		}
+		b, err := io.ReadAll(r.Body)
+		n := r.Header.Get("Resilix-Attempt")
+		mu.Lock()
+		bodies[n] = b
+		mu.Unlock()
+		if err != nil {
+			t.Errorf("attempt %s: reading the body: %v", n, err)
+		}
+		if n == "1" {
+			<-r.Context().Done() // slow: held until the hedge wins and it is cancelled
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	// The PUT's hedge events; the warm-up's GETs may be hedged too, when
+	// loopback's latency jitters.
+	type putKey struct{}
+	putCtx, cancel := context.WithTimeout(context.WithValue(t.Context(), putKey{}, true), 5*time.Second)
+	defer cancel() // the bound on a first leg never hedged
+	var started, pending atomic.Int32
+	won := make(chan struct{}, 2)
+	obs := &policy.Observer{
+		HedgeStarted: func(h policy.HedgeInfo) {
+			if h.Context.Value(putKey{}) != nil {
+				started.Add(1)
+			}
+		},
+		HedgeWon: func(h policy.HedgeInfo) {
+			if h.Context.Value(putKey{}) != nil {
+				won <- struct{}{}
+			}
+		},
+		HedgeSuppressed: func(s policy.HedgeSuppression) {
+			if s.Context.Value(putKey{}) != nil && s.Reason == policy.HedgeBodyPending {
+				pending.Add(1)
+			}
+		},
+	}
+	base := cleanhttp.DefaultPooledTransport()
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, Config{Base: base, Policies: policy.Set{Propagate: true, Hedge: &policy.Hedge{MaxConcurrent: 2}}, Observer: obs})
+	for range 30 {
+		resp, err := get(t, t.Context(), tr, srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	req, _ := http.NewRequestWithContext(putCtx, http.MethodPut, srv.URL, trickle(payload))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Request.Header.Get("Resilix-Attempt") != "2" {
+		t.Errorf("answered by attempt %q, want the hedge, 2", resp.Request.Header.Get("Resilix-Attempt"))
+	}
+	select {
+	case <-won: // reported by the hedge's goroutine, perhaps after the answer
+	case <-time.After(10 * time.Second):
+		t.Error("no hedge won")
+	}
+	srv.Close() // waits for the first leg's handler, cancelled
+	if started.Load() != 1 || len(won) != 0 || pending.Load() != 0 {
+		t.Errorf("the PUT's hedges: started %d, won %d more, suppressed as body_pending %d; want 1, none and 0", started.Load(), len(won), pending.Load())
+	}
+	for _, n := range []string{"1", "2"} {
+		if !bytes.Equal(bodies[n], payload) {
+			t.Errorf("attempt %s's handler received %d bytes, want the %d of the body, byte for byte", n, len(bodies[n]), len(payload))
+		}
 	}
 }

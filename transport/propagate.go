@@ -6,16 +6,16 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/policy"
-	"github.com/resilix/resilix/shedding"
-	"github.com/resilix/resilix/tenant"
 )
 
 // stamp writes on leg l's request the headers that a key whose set has
 // Propagate on sends with each wire attempt (see "Across services" in the
-// package doc): the context's priority and tenant, the time the attempt
-// may still take, and the attempt's number. prepare calls it once l.req is
-// the request the leg sends and its per-attempt timer runs, before the leg
-// is timed.
+// package doc): the call's priority and tenant, the time the attempt may
+// still take, and the attempt's number. Each is exactly what the call
+// derives: a value the request carried for one of them is replaced, or
+// removed where the call has none. prepare calls it once l.req is the
+// request the leg sends and its per-attempt timer runs, before the leg is
+// timed.
 //
 // The headers go on a Header of the leg's own: a hedge leg has one
 // already (prepare gives it a deep copy, Request.Clone); any other leg
@@ -27,11 +27,11 @@ func (c *call) stamp(l *leg) {
 	t := c.t
 	var prio, id, left string
 	n := 1 // values to write: the attempt number always has one
-	if p, ok := shedding.PriorityFrom(c.ctx); ok && p.Valid() {
-		prio = p.String()
+	if c.named {
+		prio = c.prio.String()
 		n++
 	}
-	if v, ok := tenant.From(c.ctx); ok && v != "" {
+	if v := t.tenant(c.req); v != "" { // c.tenant is read only for the gates
 		if validHeaderValue(v) {
 			id = v
 			n++
@@ -64,15 +64,9 @@ func (c *call) stamp(l *leg) {
 		w = cloneHeader(c.req.Header, n)
 		l.req.Header = w.h
 	}
-	if prio != "" {
-		w.set(t.priorityHeader, prio)
-	}
-	if id != "" {
-		w.set(t.tenantHeader, id)
-	}
-	if left != "" {
-		w.set(t.timeoutHeader, left)
-	}
+	w.put(t.priorityHeader, prio)
+	w.put(t.tenantHeader, id)
+	w.put(t.timeoutHeader, left)
 	w.set(t.attemptHeader, strconv.Itoa(l.n))
 }
 
@@ -88,6 +82,15 @@ func (w *headerWriter) set(key, v string) {
 	w.free[0] = v
 	w.h[key] = w.free[:1:1]
 	w.free = w.free[1:]
+}
+
+// put sets key as set does, or removes it when v is empty.
+func (w *headerWriter) put(key, v string) {
+	if v == "" {
+		delete(w.h, key)
+		return
+	}
+	w.set(key, v)
 }
 
 // cloneHeader returns a writer over a deep copy of h, as Header.Clone

@@ -77,10 +77,11 @@ func ours(h http.Header) map[string]string {
 }
 
 // TestPropagateWritesOnlyWhereOnAndOnlyWithValues: a key with Propagate on
-// gets the context's priority and tenant, the time left and the attempt
-// number, each only when there is one; a key without it gets nothing
-// resilix added, and either way the request's own headers go as they are
-// unless the context overrides them on a propagating key.
+// gets the context's priority and tenant (else the request's own, as the
+// transport reads them), the time left and the attempt number, each only
+// when there is one, and never a value the transport did not derive; a key
+// without it gets nothing resilix added, and the request's own headers as
+// they are.
 func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 	type ctxf = func(context.Context) context.Context
 	for _, tc := range []struct {
@@ -106,9 +107,9 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "2000", hAttempt: "1"},
 		},
 		{
-			name: "the request's own headers",
+			name: "the request's own headers, as the transport reads them",
 			own:  map[string]string{hPriority: "Degraded", hTenant: "beta"},
-			want: map[string]string{hPriority: "Degraded", hTenant: "beta", hAttempt: "1"},
+			want: map[string]string{hPriority: "degraded", hTenant: "beta", hAttempt: "1"},
 		},
 		{
 			name: "the context wins over the request's headers",
@@ -116,7 +117,31 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 				return tenant.With(shedding.WithPriority(ctx, shedding.Critical), "acme")
 			},
 			own:  map[string]string{hPriority: "bulk", hTenant: "beta", hAttempt: "7", hTimeout: "99999"},
-			want: map[string]string{hPriority: "critical", hTenant: "acme", hTimeout: "99999", hAttempt: "1"},
+			want: map[string]string{hPriority: "critical", hTenant: "acme", hAttempt: "1"},
+		},
+		{
+			name:     "the request's own timeout is the time left",
+			deadline: 2 * time.Second,
+			own:      map[string]string{hTimeout: "99999"},
+			want:     map[string]string{hTimeout: "2000", hAttempt: "1"},
+		},
+		{
+			name: "an empty tenant in the context removes the request's",
+			ctx:  func(ctx context.Context) context.Context { return tenant.With(ctx, "") },
+			own:  map[string]string{hTenant: "evil"},
+			want: map[string]string{hAttempt: "1"},
+		},
+		{
+			name: "a malformed priority is removed",
+			own:  map[string]string{hPriority: "urgent"},
+			want: map[string]string{hAttempt: "1"},
+			bad:  1,
+		},
+		{
+			name: "a request's tenant that cannot be a header value is counted, not written",
+			own:  map[string]string{hTenant: "a\x00b"},
+			want: map[string]string{hAttempt: "1"},
+			bad:  1,
 		},
 		{
 			name:    "a per-attempt timeout and no deadline",
@@ -258,6 +283,13 @@ func FuzzPropagate(f *testing.F) {
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://a.test/", nil)
 			resp, err := tr.RoundTrip(req)
+			if deadline < 0 {
+				// Past before the call: answered at once, sending nothing.
+				if resp != nil || err != context.DeadlineExceeded || len(rec.sent()) != 0 {
+					t.Fatalf("past deadline: got %v, %v after %d wire calls; want DeadlineExceeded and none", resp, err, len(rec.sent()))
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -628,6 +660,113 @@ func TestPropagateLeavesTheCallersRequestAlone(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestPropagateCarriesExactlyWhatItDerives: on a propagating key the four
+// headers on the wire are exactly what the transport derives, on every
+// attempt, the first, a retry and a hedge leg alike: a value the request
+// carried is replaced, with all its values, or removed when the transport
+// has none (the empty tenant admission puts in the context of an untrusted
+// caller's request, say); and the caller's request keeps its own.
+func TestPropagateCarriesExactlyWhatItDerives(t *testing.T) {
+	legs := []struct {
+		name string
+		set  policy.Set
+		base func() http.RoundTripper
+		warm int
+	}{
+		{"one attempt", policy.Set{}, func() http.RoundTripper { return ok200 }, 0},
+		{"a retry", retrySet(), func() http.RoundTripper { return &script{codes: []int{503, 200}} }, 0},
+		{"a hedge", policy.Set{Hedge: &policy.Hedge{}}, func() http.RoundTripper {
+			return &slowRT{latency: func(i int64, _ *http.Request) (time.Duration, int) {
+				if i == 30 {
+					return time.Second, 200
+				}
+				return 10 * time.Millisecond, 200
+			}}
+		}, 30},
+	}
+	cases := []struct {
+		name     string
+		ctx      func(context.Context) context.Context
+		deadline bool        // 5s
+		own      http.Header // the request's
+		want     http.Header // on each attempt, but the attempt number and the time left
+	}{
+		{
+			name: "the context's values replace the request's",
+			ctx: func(ctx context.Context) context.Context {
+				return tenant.With(shedding.WithPriority(ctx, shedding.Degraded), "acme")
+			},
+			deadline: true,
+			own:      http.Header{hPriority: {"bulk", "critical"}, hTenant: {"evil", "x"}, hTimeout: {"99999", "1"}, hAttempt: {"7", "8"}},
+			want:     http.Header{hPriority: {"degraded"}, hTenant: {"acme"}},
+		},
+		{
+			name: "none derived, none sent",
+			ctx:  func(ctx context.Context) context.Context { return tenant.With(ctx, "") },
+			own:  http.Header{hPriority: {"urgent"}, hTenant: {"evil"}, hTimeout: {"99999"}, hAttempt: {"7"}},
+			want: http.Header{},
+		},
+		{
+			name: "the request's first values, as the transport reads them",
+			own:  http.Header{hPriority: {"Best-Effort", "bulk"}, hTenant: {"beta", "x"}},
+			want: http.Header{hPriority: {"best_effort"}, hTenant: {"beta"}},
+		},
+	}
+	for _, leg := range legs {
+		for _, tc := range cases {
+			t.Run(leg.name+"/"+tc.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					rec := &wireLog{next: leg.base()}
+					set := leg.set
+					set.Propagate = true
+					tr := mustNew(t, Config{Base: rec, Policies: set})
+					warm(t, tr, leg.warm)
+					ctx := t.Context()
+					if tc.ctx != nil {
+						ctx = tc.ctx(ctx)
+					}
+					if tc.deadline {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+						defer cancel()
+					}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://up.test/", nil)
+					req.Header = tc.own.Clone()
+					req.Header.Set("X-Other", "1")
+					before := req.Header.Clone()
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					synctest.Wait() // a losing leg has ended
+
+					if diff := cmp.Diff(before, req.Header); diff != "" {
+						t.Errorf("the caller's Header changed (-before +after):\n%s", diff)
+					}
+					ws := rec.sent()[leg.warm:]
+					if len(ws) < 2 && leg.name != "one attempt" {
+						t.Fatalf("%d wire attempts, want more than one", len(ws))
+					}
+					for i, w := range ws {
+						want := tc.want.Clone()
+						want.Set("X-Other", "1")
+						want.Set(hAttempt, strconv.Itoa(i+1))
+						if tc.deadline {
+							want[hTimeout] = w.header[hTimeout]
+							checkLeft(t, w, 0)
+						}
+						if diff := cmp.Diff(want, w.header); diff != "" {
+							t.Errorf("attempt %d's headers (-want +got):\n%s", i+1, diff)
+						}
+					}
+				})
+			})
+		}
 	}
 }
 

@@ -369,32 +369,102 @@ func TestHedgeSendsTheBufferedBody(t *testing.T) {
 	})
 }
 
-// TestHedgeWithTheBodyStillSending: a hedge due while the first leg is
-// still sending a body without GetBody (it trickles in) has no body to
-// send: it is suppressed with the reason body_pending, and the first leg
-// goes on.
-func TestHedgeWithTheBodyStillSending(t *testing.T) {
+// trickle returns a body that sends payload in 512-byte chunks, one every
+// 10ms, with no GetBody: 80ms for 4 KiB, past the 10ms threshold.
+func trickle(payload []byte) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		for chunk := range slices.Chunk(payload, 512) {
+			time.Sleep(10 * time.Millisecond)
+			if _, err := pw.Write(chunk); err != nil {
+				return // the call is over: its body was closed
+			}
+		}
+		pw.Close()
+	}()
+	return pr
+}
+
+// TestHedgeWaitsForTheBodyStillSending: a hedge that comes due while the
+// first leg is still sending a body without GetBody (it trickles in) is
+// sent once the body is complete, from the copy, and every leg's server
+// receives the body byte for byte; no hedge is reported suppressed.
+func TestHedgeWaitsForTheBodyStillSending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		payload := randomBytes(4 << 10)
-		pr, pw := io.Pipe()
-		go func() {
-			for chunk := range slices.Chunk(payload, 512) {
-				time.Sleep(10 * time.Millisecond) // 80ms in all, past the 10ms threshold
-				pw.Write(chunk)
+		base := &legBase{latency: func(i int) time.Duration {
+			if i == 30 {
+				return 300 * time.Millisecond // the first leg is slow once its body is in
 			}
-			pw.Close()
-		}()
-		base := &legBase{latency: func(int) time.Duration { return 10 * time.Millisecond }}
-		ev, code, err := hedgedPut(t, base, hedgeSet(), pr)
-		if err != nil || code != 200 {
-			t.Fatalf("got %d, %v", code, err)
+			return 10 * time.Millisecond
+		}}
+		var startedAt time.Duration
+		ev := &hedgeEvents{}
+		obs := ev.observer()
+		var begin time.Time
+		started := obs.HedgeStarted
+		obs.HedgeStarted = func(h policy.HedgeInfo) { startedAt = time.Since(begin); started(h) }
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: obs})
+		warm(t, tr, 30)
+		begin = time.Now()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://up.test/", trickle(payload))
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v, %v", resp, err)
 		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		took := time.Since(begin)
 		synctest.Wait()
-		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyPending) != 1 {
-			t.Fatalf("hedges started %d, suppressed as body_pending %d; want 0 and 1", started, ev.reason(policy.HedgeBodyPending))
+		if started, won := ev.counts(); started != 1 || won != 1 {
+			t.Fatalf("hedges started %d, won %d, suppressed as body_pending %d; want 1, 1 and 0",
+				started, won, ev.reason(policy.HedgeBodyPending))
 		}
-		if !bytes.Equal(base.bodies[30], payload) {
-			t.Fatal("the first leg did not send the body")
+		if n := ev.reason(policy.HedgeBodyPending); n != 0 {
+			t.Errorf("suppressed as body_pending %d times, want none", n)
+		}
+		if startedAt != 80*time.Millisecond || took != 90*time.Millisecond {
+			t.Errorf("the hedge started after %v and answered after %v; want as the body completed, 80ms, and 10ms later", startedAt, took)
+		}
+		for i := 30; i <= 31; i++ {
+			if !bytes.Equal(base.bodies[i], payload) {
+				t.Errorf("leg %d's server received %d bytes; want the %d of the body, byte for byte", i-29, len(base.bodies[i]), len(payload))
+			}
+		}
+	})
+}
+
+// TestHedgeWithTheBodyNeverComplete: a hedge that comes due while the
+// first leg is still sending a body without GetBody waits for the body,
+// and when the first leg answers before sending all of it (the server did
+// not read on), no hedge is sent: it is reported suppressed once, with the
+// reason body_pending, and the first leg's answer is the call's.
+func TestHedgeWithTheBodyNeverComplete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		base := fakeRT(func(r *http.Request) (*http.Response, error) {
+			if calls.Add(1) <= 30 || r.Body == nil {
+				return respondAfter(r, 10*time.Millisecond)
+			}
+			// Reads the first chunk only, and answers 30ms later.
+			if _, err := io.ReadFull(r.Body, make([]byte, 512)); err != nil {
+				return nil, err
+			}
+			return respondAfter(r, 30*time.Millisecond)
+		})
+		ev := &hedgeEvents{}
+		tr := mustNew(t, Config{Base: base, Policies: hedgeSet(), Observer: ev.observer()})
+		warm(t, tr, 30)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://up.test/", trickle(randomBytes(4<<10)))
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v, %v", resp, err)
+		}
+		resp.Body.Close()
+		synctest.Wait()
+		if started, _ := ev.counts(); started != 0 || ev.reason(policy.HedgeBodyPending) != 1 || calls.Load() != 31 {
+			t.Fatalf("hedges started %d, suppressed as body_pending %d, %d calls; want 0, 1 and 31",
+				started, ev.reason(policy.HedgeBodyPending), calls.Load())
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,6 +265,60 @@ func TestIfDecidesWhichLegWinsAHedgedRound(t *testing.T) {
 					t.Fatalf("started %d won %d", s, w)
 				}
 				synctest.Wait()
+			})
+		})
+	}
+}
+
+// TestRetryAfterCountsOnlyOn429And503: Retry-After stretches the wait
+// before a retry, or ends the call when it asks too much, only on the two
+// statuses that carry it as pushback, 429 and 503, as the throttler reads
+// it. On any other status it is not read: the retry waits its Delay, and a
+// value that cannot be parsed is not reported.
+func TestRetryAfterCountsOnlyOn429And503(t *testing.T) {
+	for _, tc := range []struct {
+		code       int
+		retryAfter string
+		wait       time.Duration // before the retry; -1: no retry
+		malformed  int
+	}{
+		{429, "3", 3 * time.Second, 0},
+		{503, "3", 3 * time.Second, 0},
+		{503, "60", -1, 0},
+		{503, "soon", time.Second, 1},
+		{502, "3", time.Second, 0},
+		{502, "60", time.Second, 0},
+		{502, "soon", time.Second, 0},
+		{500, "3", time.Second, 0},
+		{504, "3", time.Second, 0},
+		{408, "3", time.Second, 0},
+	} {
+		t.Run(strconv.Itoa(tc.code)+" "+tc.retryAfter, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &script{codes: []int{tc.code, 200}, hdr: []string{"Retry-After", tc.retryAfter}}
+				var malformed int
+				set := policy.Set{Retry: &policy.Retry{Delay: func(int) time.Duration { return time.Second }}}
+				tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
+					MalformedHeader: func(policy.MalformedHeader) { malformed++ },
+				}})
+				start := time.Now()
+				resp, err := get(t, t.Context(), tr, "http://a.test/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				took := time.Since(start)
+				switch {
+				case tc.wait < 0:
+					if base.n() != 1 || took != 0 || resp.StatusCode != tc.code {
+						t.Errorf("%d calls, %d after %v; want the %d at once", base.n(), resp.StatusCode, took, tc.code)
+					}
+				case base.n() != 2 || took != tc.wait || resp.StatusCode != 200:
+					t.Errorf("%d calls, %d after %v; want the retry after %v", base.n(), resp.StatusCode, took, tc.wait)
+				}
+				if malformed != tc.malformed {
+					t.Errorf("%d malformed headers reported, want %d", malformed, tc.malformed)
+				}
 			})
 		})
 	}

@@ -44,7 +44,10 @@
 //     legs send a deep copy, so the request may be reused.
 //   - No wait (backoff, queue, rate limit, hedge) outlives the request's
 //     context, and a wait the caller's context ends returns the context's
-//     error, never a refusal. A wire call in flight is cut short by
+//     error, never a refusal. A request whose context is already done
+//     when RoundTrip is called gets that error at once, having cost
+//     nothing: no wire call, no gate asked, no rate-limit token, no state
+//     created for its key. A wire call in flight is cut short by
 //     cancelling its context, which net/http's transport honours; a base
 //     RoundTripper that ignores cancellation cannot be hurried, and a call
 //     over it may outlive its deadline by as long as the base takes.
@@ -155,20 +158,27 @@
 // (the first, each retry, each hedge leg), what the service it calls needs
 // to take its part in the call's overload handling; package admission
 // reads it back on the server. The headers go on the attempt's own copy of
-// the request, never on the caller's, and each only when there is a value
-// to write:
+// the request, never on the caller's, and carry exactly what the
+// transport derives for the call, one value each, and only when there is
+// one: a value the request carried for one of them is replaced, or
+// removed where the transport has none, so that a request copied from an
+// incoming one (a reverse proxy's) forwards nothing its caller wrote:
 //
-//   - Config.PriorityHeader: the priority in the call's context
-//     (shedding.WithPriority), as Priority.String spells it, which
-//     shedding.ParsePriority reads. Without one in the context the
-//     request's own header, if any, goes as it is. A call that names no
-//     priority at all sends none, rather than Critical, this transport's
-//     default: the upstream then applies its own default
+//   - Config.PriorityHeader: the call's priority as the transport reads it
+//     (the context's, shedding.WithPriority, else the request's header's
+//     first value), as Priority.String spells it, which
+//     shedding.ParsePriority reads. A call that names no priority at all,
+//     or whose header does not parse, sends none, rather than Critical,
+//     this transport's default: the upstream then applies its own default
 //     (admission.Config.DefaultPriority), which is its decision to make.
-//   - Config.TenantHeader: the tenant in the call's context (tenant.With),
-//     likewise. An empty id is none. An id that cannot be a header value
-//     (a control character) would fail the attempt in net/http: it is not
-//     written, and is reported to Observer.MalformedHeader, once a call.
+//   - Config.TenantHeader: the call's tenant id as the transport reads it
+//     (the context's, tenant.With, else the request's header's first
+//     value). An empty id is none: a context holding the empty tenant,
+//     as admission puts there for an untrusted caller, sends no tenant
+//     whatever the request's header says. An id that cannot be a header
+//     value (a control character) would fail the attempt in net/http: it
+//     is not written, and is reported to Observer.MalformedHeader, once a
+//     call.
 //   - Config.TimeoutHeader: how long the attempt may still take, in whole
 //     milliseconds rounded down: the time left before the caller's
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
@@ -181,6 +191,8 @@
 //     next number, as Envoy's x-envoy-attempt-count counts them. The
 //     number is this hop's: it says nothing of the attempts of the
 //     callers above.
+//
+// A key without Propagate sends the request's headers as they are.
 //
 // The other half of the exchange holds on every key, Propagate or not: a
 // call made for a request that was itself a retry or a hedge of its

@@ -19,6 +19,7 @@ import (
 	"github.com/resilix/resilix/httptestutil"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
+	"github.com/resilix/resilix/tenant"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -766,6 +767,42 @@ func TestUnhedgedPathAllocatesNothingOfItsOwn(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodGet, "http://a.test/", nil)
 		if n := testing.AllocsPerRun(1000, func() { _, _ = tr.RoundTrip(req) }); n != 0 {
 			t.Errorf("%s: %v allocations per call, want 0", name, n)
+		}
+	}
+}
+
+// TestMalformedValuesAreReportedCut: the Observer is given at most the
+// first 64 bytes of a malformed value, cut at a rune's start, as
+// admission gives them: a priority header, a 503's Retry-After and a
+// tenant id Propagate cannot write, however long each is.
+func TestMalformedValuesAreReportedCut(t *testing.T) {
+	long := strings.Repeat("é", 1<<19) // 1 MiB
+	want := strings.Repeat("é", 32)
+	var bad []policy.MalformedHeader
+	base := &script{codes: []int{503, 200}, hdr: []string{"Retry-After", "x" + long}}
+	set := policy.Set{Propagate: true, Retry: &policy.Retry{Delay: func(int) time.Duration { return 0 }}}
+	tr := mustNew(t, Config{Base: base, Policies: set, Observer: &policy.Observer{
+		MalformedHeader: func(m policy.MalformedHeader) { bad = append(bad, m) },
+	}})
+	ctx := tenant.With(t.Context(), "\x00"+long)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://a.test/", nil)
+	req.Header.Set("Resilix-Priority", long)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	wants := map[string]string{
+		"Resilix-Priority": want,
+		"Resilix-Tenant":   "\x00" + strings.Repeat("é", 31),
+		"Retry-After":      "x" + strings.Repeat("é", 31),
+	}
+	if len(bad) != len(wants) {
+		t.Errorf("%d malformed values reported, want %d", len(bad), len(wants))
+	}
+	for _, m := range bad {
+		if m.Value != wants[m.Header] {
+			t.Errorf("%s: reported %d bytes, %.70q...; want %q", m.Header, len(m.Value), m.Value, wants[m.Header])
 		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package httpx holds the HTTP mechanics the transport shares: Retry-After
 // parsing, draining superseded responses, the replayability rules, which
-// errors prove that a request never reached the server, and which are
-// net/http refusing to send the request at all.
+// errors prove that a request never reached the server, which are
+// net/http refusing to send the request at all, and what an Observer is
+// given of a malformed header (shared with admission).
 package httpx
 
 import (
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ParseRetryAfter returns the wait a Retry-After header value asks for, as
@@ -49,6 +51,25 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 
 // maxWait bounds parsed waits so that arithmetic on them cannot overflow.
 const maxWait = 100 * 365 * 24 * time.Hour
+
+// MaxReported is the most of a malformed header's value Reported keeps.
+const MaxReported = 64
+
+// Reported returns what an Observer is given of a malformed header's
+// value v (policy.MalformedHeader.Value): a copy, so that an Observer that
+// keeps it does not keep the request's or the response's headers, of at
+// most MaxReported bytes, cut so as not to split a rune (bytes that are no
+// UTF-8 are cut where they are).
+func Reported(v string) string {
+	if len(v) > MaxReported {
+		n := MaxReported
+		for i := 1; i < utf8.UTFMax && !utf8.RuneStart(v[n]); i++ {
+			n--
+		}
+		v = v[:n]
+	}
+	return strings.Clone(v)
+}
 
 // DrainLimit is the most of a superseded response body Discard reads
 // before closing it.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 )
@@ -209,6 +210,28 @@ func TestPermanent(t *testing.T) {
 	} {
 		if got := Permanent(tc.err); got != tc.want {
 			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestReported(t *testing.T) {
+	long := strings.Repeat("a", 1<<20)
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"urgent", "urgent"},
+		{long[:MaxReported], long[:MaxReported]},
+		{long, long[:MaxReported]},
+		{strings.Repeat("é", 40), strings.Repeat("é", 32)},             // 80 bytes, cut at a rune
+		{"x" + strings.Repeat("é", 40), "x" + strings.Repeat("é", 31)}, // byte 64 continues a rune
+		{strings.Repeat("\xbf", 100), strings.Repeat("\xbf", 61)},      // no UTF-8: a rune is at most 4 bytes
+		{strings.Repeat("a", 62) + "😀", strings.Repeat("a", 62)},
+	} {
+		got := Reported(tc.in)
+		if got != tc.want {
+			t.Errorf("Reported(%.20q... %d bytes) = %q, want %q", tc.in, len(tc.in), got, tc.want)
+		}
+		if len(got) > 0 && unsafe.StringData(got) == unsafe.StringData(tc.in) {
+			t.Errorf("Reported(%.20q...) shares the value's bytes, want a copy", tc.in)
 		}
 	}
 }

@@ -49,6 +49,9 @@ type Replay struct {
 	pulling bool
 	pulled  sync.Cond    // on mu
 	first   replayReader // Next's first reader, allocated with the Replay
+	// read is called once the caller's body has been read as far as it
+	// will be (see WhenRead); nil when nothing waits.
+	read func()
 }
 
 // The errors a reader returns when it may not go on.
@@ -114,6 +117,24 @@ func (r *Replay) Complete() bool {
 	return r.eof && !r.over && r.err == nil
 }
 
+// WhenRead arranges for f to be called once the caller's body has been
+// read as far as it can be kept: to its end (the body is then Complete),
+// to a read error, or past the bound. It reports whether it will be: when
+// the body already is, or can no longer be read (the call is over), it
+// returns false and f is never called. f replaces any function an earlier
+// WhenRead arranged for. f is called once, with no lock held, on the
+// goroutine of the read that ended it, so it must not block; Release
+// drops it.
+func (r *Replay) WhenRead(f func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.eof || r.err != nil || r.over || r.src == nil || r.released {
+		return false
+	}
+	r.read = f
+	return true
+}
+
 // TooLarge reports whether the body passed the bound, so that what was
 // read of it could not all be kept.
 func (r *Replay) TooLarge() bool {
@@ -143,6 +164,7 @@ func (r *Replay) Release(answered bool) {
 		return
 	}
 	r.released = true
+	r.read = nil
 	closeNow := !answered || r.owner == nil || r.owner.closed
 	r.recycleLocked()
 	r.mu.Unlock()
@@ -268,9 +290,16 @@ func (rd *replayReader) Read(p []byte) (int, error) {
 	case err != nil:
 		r.err, done = err, true
 	}
+	var read func()
+	if done || r.over {
+		read, r.read = r.read, nil
+	}
 	r.mu.Unlock()
 	if done {
 		r.closeSrc()
+	}
+	if read != nil {
+		read()
 	}
 	return n, err
 }

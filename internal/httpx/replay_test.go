@@ -327,3 +327,57 @@ func TestReplayReusesItsBuffers(t *testing.T) {
 		t.Fatalf("%v allocations per replayed call, want at most 3", allocs)
 	}
 }
+
+// TestReplayWhenRead: WhenRead's func is called once, with the body's
+// state already what it ended as, when the caller's body has been read
+// to its end, to an error, or past the bound; never when the body was
+// already read that far, or once the call is over; and a later WhenRead
+// replaces an earlier one's func.
+func TestReplayWhenRead(t *testing.T) {
+	body := payload(1000)
+	for _, tc := range []struct {
+		name  string
+		src   io.Reader
+		limit int
+		check func(r *Replay) bool // the state f must see
+	}{
+		{"to its end", bytes.NewReader(body), 4096, (*Replay).Complete},
+		{"to an error", io.MultiReader(bytes.NewReader(body[:300]), &failing{errors.New("boom")}), 4096,
+			func(r *Replay) bool { return r.Err() != nil }},
+		{"past the bound", bytes.NewReader(body), 500, (*Replay).TooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewReplay(&callerBody{Reader: tc.src}, tc.limit, 0)
+			rd := r.Next()
+			var calls, replaced int
+			var saw bool
+			if !r.WhenRead(func() { replaced++ }) || !r.WhenRead(func() { calls++; saw = tc.check(r) }) {
+				t.Fatal("WhenRead refused a body not yet read")
+			}
+			p := make([]byte, 100)
+			if _, err := rd.Read(p); err != nil || calls != 0 {
+				t.Fatalf("after one read: err %v, %d calls; want none", err, calls)
+			}
+			readAll(t, rd)
+			if calls != 1 || !saw || replaced != 0 {
+				t.Errorf("called %d times (saw the end: %v), the replaced func %d times; want once, and never", calls, saw, replaced)
+			}
+			if r.WhenRead(func() { t.Error("called for a body read already") }) {
+				t.Error("WhenRead accepted a body read already")
+			}
+			r.Release(false)
+		})
+	}
+	t.Run("released", func(t *testing.T) {
+		r := NewReplay(&callerBody{Reader: bytes.NewReader(body)}, 4096, 0)
+		rd := r.Next()
+		if !r.WhenRead(func() { t.Error("called after Release") }) {
+			t.Fatal("WhenRead refused a body not yet read")
+		}
+		r.Release(true) // the answering attempt still sends the body
+		readAll(t, rd)
+		if r.WhenRead(func() {}) {
+			t.Error("WhenRead accepted a released body")
+		}
+	})
+}
