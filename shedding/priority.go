@@ -108,8 +108,16 @@ func ParsePriority(s string) (Priority, error) {
 			return Priority(i), nil
 		}
 	}
+	if len(t) > maxQuoted {
+		// The error quotes what it was given, and a header may be a
+		// megabyte: no more than a name's worth.
+		t = t[:maxQuoted] + "..."
+	}
 	return Critical, fmt.Errorf("shedding: unknown priority %q (want critical, degraded, best_effort or bulk)", t)
 }
+
+// maxQuoted bounds the bytes of a value ParsePriority's error quotes.
+const maxQuoted = 64
 
 // spells reports whether s spells name, a lower-case ASCII name whose words
 // are joined by '-' or '_': the same letters in any ASCII case, with each

@@ -3,6 +3,7 @@ package shedding
 import (
 	"context"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -206,4 +207,23 @@ func isASCII(s string) bool {
 		}
 	}
 	return true
+}
+
+// TestParsePriorityQuotesABoundedValue: a megabyte header costs its error
+// no more than 64 bytes of it.
+func TestParsePriorityQuotesABoundedValue(t *testing.T) {
+	huge := strings.Repeat("x", 1<<20)
+	_, err := ParsePriority(huge)
+	if err == nil || len(err.Error()) > 200 {
+		t.Fatalf("ParsePriority of 1 MiB: error of %d bytes, want an error quoting at most 64 of them", len(err.Error()))
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		_, _ = ParsePriority(huge)
+	}
+	runtime.ReadMemStats(&after)
+	if perCall := (after.TotalAlloc - before.TotalAlloc) / 10; perCall > 4<<10 {
+		t.Fatalf("ParsePriority of 1 MiB allocates %d bytes a call, want a few hundred", perCall)
+	}
 }
