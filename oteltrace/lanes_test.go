@@ -168,3 +168,107 @@ func TestLaneOnAttempts(t *testing.T) {
 		}
 	})
 }
+
+// slowFirst answers the first arrival of each call (its X-Call header)
+// anywhere in the fleet after slow, the rest after 1ms.
+type slowFirst struct {
+	mu   sync.Mutex
+	seen map[string]bool
+	slow time.Duration
+}
+
+func (f *slowFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	d := time.Millisecond
+	if id := r.Header.Get("X-Call"); id != "" && !f.seen[id] {
+		f.seen[id] = true
+		d = f.slow
+	}
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-r.Context().Done():
+	}
+}
+
+// TestLaneOnHedges: a call whose first leg is slow is hedged, the hedge
+// goes to the other lane and wins, and the first leg, discarded while on
+// the wire and reported by the goroutine that decided the round, names
+// its own lane.
+func TestLaneOnHedges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, rec := recorder(t)
+		var net httptestutil.Network
+		h := &slowFirst{seen: map[string]bool{}, slow: time.Millisecond}
+		for _, addr := range []string{"api:80", "a:80", "b:80"} {
+			net.Listen(addr, h)
+		}
+		tr, err := transport.New(transport.Config{
+			Base: net.Transport(),
+			Policies: policy.Set{
+				Attempts: 2,
+				Budget:   policy.Budget{Ratio: -1},
+				Hedge:    &policy.Hedge{Quantile: 0.5, MaxConcurrent: 2},
+				Replicas: &policy.Replicas{Endpoints: transport.Static("a:80", "b:80")},
+			},
+			Observer: oteltrace.New(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer net.Close()
+		defer tr.CloseIdleConnections()
+		call := func(name string) {
+			ctx, span := tp.Tracer("test").Start(context.Background(), name)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api/", nil)
+			req.Header.Set("X-Call", name)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			synctest.Wait() // the loser is reported before the span ends
+			span.End()
+		}
+		call("prime") // starts the refresh of Endpoints
+		for i := range 100 {
+			call(fmt.Sprint("warm ", i)) // 1ms each: the hedge's threshold
+		}
+		h.mu.Lock()
+		h.slow = 100 * time.Millisecond
+		h.mu.Unlock()
+		for i := range 20 {
+			call(fmt.Sprint("hedged ", i))
+		}
+
+		hedged := 0
+		for _, s := range rec.Ended() {
+			if !strings.HasPrefix(s.Name(), "hedged ") {
+				continue
+			}
+			lanes := map[string]string{} // by kind/outcome
+			for _, e := range s.Events() {
+				if e.Name != "resilix.attempt" {
+					continue
+				}
+				attrs := attribute.NewSet(e.Attributes...)
+				kind, _ := attrs.Value("resilix.attempt.kind")
+				outcome, _ := attrs.Value("resilix.attempt.outcome")
+				lane, _ := attrs.Value("resilix.lane")
+				lanes[kind.AsString()+" "+outcome.AsString()] = lane.AsString()
+			}
+			won, lost := lanes["hedge success"], lanes["first discarded"]
+			if won == "" && lost == "" {
+				continue // not hedged
+			}
+			hedged++
+			if !slices.Contains([]string{"a:80", "b:80"}, won) || !slices.Contains([]string{"a:80", "b:80"}, lost) || won == lost {
+				t.Errorf("%s: the hedge won on lane %q, the first leg lost on %q; want a:80 and b:80", s.Name(), won, lost)
+			}
+		}
+		if hedged < 15 {
+			t.Errorf("%d of 20 calls slow on their first leg were hedged, want nearly all", hedged)
+		}
+	})
+}
