@@ -21,6 +21,7 @@ const (
 	attrPriority = attribute.Key("priority")
 	attrStatus   = attribute.Key("http.response.status_code")
 	attrHeader   = attribute.Key("http.header")
+	attrState    = attribute.Key("state")
 )
 
 // maxCachedKeys bounds the keys whose attribute sets are cached; the
@@ -37,6 +38,7 @@ const (
 	numGates      = int(policy.GateAdmission) + 1
 	numPriorities = 4 // shedding.NumPriorities
 	numSkips      = int(policy.SkipGate) + 1
+	numEjections  = int(policy.EjectRate) + 1
 )
 
 // The values of the hedges counter's outcome attribute.
@@ -47,6 +49,15 @@ const (
 )
 
 var hedgeOutcomeNames = [numHedgeOutcomes]string{"started", "won"}
+
+// The values of the lanes gauge's state attribute.
+const (
+	laneOpen = iota
+	laneEjected
+	numLaneStates
+)
+
+var laneStateNames = [numLaneStates]string{"open", "ejected"}
 
 // attrs is one attribute set, wrapped once in the option slices each kind
 // of instrument takes, so that recording passes them without allocating.
@@ -91,6 +102,9 @@ type entry struct {
 
 	pushbacks [2]atomic.Pointer[attrs]    // by status: 429, 503
 	malformed atomic.Pointer[headerAttrs] // the header last found malformed
+
+	ejections [numEjections]atomic.Pointer[attrs]
+	lanes     [numLaneStates]atomic.Pointer[attrs]
 }
 
 // headerAttrs is the attribute set of one header name.
@@ -196,6 +210,29 @@ func (e *entry) malformedHeader(h string) *attrs {
 	a := &headerAttrs{h, newAttrs(e.key, attrHeader.String(h))}
 	e.malformed.Store(a)
 	return a.attrs
+}
+
+// ejection returns the attributes of a lane ejected for why. The lane
+// itself is not among them: its address would make a series per replica.
+func (e *entry) ejection(why policy.EjectionReason) *attrs {
+	if int(why) >= numEjections {
+		return newAttrs(e.key, attrReason.String(why.String()))
+	}
+	p := &e.ejections[why]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrReason.String(why.String()))
+}
+
+// laneState returns the attributes of the lanes gauge's point for state
+// s, laneOpen or laneEjected.
+func (e *entry) laneState(s int) *attrs {
+	p := &e.lanes[s]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, e.key, attrState.String(laneStateNames[s]))
 }
 
 // priority is what this package needs of shedding.Priority, which it

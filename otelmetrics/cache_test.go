@@ -68,6 +68,17 @@ func TestEntrySlots(t *testing.T) {
 			t.Errorf("refusal attrs of gate %v not reused", g)
 		}
 	}
+	for _, why := range []policy.EjectionReason{policy.EjectConsecutive, policy.EjectRate} {
+		if a, b := e.ejection(why), e.ejection(why); a != b {
+			t.Errorf("ejection attrs of reason %v not reused", why)
+		}
+	}
+	if e.ejection(policy.EjectConsecutive) == e.ejection(policy.EjectRate) {
+		t.Error("two ejection reasons share attrs")
+	}
+	if a, b := e.laneState(laneEjected), e.laneState(laneEjected); a != b || a == e.laneState(laneOpen) {
+		t.Error("lane state attrs not reused, or shared by two states")
+	}
 	// Values this version does not know are built per event, not cached,
 	// and carry their String.
 	for _, a := range []*attrs{
@@ -78,6 +89,7 @@ func TestEntrySlots(t *testing.T) {
 		e.skipped(policy.SkipGate, policy.Gate(42)),
 		refusal(e, policy.Gate(42), policy.Refusal{}.Priority),
 		refusal(e, policy.GateBreaker, policy.Refusal{Priority: 7}.Priority),
+		e.ejection(policy.EjectionReason(99)),
 	} {
 		if len(a.add) != 1 || len(a.rec) != 1 || len(a.obs) != 1 {
 			t.Errorf("attrs %+v", a)

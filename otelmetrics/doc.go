@@ -28,6 +28,7 @@
 //	resilix.retries.skipped   int64 counter         {retry}    key, reason, gate
 //	resilix.pushbacks         int64 counter         {response} key, http.response.status_code
 //	resilix.headers.malformed int64 counter         {header}   key, http.header
+//	resilix.ejections         int64 counter         {ejection} key, reason
 //	resilix.call.duration     float64 histogram     s          key, outcome
 //	resilix.hedge.threshold   float64 histogram     s          key
 //	resilix.breaker.state     int64 gauge (async)   {state}    key
@@ -35,6 +36,7 @@
 //	resilix.budget.balance    float64 gauge (async) {token}    key
 //	resilix.rate_limit.store  int64 gauge (async)   {state}    key
 //	resilix.repeats.sent_once int64 counter (async) {call}     key
+//	resilix.lanes             int64 gauge (async)   {lane}     key, state
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -75,7 +77,21 @@
 //     not be parsed and was treated as absent (a priority, a Retry-After;
 //     on a server, package admission's headers), or of the tenant header
 //     a propagated tenant id could not be written to
-//     (policy.Observer.MalformedHeader).
+//     (policy.Observer.MalformedHeader);
+//   - reason on ejections: consecutive or rate (policy.EjectionReason),
+//     why a lane of a key with policy.Set.Replicas was ejected
+//     (policy.Observer.LaneEjected): ConsecutiveFailures attempts in a
+//     row failed on it, or its failure rate over an interval was far above
+//     the other lanes';
+//   - state on lanes: open or ejected, the lanes a key with
+//     policy.Set.Replicas picks from (Snapshot.Lanes, lanes draining after
+//     their address left not counted) that are not ejected, and those
+//     that are (Snapshot.LanesEjected).
+//
+// No attribute names a lane: a replica's address would make a series per
+// replica, and a connection lane's index says nothing a dashboard can use.
+// The lane an attempt went to is on its span event (package oteltrace,
+// resilix.lane).
 //
 // resilix.repeats.sent_once counts, for the keys that retry or hedge, the
 // calls sent once, without retry or hedge, because their request was
@@ -83,6 +99,10 @@
 // policy.Snapshot.RepeatsSentOnce). It restarts from zero when a key's
 // state is evicted (transport.Config.MaxKeys), which a cumulative counter
 // reports as a reset.
+//
+// resilix.lanes has both points, open and ejected, for every key with
+// Replicas, so that the share ejected is
+// lanes{state="ejected"} / sum of both.
 //
 // resilix.call.duration is a call's time from RoundTrip's start to its
 // return (response headers or error), retries, backoff and hedges
@@ -133,10 +153,11 @@
 // resilix_calls_total, resilix_attempts_total, resilix_hedges_total,
 // resilix_shed_total, resilix_retries_skipped_total,
 // resilix_pushbacks_total, resilix_headers_malformed_total,
-// resilix_repeats_sent_once_total,
+// resilix_ejections_total, resilix_repeats_sent_once_total,
 // resilix_call_duration_seconds_bucket (_sum, _count),
 // resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
-// resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store;
+// resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store,
+// resilix_lanes;
 // the attribute http.header becomes the label http_header.
 // The hedge win rate per
 // key:

@@ -32,6 +32,7 @@ type recorder struct {
 	skipped        metric.Int64Counter
 	pushbacks      metric.Int64Counter
 	malformed      metric.Int64Counter
+	ejections      metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
 	breakerState   metric.Int64ObservableGauge
@@ -39,6 +40,7 @@ type recorder struct {
 	budgetBalance  metric.Float64ObservableGauge
 	store          metric.Int64ObservableGauge
 	sentOnce       metric.Int64ObservableCounter
+	lanes          metric.Int64ObservableGauge
 
 	attrs cache
 
@@ -121,6 +123,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{header}"),
 		metric.WithDescription("Headers resilix reads that could not be parsed (treated as absent), and tenant ids it could not write, by header name."))
 	check(err)
+	r.ejections, err = m.Int64Counter("resilix.ejections",
+		metric.WithUnit("{ejection}"),
+		metric.WithDescription("Lanes of a key (policy.Replicas) ejected, by the reason: consecutive failures, or a failure rate far above the other lanes'."))
+	check(err)
 	r.callDuration, err = m.Float64Histogram("resilix.call.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of logical calls, retries, backoff and hedges included, until response headers or error."),
@@ -151,8 +157,12 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{call}"),
 		metric.WithDescription("Calls sent once, neither retried nor hedged, because their request was itself a retry or a hedge of the caller's call."))
 	check(err)
+	r.lanes, err = m.Int64ObservableGauge("resilix.lanes",
+		metric.WithUnit("{lane}"),
+		metric.WithDescription("Lanes a key (policy.Replicas) picks from, by state: open, or ejected now."))
+	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce)
+		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -174,6 +184,7 @@ func (r *recorder) observer() *policy.Observer {
 		Attach:          r.attach,
 		Pushback:        r.pushback,
 		MalformedHeader: r.malformedHeader,
+		LaneEjected:     r.laneEjected,
 	}
 }
 
@@ -211,6 +222,11 @@ func (r *recorder) pushback(p policy.Pushback) {
 func (r *recorder) malformedHeader(m policy.MalformedHeader) {
 	a := r.attrs.get(m.Key).malformedHeader(m.Header)
 	r.malformed.Add(orBackground(m.Context), 1, a.add...)
+}
+
+func (r *recorder) laneEjected(e policy.LaneEjection) {
+	a := r.attrs.get(e.Key).ejection(e.Reason)
+	r.ejections.Add(orBackground(e.Context), 1, a.add...)
 }
 
 func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
@@ -285,10 +301,11 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	dead := false
 	for _, src := range sources {
 		alive := src.States(func(key string, s policy.Snapshot) {
-			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 && s.RepeatsSentOnce == 0 {
+			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 && s.RepeatsSentOnce == 0 && !s.HasReplicas {
 				return
 			}
-			obs := r.attrs.get(key).base.obs
+			e := r.attrs.get(key)
+			obs := e.base.obs
 			if s.HasBreaker {
 				o.ObserveInt64(r.breakerState, int64(s.BreakerState), obs...)
 			}
@@ -303,6 +320,10 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			}
 			if s.RepeatsSentOnce != 0 {
 				o.ObserveInt64(r.sentOnce, int64(s.RepeatsSentOnce), obs...)
+			}
+			if s.HasReplicas {
+				o.ObserveInt64(r.lanes, int64(s.Lanes-s.LanesEjected), e.laneState(laneOpen).obs...)
+				o.ObserveInt64(r.lanes, int64(s.LanesEjected), e.laneState(laneEjected).obs...)
 			}
 		})
 		if !alive {

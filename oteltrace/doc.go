@@ -37,7 +37,8 @@
 //	                                                         resilix.attempt.outcome, resilix.attempt.latency,
 //	                                                         resilix.attempt.discarded,
 //	                                                         http.response.status_code (a response came back),
-//	                                                         error.message (an error did)
+//	                                                         error.message (an error did),
+//	                                                         resilix.lane (with policy.Set.Replicas)
 //	resilix.hedge.started     a hedge leg was sent           resilix.attempt.number, resilix.hedge.threshold
 //	resilix.hedge.won         a hedge leg's response won     resilix.attempt.number, resilix.hedge.threshold
 //	resilix.hedge.suppressed  a hedge was due, a gate        resilix.hedge.reason
@@ -63,6 +64,15 @@
 //     resilix.attempt.discarded is true exactly then;
 //   - resilix.attempt.latency: from the dispatch to the base RoundTripper,
 //     after the gates, to the response headers or the error;
+//   - resilix.lane: the lane the attempt was sent on, for a key with
+//     policy.Set.Replicas: the replica's address (host:port) for a lane of
+//     Endpoints, or the lane's index, "0" to "63", for a connection lane
+//     and for the lane that dials the request's own address until
+//     Endpoints answers (policy.AttemptInfo.Lane); absent without
+//     Replicas, and on a hedge leg discarded before it took a lane. A
+//     retry or a hedge goes to a lane its call has not used yet, so the
+//     lanes of a span's attempts show whether its second draw went to
+//     another replica;
 //   - resilix.hedge.threshold: the latency after which the hedge was sent;
 //   - resilix.hedge.reason: warming, deadline, concurrency, priority,
 //     health, value, budget, rejected or body_error

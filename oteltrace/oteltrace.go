@@ -33,6 +33,7 @@ const (
 	attrOutcome    = attribute.Key("resilix.attempt.outcome")
 	attrLatency    = attribute.Key("resilix.attempt.latency")
 	attrDiscarded  = attribute.Key("resilix.attempt.discarded")
+	attrLane       = attribute.Key("resilix.lane")
 	attrStatus     = attribute.Key("http.response.status_code")
 	attrError      = attribute.Key("error.message")
 	attrThreshold  = attribute.Key("resilix.hedge.threshold")
@@ -95,7 +96,7 @@ func attemptDone(a policy.AttemptInfo) {
 	if !ok {
 		return
 	}
-	kv := make([]attribute.KeyValue, 0, 8)
+	kv := make([]attribute.KeyValue, 0, 9)
 	kv = append(kv,
 		attrKey.String(a.Key),
 		attrKind.String(a.Kind.String()),
@@ -109,6 +110,9 @@ func attemptDone(a policy.AttemptInfo) {
 	}
 	if a.Err != nil {
 		kv = append(kv, attrError.String(a.Err.Error()))
+	}
+	if a.Lane != "" {
+		kv = append(kv, attrLane.String(a.Lane))
 	}
 	span.AddEvent(eventAttempt, trace.WithAttributes(kv...))
 }

@@ -64,7 +64,7 @@ func TestEvents(t *testing.T) {
 	obs.HedgeStarted(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 3, Threshold: 20 * time.Millisecond})
 	obs.HedgeWon(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 3, Threshold: 20 * time.Millisecond})
 	obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptHedge, Attempt: 3,
-		Outcome: policy.Success, Latency: 5 * time.Millisecond, StatusCode: 200})
+		Outcome: policy.Success, Latency: 5 * time.Millisecond, StatusCode: 200, Lane: "10.0.0.7:443"})
 	obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptRetry, Attempt: 2,
 		Outcome: policy.Discarded, Latency: 25 * time.Millisecond, Err: context.Canceled})
 	obs.HedgeSuppressed(policy.HedgeSuppression{Context: ctx, Key: "a.test", Reason: policy.HedgeBudget})
@@ -89,7 +89,7 @@ func TestEvents(t *testing.T) {
 		"resilix.retry.skipped resilix.attempt.number=2 resilix.key=a.test resilix.retry.reason=budget",
 		"resilix.hedge.started resilix.attempt.number=3 resilix.hedge.threshold=0.02 resilix.key=a.test",
 		"resilix.hedge.won resilix.attempt.number=3 resilix.hedge.threshold=0.02 resilix.key=a.test",
-		"resilix.attempt http.response.status_code=200 resilix.attempt.discarded=false resilix.attempt.kind=hedge resilix.attempt.latency=0.005 resilix.attempt.number=3 resilix.attempt.outcome=success resilix.key=a.test",
+		"resilix.attempt http.response.status_code=200 resilix.attempt.discarded=false resilix.attempt.kind=hedge resilix.attempt.latency=0.005 resilix.attempt.number=3 resilix.attempt.outcome=success resilix.key=a.test resilix.lane=10.0.0.7:443",
 		"resilix.attempt error.message=context canceled resilix.attempt.discarded=true resilix.attempt.kind=retry resilix.attempt.latency=0.025 resilix.attempt.number=2 resilix.attempt.outcome=discarded resilix.key=a.test",
 		"resilix.hedge.suppressed resilix.hedge.reason=budget resilix.key=a.test",
 		"resilix.refused resilix.attempt.kind=hedge resilix.gate=rate_limit resilix.key=a.test resilix.priority=bulk resilix.retry_after=1.5 resilix.tenant.heavy=true",
@@ -136,7 +136,7 @@ var (
 func allEvents(obs *policy.Observer, ctx context.Context) {
 	obs.CallDone(policy.CallInfo{Context: ctx, Key: "a.test", WireAttempts: 3})
 	obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptRetry, Attempt: 2,
-		Outcome: policy.Failure, StatusCode: 503, Err: errAttempt})
+		Outcome: policy.Failure, StatusCode: 503, Err: errAttempt, Lane: "3"})
 	obs.Refused(policy.Refusal{Context: ctx, Key: "a.test", Kind: policy.AttemptRetry, Gate: policy.GateBreaker, Err: errRefused})
 	obs.RetrySkipped(policy.RetrySkip{Context: ctx, Key: "a.test", Reason: policy.SkipGate, Gate: policy.GateBreaker})
 	obs.HedgeStarted(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 2})

@@ -182,6 +182,13 @@ type AttemptInfo struct {
 	// or RetryUnsent when the attempt before it provably never reached
 	// the server. It is zero for other kinds.
 	Reason RetryReason
+	// Lane names the lane the attempt was sent on (Set.Replicas): its
+	// address for a lane of Endpoints, or its index, "0" to "63", for a
+	// connection lane and for the lane that dials the request's own
+	// address until Endpoints answers (LaneEjection's Addr and Index). It
+	// is "" without Replicas, and for a hedge leg discarded before it
+	// took a lane. Bounded: at most MaxLanes values a key at once.
+	Lane string
 }
 
 // RetryReason says why a retry was sent.

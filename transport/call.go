@@ -603,6 +603,7 @@ func (c *call) attemptDone(l *leg) {
 			Latency: l.latency,
 			Err:     l.err,
 			Reason:  l.why,
+			Lane:    l.laneName(),
 		}
 		if l.resp != nil {
 			info.StatusCode = l.resp.StatusCode

@@ -568,7 +568,13 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed)
 		}
-		c.attemptDone(&leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed})
+		d := &leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed}
+		if c.s.lanes != nil {
+			r.mu.Lock() // o may be taking its lane (see leg.sent)
+			d.sent = o.sent
+			r.mu.Unlock()
+		}
+		c.attemptDone(d)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -113,6 +114,19 @@ func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Rep
 
 func (c *call) laneEjection(e lane.Ejection[*http.Transport]) policy.LaneEjection {
 	return policy.LaneEjection{Context: c.ctx, Key: c.s.key, Addr: e.Lane.Addr, Index: e.Lane.Index, Reason: e.Reason, For: e.For}
+}
+
+// laneName names the lane leg l was last sent on, for AttemptInfo.Lane:
+// its address, or its index when it has none; "" when it took none.
+func (l *leg) laneName() string {
+	switch ln := l.sent; {
+	case ln == nil:
+		return ""
+	case ln.Addr != "":
+		return ln.Addr
+	default:
+		return strconv.Itoa(ln.Index) // 0 to 63: no allocation
+	}
 }
 
 // resolve asks key s's Endpoints for the addresses of hostport, and makes

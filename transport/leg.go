@@ -67,6 +67,10 @@ type leg struct {
 	// took until the lane is told how it went; nil otherwise.
 	lane *lane.Lane[*http.Transport]
 	took time.Time
+	// sent is the lane it was sent on, kept for AttemptDone after lane is
+	// cleared; in a hedged round, guarded by the round's lock, since a leg
+	// that lost is reported by the goroutine that decided the round.
+	sent *lane.Lane[*http.Transport]
 
 	// A hedged round's legs; guarded by the round's lock.
 	round   *round
@@ -91,7 +95,7 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 // deadline is not armed: the caller's context ends the attempt first.
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool, admitted time.Time) {
 	c.wire++
-	l.n, l.kind, l.ctx = c.wire, kind, c.ctx
+	l.n, l.kind, l.ctx, l.sent = c.wire, kind, c.ctx, nil
 	if kind == policy.AttemptRetry {
 		l.why = c.why
 	}
@@ -181,6 +185,7 @@ func (c *call) send(l *leg) {
 	rt := c.t.base
 	if s.lanes != nil {
 		rt = c.takeLane(l)
+		l.tookLane()
 	}
 	resp, err := rt.RoundTrip(l.req)
 	sent = true
@@ -316,6 +321,15 @@ func (c *call) send(l *leg) {
 		resp.Body = wrapBody(resp.Body, r)
 	}
 	l.resp, l.err = resp, err
+}
+
+// tookLane keeps the lane leg l was sent on for AttemptDone (see sent).
+func (l *leg) tookLane() {
+	if r := l.round; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	l.sent = l.lane
 }
 
 // answered reads the time leg l's answer came back, and sets its latency
