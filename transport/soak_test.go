@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -43,6 +44,13 @@ import (
 // response body is closed, every request body was closed, every permit is
 // back, no idle watchdog and no goroutine is left. It prints what it
 // checked.
+//
+// It runs twice: over one pool, and with Replicas (three connection lanes
+// a key), whose lanes are clones of the base, so that nothing can stand
+// between them and net/http: that run has no panicking base, and it counts
+// connections instead of bodies. A response body left open keeps its
+// connection busy, so once every lane's idle connections are closed, a
+// connection still open is a body resilix (or the caller) did not close.
 func TestSoak(t *testing.T) {
 	d := 2 * time.Second
 	if v := os.Getenv("RESILIX_SOAK"); v != "" {
@@ -53,10 +61,14 @@ func TestSoak(t *testing.T) {
 	} else if testing.Short() {
 		d = 500 * time.Millisecond
 	}
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	s := newSoak(t, 3)
-	s.run(t, d)
-	s.check(t)
+	for _, lanes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replicas=%v", lanes), func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			s := newSoak(t, 3, lanes)
+			s.run(t, d)
+			s.check(t)
+		})
+	}
 }
 
 // soakSlack is how far past its deadline a call may return over loopback
@@ -71,7 +83,9 @@ type soak struct {
 	urls    []string
 	closers []func()
 	base    *http.Transport
-	tracker *httptestutil.Tracker
+	tracker *httptestutil.Tracker // nil with lanes
+	conns   atomic.Int64          // connections the base dialed and has not closed
+	wire    atomic.Int64          // wire attempts
 	tr      *Transport
 	set     policy.Set
 
@@ -84,7 +98,7 @@ type soak struct {
 	byGate                                       [8]atomic.Int64
 }
 
-func newSoak(t *testing.T, hosts int) *soak {
+func newSoak(t *testing.T, hosts int, lanes bool) *soak {
 	s := &soak{}
 	for i := range hosts {
 		u := httptestutil.NewUpstream(httptestutil.Options{
@@ -98,7 +112,20 @@ func newSoak(t *testing.T, hosts int) *soak {
 		s.closers = append(s.closers, srv.Close)
 	}
 	s.base = cleanhttp.DefaultPooledTransport()
-	s.tracker = httptestutil.Track(panicky{s.base, &s.panics})
+	dial := s.base.DialContext
+	s.base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		s.conns.Add(1)
+		return &countedConn{Conn: c, open: &s.conns}, nil
+	}
+	var base http.RoundTripper = s.base
+	if !lanes {
+		s.tracker = httptestutil.Track(panicky{s.base, &s.panics})
+		base = s.tracker
+	}
 	s.set = policy.Set{
 		Attempts: 4,
 		Retry:    &policy.Retry{BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
@@ -109,10 +136,27 @@ func newSoak(t *testing.T, hosts int) *soak {
 		Bulkhead: &policy.Bulkhead{MaxConcurrent: 8, MaxWait: 20 * time.Millisecond},
 		Budget:   policy.Budget{Ratio: 0.2},
 	}
-	s.tr = mustNew(t, Config{Base: s.tracker, Policies: s.set, MaxKeys: hosts, Observer: &policy.Observer{
-		Refused: func(r policy.Refusal) { s.byGate[int(r.Gate)%len(s.byGate)].Add(1) },
+	if lanes {
+		s.set.Replicas = &policy.Replicas{Connections: 3}
+	}
+	s.tr = mustNew(t, Config{Base: base, Policies: s.set, MaxKeys: hosts, Observer: &policy.Observer{
+		Refused:     func(r policy.Refusal) { s.byGate[int(r.Gate)%len(s.byGate)].Add(1) },
+		AttemptDone: func(policy.AttemptInfo) { s.wire.Add(1) },
 	}})
 	return s
+}
+
+// countedConn is a connection that counts itself out of open when closed,
+// once.
+type countedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // panicky is a base that panics on about 0.5% of calls, before sending.
@@ -265,9 +309,18 @@ func (s *soak) check(t *testing.T) {
 	// Background drains end within DrainTime; a stalled body's server
 	// side within its SlowBody.
 	time.Sleep(httpx.DrainTime)
-	waitFor(2*time.Second, func() bool { return s.tracker.Open() == 0 })
-	if open := s.tracker.Open(); open != 0 {
-		t.Errorf("%d response bodies left open", open)
+	if s.tracker != nil {
+		waitFor(2*time.Second, func() bool { return s.tracker.Open() == 0 })
+		if open := s.tracker.Open(); open != 0 {
+			t.Errorf("%d response bodies left open", open)
+		}
+	} else {
+		// Every lane's idle connections closed: what is left open is
+		// held by a body nobody closed.
+		waitFor(2*time.Second, func() bool { s.tr.CloseIdleConnections(); return s.conns.Load() == 0 })
+		if open := s.conns.Load(); open != 0 {
+			t.Errorf("%d connections left open once every lane's idle ones were closed: a response body left open", open)
+		}
 	}
 	unclosed := 0
 	waitFor(2*time.Second, func() bool {
@@ -311,7 +364,7 @@ func (s *soak) check(t *testing.T) {
 	t.Logf("soak: %d calls (%d ok, %d failed, %d refused, %d ended by their deadline, %d base panics recovered), %d wire attempts, refusals by gate (attempts) %v; "+
 		"checked: one of response and error, back by the deadline (worst %v over, slack %v), "+
 		"%d request bodies byte for byte, every response and request body closed, every permit back, no watchdog or goroutine left",
-		s.calls.Load(), s.ok.Load(), s.failed.Load(), s.refused.Load(), s.canceled.Load(), s.panics.Load(), s.tracker.Requests(), gates,
+		s.calls.Load(), s.ok.Load(), s.failed.Load(), s.refused.Load(), s.canceled.Load(), s.panics.Load(), s.wire.Load(), gates,
 		time.Duration(s.worstLate.Load()), soakSlack, s.bodiesChecked.Load())
 }
 
