@@ -75,8 +75,8 @@
 //     another replica;
 //   - resilix.hedge.threshold: the latency after which the hedge was sent;
 //   - resilix.hedge.reason: warming, deadline, concurrency, priority,
-//     health, value, budget, rejected or body_error
-//     (policy.SuppressReason);
+//     health, value, budget, rejected, body_error, body_pending or
+//     body_too_large (policy.SuppressReason);
 //   - resilix.gate: throttler, breaker, limiter, bulkhead or rate_limit
 //     (policy.Gate);
 //   - resilix.priority: critical, degraded, best_effort or bulk;

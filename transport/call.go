@@ -17,11 +17,18 @@ import (
 
 // RoundTrip runs req through the key's chain. It follows the
 // http.RoundTripper contract: req is never modified, req.Body is closed on
-// every path, and exactly one of the results is non-nil. A nil request, one
-// without a URL, or one whose context carries an Override with a negative
-// field, is an error before any policy runs; see checkRequest and
-// Override. A request whose context is already done (cancelled, or past
-// its deadline) gets the context's error before its key's state is even
+// every path, and exactly one of the results is non-nil.
+//
+// Three requests get an error at once, before any policy runs, with the
+// body closed and no Observer told: a nil request ("resilix: nil
+// Request"), one with a nil URL ("resilix: nil Request.URL"), and one
+// whose context carries an Override with a negative Attempts or
+// PerAttempt (the error names the field and its value). A request with a
+// nil Header is run as if its Header were empty: the caller's request
+// keeps its nil, as the contract asks.
+//
+// A request whose context is already done (cancelled, or past its
+// deadline) gets the context's error before its key's state is even
 // looked up: it asks no gate, spends no token, creates no key, and is
 // reported to Observer.CallDone as Canceled, with no wire attempt.
 //

@@ -272,6 +272,14 @@ type Config struct {
 	// "http://API.example.com.:80/x" and "https://api.example.com/y" both
 	// have the key "api.example.com"; "http://[::1]:8080/" has "[::1]:8080".
 	// Key is never called for a request without a URL.
+	//
+	// "" is a key like any other: a Key func that returns "" for the
+	// requests it does not recognize puts all of them, whatever their
+	// hosts, in the one key "", with one breaker, budget, latency window
+	// and limits between them (one failing host opens the breaker for
+	// all), under PerKey[""] if there is one and Policies if not, and
+	// reported to the Observer with Key "". Nothing warns of it: to keep
+	// unknown hosts apart, return their canonical authority instead of "".
 	Key func(*http.Request) string
 
 	// MaxKeys bounds the number of keys whose state is kept, so that
