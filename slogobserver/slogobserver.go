@@ -1,0 +1,394 @@
+package slogobserver
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// Options says what to log beyond what resilix does to a call. The zero
+// Options logs nothing on the success path, and is the recommended setting.
+type Options struct {
+	// Calls logs every call as RoundTrip returns, "call done": at Debug
+	// when it succeeded or the caller gave up, at Info when it failed, was
+	// refused or could not be sent. If false, calls are not logged (what
+	// went wrong in one is logged as it happens).
+	Calls bool
+
+	// Attempts logs, at Debug, "attempt done" for every wire attempt that
+	// is otherwise not logged: one that succeeded, and one the caller gave
+	// up on. If false, only failed, invalid and discarded attempts are
+	// logged.
+	Attempts bool
+}
+
+// The messages, one per kind of record; the package doc lists them.
+const (
+	msgAttemptFailed    = "attempt failed"
+	msgAttemptInvalid   = "attempt invalid"
+	msgAttemptDiscarded = "attempt discarded"
+	msgAttemptDone      = "attempt done"
+	msgCallDone         = "call done"
+	msgRetrySkipped     = "retry skipped"
+	msgHedgeStarted     = "hedge started"
+	msgHedgeWon         = "hedge won"
+	msgHedgeSuppressed  = "hedge suppressed"
+	msgRefused          = "refused"
+	msgBreakerOpened    = "breaker opened"
+	msgBreakerHalfOpen  = "breaker half-open"
+	msgBreakerClosed    = "breaker closed"
+	msgLimitChanged     = "limit changed"
+	msgStoreFailing     = "store failing"
+	msgStoreRecovered   = "store recovered"
+	msgLaneEjected      = "lane ejected"
+	msgLaneReturned     = "lane returned"
+	msgPushback         = "pushback"
+	msgMalformedHeader  = "malformed header"
+)
+
+// The attribute keys, named as otelmetrics' attributes and, for those it
+// has not, as oteltrace's without the resilix. prefix.
+const (
+	attrKey          = "key"
+	attrKind         = "kind"
+	attrAttempt      = "attempt"
+	attrAttempts     = "attempts"
+	attrOutcome      = "outcome"
+	attrLatency      = "latency"
+	attrDuration     = "duration"
+	attrLane         = "lane"
+	attrStatus       = "http.response.status_code"
+	attrError        = "error"
+	attrPriority     = "priority"
+	attrReason       = "reason"
+	attrGate         = "gate"
+	attrBodyTooLarge = "body_too_large"
+	attrThreshold    = "threshold"
+	attrHeavy        = "tenant.heavy"
+	attrRetryAfter   = "retry_after"
+	attrFrom         = "from"
+	attrTo           = "to"
+	attrFor          = "for"
+	attrHeader       = "http.header"
+	attrValue        = "value"
+)
+
+// New returns an Observer that logs to l what resilix does to calls: the
+// package doc lists the records, their levels and their attributes. A nil
+// l logs to slog.Default(), as it is at each event, so that a later
+// slog.SetDefault applies.
+//
+// Options is taken by value, as every resilix config is: New keeps a copy,
+// and the zero Options is the recommended setting.
+//
+// The Observer holds no state of its own, and is safe for concurrent use
+// and for sharing between transports. Combine it with others with
+// policy.JoinObservers.
+func New(l *slog.Logger, opts Options) *policy.Observer {
+	o := &observer{l: l, opts: opts}
+	obs := &policy.Observer{
+		AttemptDone:       o.attemptDone,
+		Refused:           o.refused,
+		RetrySkipped:      o.retrySkipped,
+		HedgeStarted:      o.hedgeStarted,
+		HedgeWon:          o.hedgeWon,
+		HedgeSuppressed:   o.hedgeSuppressed,
+		BreakerTransition: o.breakerTransition,
+		MalformedHeader:   o.malformedHeader,
+		LimitTransition:   o.limitTransition,
+		StoreTransition:   o.storeTransition,
+		Pushback:          o.pushback,
+		LaneEjected:       o.laneEjected,
+		LaneReturned:      o.laneReturned,
+	}
+	if opts.Calls {
+		obs.CallDone = o.callDone
+	}
+	return obs
+}
+
+type observer struct {
+	l    *slog.Logger // nil: slog.Default()
+	opts Options
+}
+
+// enabled returns the handler to log a record at level to, and whether it
+// would: every func asks before it builds its attributes, so that a
+// record filtered out costs no allocation. A nil context, possible only
+// in an event built by hand, is read as context.Background(), as
+// slog.Logger does.
+func (o *observer) enabled(ctx context.Context, level slog.Level) (context.Context, slog.Handler, bool) {
+	l := o.l
+	if l == nil {
+		l = slog.Default()
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	h := l.Handler()
+	return ctx, h, h.Enabled(ctx, level)
+}
+
+// emit hands the record to h, with no source position: the line that logs
+// is in resilix, not in the caller's code. Like slog.Logger, it drops the
+// handler's error.
+func emit(ctx context.Context, h slog.Handler, level slog.Level, msg string, attrs ...slog.Attr) {
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	r.AddAttrs(attrs...)
+	_ = h.Handle(ctx, r)
+}
+
+func (o *observer) attemptDone(a policy.AttemptInfo) {
+	level, msg := slog.LevelDebug, msgAttemptDone
+	switch a.Outcome {
+	case policy.Failure:
+		level, msg = slog.LevelInfo, msgAttemptFailed
+	case policy.Invalid:
+		level, msg = slog.LevelWarn, msgAttemptInvalid
+	case policy.Discarded:
+		msg = msgAttemptDiscarded
+	default: // the success path, or the caller gave up
+		if !o.opts.Attempts {
+			return
+		}
+	}
+	ctx, h, ok := o.enabled(a.Context, level)
+	if !ok {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String(attrKey, a.Key),
+		slog.String(attrKind, a.Kind.String()),
+		slog.Int(attrAttempt, a.Attempt),
+		slog.String(attrOutcome, a.Outcome.String()),
+		slog.Duration(attrLatency, a.Latency),
+	)
+	if a.Lane != "" {
+		attrs = append(attrs, slog.String(attrLane, a.Lane))
+	}
+	attrs = result(attrs, a.StatusCode, a.Err)
+	emit(ctx, h, level, msg, attrs...)
+}
+
+// result appends what an attempt or a call came back with: a status, an
+// error, or both for a hand-built event.
+func result(attrs []slog.Attr, status int, err error) []slog.Attr {
+	if status != 0 {
+		attrs = append(attrs, slog.Int(attrStatus, status))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.Any(attrError, err))
+	}
+	return attrs
+}
+
+func (o *observer) callDone(c policy.CallInfo) {
+	level := slog.LevelInfo
+	if c.Outcome == policy.Success || c.Outcome == policy.Canceled {
+		level = slog.LevelDebug
+	}
+	ctx, h, ok := o.enabled(c.Context, level)
+	if !ok {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 7)
+	attrs = append(attrs,
+		slog.String(attrKey, c.Key),
+		slog.String(attrOutcome, c.Outcome.String()),
+		slog.String(attrPriority, c.Priority.String()),
+		slog.Duration(attrDuration, c.Duration),
+		slog.Int(attrAttempts, c.WireAttempts),
+	)
+	attrs = result(attrs, c.StatusCode, c.Err)
+	emit(ctx, h, level, msgCallDone, attrs...)
+}
+
+func (o *observer) retrySkipped(s policy.RetrySkip) {
+	ctx, h, ok := o.enabled(s.Context, slog.LevelInfo)
+	if !ok {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs,
+		slog.String(attrKey, s.Key),
+		slog.Int(attrAttempt, s.Attempt),
+		slog.String(attrPriority, s.Priority.String()),
+		slog.String(attrReason, s.Reason.String()),
+	)
+	if s.Reason == policy.SkipGate {
+		attrs = append(attrs, slog.String(attrGate, s.Gate.String()))
+	}
+	if s.BodyTooLarge {
+		attrs = append(attrs, slog.Bool(attrBodyTooLarge, true))
+	}
+	emit(ctx, h, slog.LevelInfo, msgRetrySkipped, attrs...)
+}
+
+func (o *observer) hedgeStarted(i policy.HedgeInfo) { o.hedge(msgHedgeStarted, i) }
+
+func (o *observer) hedgeWon(i policy.HedgeInfo) { o.hedge(msgHedgeWon, i) }
+
+func (o *observer) hedge(msg string, i policy.HedgeInfo) {
+	ctx, h, ok := o.enabled(i.Context, slog.LevelDebug)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelDebug, msg,
+		slog.String(attrKey, i.Key),
+		slog.Int(attrAttempt, i.Attempt),
+		slog.String(attrPriority, i.Priority.String()),
+		slog.Duration(attrThreshold, i.Threshold),
+	)
+}
+
+func (o *observer) hedgeSuppressed(s policy.HedgeSuppression) {
+	ctx, h, ok := o.enabled(s.Context, slog.LevelDebug)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelDebug, msgHedgeSuppressed,
+		slog.String(attrKey, s.Key),
+		slog.String(attrPriority, s.Priority.String()),
+		slog.String(attrReason, s.Reason.String()),
+	)
+}
+
+// refusalLevel is Debug for the gates whose refusals follow from a record
+// already logged, once per call held back: an open breaker (breaker
+// opened) and the throttler (pushback, or a key shedding its low
+// priorities as its upstream fails). Every other gate's refusal is Info.
+func refusalLevel(g policy.Gate) slog.Level {
+	if g == policy.GateBreaker || g == policy.GateThrottler {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
+func (o *observer) refused(r policy.Refusal) {
+	level := refusalLevel(r.Gate)
+	ctx, h, ok := o.enabled(r.Context, level)
+	if !ok {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs,
+		slog.String(attrKey, r.Key),
+		slog.String(attrKind, r.Kind.String()),
+		slog.String(attrGate, r.Gate.String()),
+		slog.String(attrPriority, r.Priority.String()),
+		slog.Bool(attrHeavy, r.HeavyTenant),
+	)
+	if r.Err != nil && r.Err.RetryAfter > 0 {
+		attrs = append(attrs, slog.Duration(attrRetryAfter, r.Err.RetryAfter))
+	}
+	emit(ctx, h, level, msgRefused, attrs...)
+}
+
+func (o *observer) breakerTransition(b policy.BreakerTransition) {
+	level, msg := slog.LevelInfo, msgBreakerClosed
+	switch b.To {
+	case policy.BreakerOpen:
+		level, msg = slog.LevelWarn, msgBreakerOpened
+	case policy.BreakerHalfOpen:
+		msg = msgBreakerHalfOpen
+	}
+	ctx, h, ok := o.enabled(b.Context, level)
+	if !ok {
+		return
+	}
+	emit(ctx, h, level, msg,
+		slog.String(attrKey, b.Key),
+		slog.String(attrFrom, b.From.String()),
+		slog.String(attrTo, b.To.String()),
+	)
+}
+
+func (o *observer) limitTransition(l policy.LimitTransition) {
+	ctx, h, ok := o.enabled(l.Context, slog.LevelDebug)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelDebug, msgLimitChanged,
+		slog.String(attrKey, l.Key),
+		slog.Int(attrFrom, l.From),
+		slog.Int(attrTo, l.To),
+	)
+}
+
+func (o *observer) storeTransition(s policy.StoreTransition) {
+	level, msg := slog.LevelWarn, msgStoreFailing
+	if s.To == policy.StoreUp {
+		level, msg = slog.LevelInfo, msgStoreRecovered
+	}
+	ctx, h, ok := o.enabled(s.Context, level)
+	if !ok {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 4)
+	attrs = append(attrs,
+		slog.String(attrKey, s.Key),
+		slog.String(attrFrom, s.From.String()),
+		slog.String(attrTo, s.To.String()),
+	)
+	if s.Err != nil {
+		attrs = append(attrs, slog.Any(attrError, s.Err))
+	}
+	emit(ctx, h, level, msg, attrs...)
+}
+
+func (o *observer) laneEjected(e policy.LaneEjection) { o.lane(slog.LevelWarn, msgLaneEjected, e) }
+
+func (o *observer) laneReturned(e policy.LaneEjection) { o.lane(slog.LevelInfo, msgLaneReturned, e) }
+
+func (o *observer) lane(level slog.Level, msg string, e policy.LaneEjection) {
+	ctx, h, ok := o.enabled(e.Context, level)
+	if !ok {
+		return
+	}
+	emit(ctx, h, level, msg,
+		slog.String(attrKey, e.Key),
+		slog.String(attrLane, laneName(e)),
+		slog.String(attrReason, e.Reason.String()),
+		slog.Duration(attrFor, e.For),
+	)
+}
+
+// laneName names a lane as policy.AttemptInfo.Lane does: its address, or
+// its index for a connection lane (an index below 100 costs strconv no
+// allocation).
+func laneName(e policy.LaneEjection) string {
+	if e.Addr != "" {
+		return e.Addr
+	}
+	return strconv.Itoa(e.Index)
+}
+
+func (o *observer) pushback(p policy.Pushback) {
+	ctx, h, ok := o.enabled(p.Context, slog.LevelInfo)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelInfo, msgPushback,
+		slog.String(attrKey, p.Key),
+		slog.Int(attrStatus, p.StatusCode),
+		slog.Duration(attrRetryAfter, p.RetryAfter),
+	)
+}
+
+// malformedHeader logs the value as resilix gives it, at most its first 64
+// bytes: a handler quotes it as it quotes any string.
+func (o *observer) malformedHeader(m policy.MalformedHeader) {
+	ctx, h, ok := o.enabled(m.Context, slog.LevelInfo)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelInfo, msgMalformedHeader,
+		slog.String(attrKey, m.Key),
+		slog.String(attrHeader, m.Header),
+		slog.String(attrValue, m.Value),
+	)
+}
