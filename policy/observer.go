@@ -15,6 +15,10 @@ import (
 // decision, never with a lock held, and may be called concurrently: they
 // must be safe for concurrent use and should return quickly. The info
 // structs are passed by value and may be kept.
+//
+// Packages otelmetrics (metrics), oteltrace (span events) and
+// slogobserver (log/slog records) each return one; JoinObservers
+// combines them with funcs of one's own.
 type Observer struct {
 	// CallDone is called once per RoundTrip, just before it returns
 	// (except for a request with no URL, which has no key).
