@@ -24,12 +24,14 @@
 //
 // Every record has the attribute key, the transport's scope key. The
 // other attributes are named as package otelmetrics names its attributes
-// (key, kind, outcome, reason, gate, priority, state,
-// http.response.status_code, http.header), or as package oteltrace names
-// its event attributes, without the resilix. prefix (attempt, latency,
-// lane, threshold, tenant.heavy, retry_after); their values are the names
-// the policy package gives them, as strings. Durations are slog.Duration
-// values.
+// (kind, outcome, reason, gate, priority, http.response.status_code,
+// http.header), or as package oteltrace names its event attributes,
+// without the resilix. prefix (attempt, latency, lane, threshold,
+// tenant.heavy, retry_after), or, for what neither has, from and to (a
+// transition's states or limits), for, duration, attempts, value,
+// body_too_large and error. Enum values are the names the policy package
+// gives them, as strings ("rate_limit", "half_open"); durations are
+// slog.Duration values.
 //
 //	message              level               when, and its attributes
 //	attempt failed       Info                a wire attempt failed (Outcome Failure):
@@ -79,15 +81,16 @@
 //
 // The levels follow how often a record comes and whether it needs a
 // person. A transition comes once per change and is Warn when the key got
-// worse in a way a caller feels (a breaker open, a store failing, a lane
-// ejected), Info when it got better. What comes once per affected call is
-// Info: a failed attempt, a skipped retry, a refusal, a pushback, a
-// malformed header. What is routine, or already said by a transition, is
-// Debug: hedges come on a few percent of every key's calls by design, the
-// adaptive limit moves all the time, and a refusal by an open breaker or
-// the throttler's pushback follows from a record already logged, once per
-// call it holds back. A handler at Info (slog's default) thus logs what went
-// wrong and how resilix answered it; one at Debug logs hedging too.
+// worse (a breaker opened, a store failing, a replica's lane ejected),
+// Info when it got better. What comes once per call or answer it concerns
+// is Info: a failed attempt, a skipped retry, a refusal, a pushback, a
+// malformed header. What is routine, or follows from a record already
+// logged, is Debug: hedges come on a few percent of a key's calls by
+// design, the adaptive limit moves all the time, and the refusals of an
+// open breaker and of the throttler come once per call for as long as a
+// key is failing, after its breaker opened or its failed attempts and
+// pushbacks were logged. A handler at Info (slog's default) thus logs what
+// went wrong and how resilix answered it; one at Debug logs hedging too.
 //
 // The lane attribute is the lane's address (host:port) for a lane of
 // Endpoints, or its index, "0" to "63", for a connection lane, as in
