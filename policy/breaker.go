@@ -130,9 +130,15 @@ const (
 	// BreakerHalfOpen admits a few probes; a probe's success closes the
 	// breaker, its failure opens it again.
 	BreakerHalfOpen
+	// BreakerIsolated refuses every call, of every priority, with
+	// ErrIsolated (which matches ErrCircuitOpen), until an operator
+	// releases it: transport.Transport.Isolate puts a key in it and
+	// Release takes it out. The breaker's own rules never enter or leave
+	// it.
+	BreakerIsolated
 )
 
-var breakerStateNames = [...]string{"closed", "open", "half_open"}
+var breakerStateNames = [...]string{"closed", "open", "half_open", "isolated"}
 
-// String returns "closed", "open" or "half_open".
+// String returns "closed", "open", "half_open" or "isolated".
 func (s BreakerState) String() string { return enumName(breakerStateNames[:], int(s), "breaker_state") }

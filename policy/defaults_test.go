@@ -114,6 +114,7 @@ func TestHedgeDefaults(t *testing.T) {
 func TestEnumNames(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{BreakerHalfOpen.String(), "half_open"},
+		{BreakerIsolated.String(), "isolated"},
 		{BreakerState(9).String(), "breaker_state(9)"},
 		{GateRateLimit.String(), "rate_limit"},
 		{GateAdmission.String(), "admission"},

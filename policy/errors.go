@@ -32,6 +32,12 @@ var (
 // by another gate, so it also matches ErrShed.
 var ErrThrottled error = &kindOf{msg: "resilix: throttled", parent: ErrShed}
 
+// ErrIsolated is the refusal of a key an operator isolated
+// (transport.Transport.Isolate): its breaker is held open by hand, so it
+// also matches ErrCircuitOpen, and its RejectedError has GateBreaker and no
+// RetryAfter, since nothing but a Release ends it.
+var ErrIsolated error = &kindOf{msg: "resilix: isolated", parent: ErrCircuitOpen}
+
 // kindOf is a sentinel that is also a kind of a broader sentinel.
 type kindOf struct {
 	msg    string

@@ -78,6 +78,21 @@ func TestRejectedErrorMatchesBothSentinels(t *testing.T) {
 	}
 }
 
+// TestIsolatedMatchesCircuitOpen: an isolated key's refusal matches its own
+// sentinel, the breaker's and ErrRejected, and no other gate's.
+func TestIsolatedMatchesCircuitOpen(t *testing.T) {
+	var err error = &RejectedError{Gate: GateBreaker, Err: ErrIsolated, Key: "api"}
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrCircuitOpen) || !errors.Is(err, ErrIsolated) || errors.Is(err, ErrShed) {
+		t.Fatalf("errors.Is mismatch for %v", err)
+	}
+	if errors.Is(ErrCircuitOpen, ErrIsolated) {
+		t.Fatal("a plain open breaker matches ErrIsolated")
+	}
+	if got, want := err.Error(), `resilix: isolated (key "api", priority critical)`; got != want {
+		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+}
+
 // TestReplayBytes: ReplayBuffer's zero is the 64 KiB default and any
 // negative value turns buffering off; every value is valid.
 func TestReplayBytes(t *testing.T) {
