@@ -191,14 +191,29 @@ const (
 // reports it. A probe's Success closes the breaker (with an empty window
 // and run; the baseline is kept), its Failure opens it again.
 //
+// # By hand
+//
+// Isolate, Release and Reset are an operator's moves. Isolate puts the
+// breaker in BreakerIsolated from any state: Allow refuses every call with
+// d.Isolated and no RetryAfter, nothing is learned, and no rule and no
+// time leaves it; only Release does, which closes the breaker with an empty
+// window and run, as a probe's success does (what the window held predates
+// the isolation). Reset closes an open or half-open breaker the same way,
+// at once, and leaves a closed or isolated one as it is. Each keeps the
+// baseline, and each change of state is a new generation, so that a call
+// admitted before it, still in flight, finishes and counts for nothing.
+//
+// A breaker from NewManualBreaker, for a key without a Breaker, has only
+// those moves: closed, it admits everything and learns nothing.
+//
 // # Transitions
 //
-// The breaker calls nothing. Allow and Done return a BreakerChange when they
-// moved the state, and the caller reports it (to Observer.BreakerTransition)
-// after they return, with no lock held. State and Rate never move it.
+// The breaker calls nothing. Allow, Done, Isolate, Release and Reset
+// return a BreakerChange when they moved the state, and the caller reports
+// it (to Observer.BreakerTransition) after they return, with no lock held. State and Rate never move it.
 //
 // Allow and Done do not allocate, except that Done allocates a fresh window
-// when a probe closes the breaker. A nil *Breaker is a breaker that
+// when a probe closes the breaker (as Release and Reset do). A nil *Breaker is a breaker that
 // is off: it admits everything. A Breaker is safe for concurrent use;
 // each method holds one mutex for a few dozen instructions.
 type Breaker struct {
@@ -210,6 +225,7 @@ type Breaker struct {
 	openFor      time.Duration
 	firstOpenFor time.Duration // < 0: every opening is openFor
 	probes       int
+	manual       bool // NewManualBreaker's: only Isolate, Release and Reset move it
 
 	// closedGen is gen while the breaker is closed, zero otherwise, so
 	// that Allow admits a call to a closed breaker with one atomic load.
@@ -263,6 +279,16 @@ func NewBreaker(cfg policy.Breaker, now time.Time, seed uint64) *Breaker {
 	return b
 }
 
+// NewManualBreaker returns a closed breaker that only Isolate, Release and
+// Reset move: the breaker of a key with no Breaker configured, made when an
+// operator isolates it. Closed, it admits everything and learns nothing;
+// its permits need no Done (Done ignores them).
+func NewManualBreaker() *Breaker {
+	b := &Breaker{manual: true, gen: 1}
+	b.closedGen.Store(b.gen)
+	return b
+}
+
 // BreakerPermit is what Allow hands an admitted call, to be given back to
 // Done exactly once. It is a small value; the zero BreakerPermit is never
 // current, so Done ignores it.
@@ -278,8 +304,10 @@ type BreakerDecision struct {
 	OK bool
 	// RetryAfter, on a refusal, is the time until the breaker goes
 	// half-open; zero when it is half-open already and every probe slot
-	// is taken.
+	// is taken, or isolated.
 	RetryAfter time.Duration
+	// Isolated, on a refusal, says that the breaker is isolated (Isolate).
+	Isolated bool
 	// Change is the state change Allow made, if any (open → half-open).
 	Change BreakerChange
 }
@@ -342,6 +370,8 @@ func (b *Breaker) Allow(now time.Time) (p BreakerPermit, d BreakerDecision) {
 	switch b.state {
 	case policy.BreakerClosed:
 		return BreakerPermit{gen: b.gen, at: now}, BreakerDecision{OK: true}
+	case policy.BreakerIsolated:
+		return BreakerPermit{}, BreakerDecision{Isolated: true}
 	case policy.BreakerOpen:
 		if now.Before(b.openUntil) {
 			return BreakerPermit{}, BreakerDecision{RetryAfter: b.openUntil.Sub(now)}
@@ -371,7 +401,7 @@ func (b *Breaker) Done(now time.Time, p BreakerPermit, o policy.Outcome) Breaker
 	}
 	switch b.state {
 	case policy.BreakerClosed:
-		if !o.Evidence() {
+		if !o.Evidence() || b.manual {
 			return BreakerChange{}
 		}
 		b.fold(now)
@@ -408,6 +438,63 @@ func (b *Breaker) Done(now time.Time, p BreakerPermit, o policy.Outcome) Breaker
 	return BreakerChange{}
 }
 
+// Isolate moves the breaker to BreakerIsolated at now, from any state, and
+// returns the change (none when it is isolated already). Calls admitted
+// before it are of an earlier generation: they finish, and Done ignores
+// them.
+func (b *Breaker) Isolate(now time.Time) BreakerChange {
+	if b == nil {
+		return BreakerChange{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	from := b.state
+	if from == policy.BreakerIsolated {
+		return BreakerChange{}
+	}
+	if from == policy.BreakerClosed && !b.manual {
+		b.fold(now) // a period over before now is a sample of the host as it was
+	}
+	b.setState(policy.BreakerIsolated)
+	return BreakerChange{From: from, To: policy.BreakerIsolated}
+}
+
+// Release ends an isolation at now: the breaker closes with an empty window
+// and run, its baseline kept, and is back to its own rules. It returns the
+// change, none when the breaker was not isolated (it is then left as it
+// is).
+func (b *Breaker) Release(now time.Time) BreakerChange {
+	if b == nil {
+		return BreakerChange{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != policy.BreakerIsolated {
+		return BreakerChange{}
+	}
+	b.close(now)
+	return BreakerChange{From: policy.BreakerIsolated, To: policy.BreakerClosed}
+}
+
+// Reset closes an open or half-open breaker at now with an empty window and
+// run, its baseline kept, and returns the change. A closed breaker is left
+// as it is, window and all, and so is an isolated one: only Release ends
+// an isolation. An opening whose time has run out is closed from open (the
+// move to half-open had not been made).
+func (b *Breaker) Reset(now time.Time) BreakerChange {
+	if b == nil {
+		return BreakerChange{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	from := b.state
+	if from != policy.BreakerOpen && from != policy.BreakerHalfOpen {
+		return BreakerChange{}
+	}
+	b.close(now)
+	return BreakerChange{From: from, To: policy.BreakerClosed}
+}
+
 // State returns the breaker's state at now. It reports half-open once the
 // opening has run out, though the move itself is made (and reported) by
 // the next Allow.
@@ -431,6 +518,9 @@ func (b *Breaker) Rate(now time.Time) BreakerRate {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.manual {
+		return BreakerRate{}
+	}
 	if b.state == policy.BreakerClosed {
 		b.fold(now)
 	}
@@ -610,6 +700,9 @@ func (b *Breaker) open(now time.Time) {
 // kept. b.mu is held.
 func (b *Breaker) close(now time.Time) {
 	b.setState(policy.BreakerClosed)
+	if b.manual {
+		return
+	}
 	b.win = estimator.NewCounters(b.window, breakerCounters, now)
 	b.startPeriod(now)
 }

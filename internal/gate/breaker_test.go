@@ -19,10 +19,13 @@ var bkStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 type bkOp uint8
 
 const (
-	bkAllow bkOp = iota + 1 // Allow, keeping the permit in slot
-	bkDone                  // Done with the permit in slot and outcome o
-	bkCall                  // Allow and, if admitted, Done with o at the same instant
-	bkCheck                 // check the state only
+	bkAllow   bkOp = iota + 1 // Allow, keeping the permit in slot
+	bkDone                    // Done with the permit in slot and outcome o
+	bkCall                    // Allow and, if admitted, Done with o at the same instant
+	bkCheck                   // check the state only
+	bkIsolate                 // Isolate
+	bkRelease                 // Release
+	bkReset                   // Reset
 )
 
 // bkStep is one step of a breaker table: at bkStart+at, do op, then check
@@ -35,6 +38,7 @@ type bkStep struct {
 
 	ok     bool                // bkAllow, bkCall: want admitted
 	retry  [2]time.Duration    // refused bkAllow: want RetryAfter in [retry[0], retry[1]]
+	iso    bool                // refused bkAllow, bkCall: want Isolated
 	change BreakerChange       // want; for bkCall, Done's change, or Allow's when Done made none
 	state  policy.BreakerState // want State after the step
 
@@ -54,7 +58,12 @@ type bkChange struct {
 // it reported.
 func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChange) {
 	t.Helper()
-	b := newBreaker(cfg, bkStart, 1)
+	return bkRunOn(t, newBreaker(cfg, bkStart, 1), steps)
+}
+
+// bkRunOn runs steps against b.
+func bkRunOn(t *testing.T, b *Breaker, steps []bkStep) (*Breaker, []bkChange) {
+	t.Helper()
 	slots := map[int]BreakerPermit{}
 	var changes []bkChange
 	note := func(at time.Duration, c BreakerChange) {
@@ -68,6 +77,7 @@ func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChan
 		var (
 			gotOK     bool
 			gotRetry  time.Duration
+			gotIso    bool
 			gotChange BreakerChange
 		)
 		switch st.op {
@@ -77,7 +87,7 @@ func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChan
 			if d.OK {
 				slots[st.slot] = p
 			}
-			gotOK, gotRetry, gotChange = d.OK, d.RetryAfter, d.Change
+			gotOK, gotRetry, gotIso, gotChange = d.OK, d.RetryAfter, d.Isolated, d.Change
 		case bkDone:
 			p := slots[st.slot] // the zero permit if none: never current
 			delete(slots, st.slot)
@@ -87,7 +97,7 @@ func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChan
 		case bkCall:
 			p, d := b.Allow(now)
 			note(st.at, d.Change)
-			gotOK, gotRetry, gotChange = d.OK, d.RetryAfter, d.Change
+			gotOK, gotRetry, gotIso, gotChange = d.OK, d.RetryAfter, d.Isolated, d.Change
 			if d.OK {
 				c := b.Done(now, p, st.o)
 				note(st.at, c)
@@ -96,6 +106,11 @@ func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChan
 				}
 			}
 		case bkCheck:
+			gotOK = st.ok
+		case bkIsolate, bkRelease, bkReset:
+			move := map[bkOp]func(time.Time) BreakerChange{bkIsolate: b.Isolate, bkRelease: b.Release, bkReset: b.Reset}[st.op]
+			gotChange = move(now)
+			note(st.at, gotChange)
 			gotOK = st.ok
 		}
 		if st.loose {
@@ -106,6 +121,9 @@ func bkRun(t *testing.T, cfg policy.Breaker, steps []bkStep) (*Breaker, []bkChan
 		}
 		if (st.op == bkAllow || st.op == bkCall) && !gotOK && (gotRetry < st.retry[0] || gotRetry > st.retry[1]) {
 			t.Fatalf("%s: RetryAfter = %v, want in [%v, %v]", where, gotRetry, st.retry[0], st.retry[1])
+		}
+		if gotIso != st.iso {
+			t.Fatalf("%s: Isolated = %v, want %v", where, gotIso, st.iso)
 		}
 		if gotChange != st.change {
 			t.Fatalf("%s: change = %+v, want %+v", where, gotChange, st.change)
