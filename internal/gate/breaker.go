@@ -231,6 +231,9 @@ type Breaker struct {
 	// that Allow admits a call to a closed breaker with one atomic load.
 	// Written under mu, with state and gen.
 	closedGen atomic.Uint64
+	// isolated is state == BreakerIsolated, for Isolated's one atomic
+	// load. Written under mu, with state.
+	isolated atomic.Bool
 
 	mu        sync.Mutex
 	state     policy.BreakerState
@@ -459,6 +462,11 @@ func (b *Breaker) Isolate(now time.Time) BreakerChange {
 	return BreakerChange{From: from, To: policy.BreakerIsolated}
 }
 
+// Isolated reports whether the breaker is isolated, with one atomic load:
+// the transport asks it before any gate, so that no gate's state moves for
+// a call an operator refuses. A nil *Breaker is not isolated.
+func (b *Breaker) Isolated() bool { return b != nil && b.isolated.Load() }
+
 // Release ends an isolation at now: the breaker closes with an empty window
 // and run, its baseline kept, and is back to its own rules. It returns the
 // change, none when the breaker was not isolated (it is then left as it
@@ -665,6 +673,7 @@ func (b *Breaker) setState(s policy.BreakerState) {
 	b.gen++
 	b.run, b.runAll = 0, 0
 	b.probesOut = 0
+	b.isolated.Store(s == policy.BreakerIsolated)
 	if s == policy.BreakerClosed {
 		b.closedGen.Store(b.gen)
 	} else {

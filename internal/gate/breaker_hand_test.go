@@ -48,6 +48,9 @@ func TestBreakerIsolate(t *testing.T) {
 		{at: time.Hour + 2*bkS, op: bkCall, o: policy.Failure, ok: true},
 		{at: time.Hour + 3*bkS, op: bkCall, o: policy.Failure, ok: true, change: bkTrip, state: policy.BreakerOpen},
 	})
+	if b.Isolated() {
+		t.Fatal("Isolated after Release")
+	}
 	if r := b.Rate(bkStart.Add(time.Hour + 3*bkS)); r.Calls != 3 {
 		t.Fatalf("Rate after the trip = %+v, want the 3 calls since the release", r)
 	}

@@ -131,6 +131,9 @@ func bkRunOn(t *testing.T, b *Breaker, steps []bkStep) (*Breaker, []bkChange) {
 		if got := b.State(now); got != st.state {
 			t.Fatalf("%s: state = %v, want %v", where, got, st.state)
 		}
+		if got, want := b.Isolated(), st.state == policy.BreakerIsolated; got != want {
+			t.Fatalf("%s: Isolated() = %v, want %v", where, got, want)
+		}
 	}
 	return b, changes
 }
