@@ -50,7 +50,9 @@ type Observer struct {
 	// stopped it, with the gate's reason.
 	HedgeSuppressed func(HedgeSuppression)
 
-	// BreakerTransition is called when a scope's breaker changes state.
+	// BreakerTransition is called when a scope's breaker changes state,
+	// by its own rules or by an operator's hand (to and from
+	// BreakerIsolated, and ResetBreaker's close).
 	BreakerTransition func(BreakerTransition)
 
 	// MalformedHeader is called when a header resilix reads cannot be
@@ -292,8 +294,9 @@ type RetrySkip struct {
 
 // BreakerTransition describes a breaker's change of state.
 type BreakerTransition struct {
-	// Context is the context of the call whose attempt moved the state.
-	// Never nil.
+	// Context is the context of the call whose attempt moved the state,
+	// or context.Background() for a move an operator made
+	// (transport.Transport.Isolate, Release and ResetBreaker). Never nil.
 	Context  context.Context
 	Key      string
 	From, To BreakerState

@@ -40,9 +40,12 @@ type Snapshot struct {
 	// rejection probability is part of Pressure.
 	HasThrottler bool
 
-	// HasBreaker is true when the key runs a circuit breaker.
-	// BreakerState is its state; ErrorRate and TripPoint are its windowed
-	// failure rate and the rate at which it trips.
+	// HasBreaker is true when the key runs a circuit breaker, or has
+	// been isolated (transport.Transport.Isolate): a key without a
+	// Breaker then has one that only Isolate and Release move, and whose
+	// ErrorRate and TripPoint stay zero. BreakerState is its state,
+	// BreakerIsolated while an operator holds it; ErrorRate and TripPoint
+	// are its windowed failure rate and the rate at which it trips.
 	HasBreaker           bool
 	BreakerState         BreakerState
 	ErrorRate, TripPoint float64

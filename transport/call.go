@@ -472,6 +472,9 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 	if !wait {
 		ctx = noWait
 	}
+	if s.breakerOf().Isolated() { // before any gate, so that none moves for it
+		return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
+	}
 	if s.throttle != nil {
 		d := s.throttle.Admit(now, c.prio, c.tenant)
 		if !d.OK {
@@ -484,6 +487,9 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 		c.transition(d.Change)
 		if !d.OK {
 			c.unadmit(l, now)
+			if d.Isolated { // since the check above
+				return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
+			}
 			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter, false)
 		}
 		l.bp, l.breaker = p, true

@@ -105,6 +105,10 @@ type scope struct {
 	budget   *gate.Budget
 	throttle *gate.Throttler
 	breaker  *gate.Breaker
+	// manual is the breaker of a key with no Breaker configured, made by
+	// the first Isolate of the key and kept for the life of the scope;
+	// nil before, and always for a key with a Breaker.
+	manual   atomic.Pointer[gate.Breaker]
 	limiter  *gate.Limiter
 	bulkhead *gate.Bulkhead
 	rate     *gate.RateLimiter
@@ -120,11 +124,20 @@ type scope struct {
 // leave ends a call that registry.enter counted.
 func (s *scope) leave() { s.calls.Add(-1) }
 
+// breakerOf returns the key's breaker: the configured one, else the one
+// Isolate made, else nil.
+func (s *scope) breakerOf() *gate.Breaker {
+	if s.breaker != nil {
+		return s.breaker
+	}
+	return s.manual.Load()
+}
+
 // The eviction ranks of a scope, from first to go to never.
 const (
-	rankQuiet    = iota // nothing in flight, breaker closed (or none)
-	rankTripped         // nothing in flight, breaker open or half-open
-	rankInFlight        // calls in flight: never evicted
+	rankQuiet   = iota // nothing in flight, breaker closed (or none)
+	rankTripped        // nothing in flight, breaker open or half-open
+	rankHeld           // calls in flight, or isolated: never evicted
 )
 
 // rank returns the scope's eviction rank at now. A scope has calls in
@@ -132,15 +145,20 @@ const (
 // hold anything for an attempt: a bulkhead slot (held until the response
 // body is closed or read to its end), a limiter permit or queue place (a
 // hedge leg outliving its call's return). A response body without a
-// bulkhead slot holds nothing of the scope's.
+// bulkhead slot holds nothing of the scope's. An isolated scope is held
+// until it is released: forgetting it would end the isolation.
 func (s *scope) rank(now time.Time) int {
 	switch {
 	case s.calls.Load() > 0, s.bulkhead.InFlight() > 0, s.limiter.InFlight() > 0, s.limiter.Queued() > 0:
-		return rankInFlight
-	case s.breaker.State(now) != policy.BreakerClosed:
-		return rankTripped
+		return rankHeld
 	}
-	return rankQuiet
+	switch s.breakerOf().State(now) {
+	case policy.BreakerClosed:
+		return rankQuiet
+	case policy.BreakerIsolated:
+		return rankHeld
+	}
+	return rankTripped
 }
 
 func (t *Transport) newScope(key string, now time.Time) *scope {
@@ -211,10 +229,10 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 		h := s.throttle.Hold(now)
 		m.PushbackLeft, m.PushbackStopped, m.PushbackRate = h.Left, h.Stopped, h.Rate
 	}
-	if s.breaker != nil {
+	if b := s.breakerOf(); b != nil {
 		m.HasBreaker = true
-		m.BreakerState = s.breaker.State(now)
-		r := s.breaker.Rate(now)
+		m.BreakerState = b.State(now)
+		r := b.Rate(now)
 		m.ErrorRate, m.TripPoint = r.ErrorRate, r.TripPoint
 	}
 	if s.limiter != nil {
@@ -242,15 +260,16 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 // takes the write lock. No goroutine or timer runs for it.
 //
 // It holds at most max scopes, except that a scope with calls in flight
-// (see scope.rank) is never evicted: a new key that finds every held scope
-// busy is let in beyond max, so that the registry holds at most max plus
-// the calls in flight at the peak, and the next new key once they are done
-// sheds the excess.
+// or isolated (see scope.rank) is never evicted: a new key that finds every
+// held scope busy is let in beyond max, so that the registry holds at most
+// max plus the calls in flight at the peak, and the next new key once they
+// are done sheds the excess. At most max scopes are isolated at once.
 type registry struct {
-	mu     sync.RWMutex
-	m      map[string]*scope
-	max    int
-	create func(key string, now time.Time) *scope
+	mu       sync.RWMutex
+	m        map[string]*scope
+	max      int
+	isolated int // scopes whose breaker is isolated; changed under mu
+	create   func(key string, now time.Time) *scope
 }
 
 func (r *registry) init(max int, create func(string, time.Time) *scope) {
@@ -291,16 +310,67 @@ func (r *registry) enter(key string, now time.Time) *scope {
 		s.lastUsed.Store(now.UnixNano())
 		return s
 	}
+	s = r.createLocked(key, now)
+	s.calls.Add(1)
+	return s
+}
+
+// createLocked makes key's scope, evicting one first if the registry is
+// full. r.mu is held for writing, and key has no scope.
+func (r *registry) createLocked(key string, now time.Time) *scope {
 	if len(r.m) >= r.max {
 		r.evictLocked(now, len(r.m)-r.max+1)
 	}
 	// The key is kept for the life of the scope: a copy, since it is
 	// often a substring of a request's URL, which it would keep alive.
 	key = strings.Clone(key)
-	s = r.create(key, now)
-	s.calls.Add(1)
+	s := r.create(key, now)
 	r.m[key] = s
 	return s
+}
+
+// isolate isolates key's breaker at now, creating the scope, and a manual
+// breaker for a key without a Breaker, if needed. It returns the scope and
+// the change to report, none when the key was isolated already, or
+// errTooManyIsolated when max keys are.
+func (r *registry) isolate(key string, now time.Time) (*scope, gate.BreakerChange, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.m[key]
+	if s != nil && s.breakerOf().Isolated() {
+		return s, gate.BreakerChange{}, nil
+	}
+	if r.isolated >= r.max {
+		return nil, gate.BreakerChange{}, errTooManyIsolated
+	}
+	if s == nil {
+		s = r.createLocked(key, now)
+	}
+	b := s.breakerOf()
+	if b == nil {
+		b = gate.NewManualBreaker()
+		s.manual.Store(b)
+	}
+	ch := b.Isolate(now)
+	r.isolated++ // under r.mu, as is every isolation and release
+	return s, ch, nil
+}
+
+// release ends the isolation of key's breaker at now, and returns the
+// scope and the change to report: none, and perhaps no scope, when the key
+// was not isolated.
+func (r *registry) release(key string, now time.Time) (*scope, gate.BreakerChange) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.m[key]
+	if s == nil {
+		return nil, gate.BreakerChange{}
+	}
+	ch := s.breakerOf().Release(now)
+	if ch.Changed() {
+		r.isolated--
+	}
+	return s, ch
 }
 
 // evictSample is how many scopes eviction compares first. Go's map
@@ -342,7 +412,7 @@ func (r *registry) evictLocked(now time.Time, n int) {
 	}
 	var cands []candidate
 	for k, s := range r.m {
-		if rk := s.rank(now); rk != rankInFlight {
+		if rk := s.rank(now); rk != rankHeld {
 			cands = append(cands, candidate{k, rk, s.lastUsed.Load()})
 		}
 	}

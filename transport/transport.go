@@ -208,6 +208,34 @@
 // this key's. As with an Override, the Observer hears of no retry or
 // hedge the rule leaves out; Measured counts the calls it narrowed, on
 // keys that retry or hedge, in RepeatsSentOnce.
+//
+// # Isolating a key
+//
+// Isolate, Release and ResetBreaker let an operator overrule a key's
+// breaker during an incident: take a dependency out of rotation before its
+// breaker would, or put it back before its breaker would.
+//
+// Isolate a key when calling it does harm: it is known to be down or
+// wrong (a bad deploy, data it must not receive), or its failures are
+// slow enough to tie up callers before the breaker's rules trip. From
+// then on every call to the key is refused at once, before any gate is
+// asked and without a wire call, with a *policy.RejectedError whose Gate
+// is GateBreaker and whose Err is policy.ErrIsolated, which matches
+// policy.ErrCircuitOpen too: callers that already handle an open breaker
+// (a fallback, a cached answer) handle an isolated key the same way, and
+// those that care can tell them apart. It has no RetryAfter: nothing but
+// Release ends it. Calls already on the wire finish, and what they teach
+// the breaker is dropped; their retries and hedges are refused like any
+// other call. The key's snapshot shows BreakerState policy.BreakerIsolated
+// ("isolated"), the Observer hears a BreakerTransition to it, and
+// otelmetrics' resilix.breaker.state gauge reads 3.
+//
+// Release undoes it: the breaker closes with an empty window, keeping the
+// baseline it learned, and judges the key by its own rules again, so a key
+// that is still broken trips again after a few failures. ResetBreaker is
+// the other override, for a breaker that opened on a fault now fixed: it
+// closes an open or half-open breaker at once, the same way, rather than
+// waiting for the opening to run out and a probe to succeed.
 package transport
 
 import (
@@ -295,7 +323,9 @@ type Config struct {
 	// is never forgotten: a call is in flight from the start of RoundTrip
 	// until it returns, and after that while it holds a bulkhead slot
 	// (until its response body is closed or read to the end) or a limiter
-	// permit (a hedge leg still running). A new key that finds every key
+	// permit (a hedge leg still running). Nor is an isolated key (see
+	// Transport.Isolate), until it is released; at most MaxKeys keys are
+	// isolated at once. A new key that finds every key
 	// busy is kept beyond MaxKeys, so at most MaxKeys plus the calls in
 	// flight are held, and the first new key after they are done brings
 	// the count back to MaxKeys.
@@ -341,6 +371,7 @@ const DefaultMaxKeys = 1024
 type Transport struct {
 	base           http.RoundTripper
 	key            func(*http.Request) string
+	hostKeys       bool // Key is the default: keys are canonical authorities
 	obs            *policy.Observer
 	priorityHeader string
 	tenantHeader   string
@@ -425,7 +456,7 @@ func New(cfg Config) (*Transport, error) {
 		t.base = cleanhttp.DefaultPooledTransport()
 	}
 	if t.key == nil {
-		t.key = hostKey
+		t.key, t.hostKeys = hostKey, true
 	}
 	max := cfg.MaxKeys
 	if max == 0 {
