@@ -120,8 +120,10 @@
 // The gauges are read when the meter provider collects, from the state of
 // every key each attached transport holds; a key that does not run the
 // policy has no point. resilix.breaker.state is 0 when the breaker is
-// closed, 1 when open and 2 when half-open (the values of
-// policy.BreakerState). resilix.limiter.limit is the adaptive concurrency
+// closed, 1 when open, 2 when half-open and 3 while an operator has the
+// key isolated (transport.Transport.Isolate; a key isolated without a
+// Breaker has a point from then on, 0 once released), the values of
+// policy.BreakerState. resilix.limiter.limit is the adaptive concurrency
 // limit, resilix.budget.balance the tokens left in the retry-and-hedge
 // budget (a retry or a hedge takes one, and is not sent when less than one
 // is left). resilix.rate_limit.store is the state of the store of a shared

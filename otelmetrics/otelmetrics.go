@@ -139,7 +139,7 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 	check(err)
 	r.breakerState, err = m.Int64ObservableGauge("resilix.breaker.state",
 		metric.WithUnit("{state}"),
-		metric.WithDescription("Circuit breaker state: 0 closed, 1 open, 2 half-open."))
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 open, 2 half-open, 3 isolated."))
 	check(err)
 	r.limiterLimit, err = m.Int64ObservableGauge("resilix.limiter.limit",
 		metric.WithUnit("{request}"),
