@@ -63,7 +63,10 @@
 //	                                         and the throttler, Info for every other gate
 //	breaker opened       Warn                the key's breaker opened: key, from, to
 //	breaker half-open    Info                it lets probes through: key, from, to
-//	breaker closed       Info                a probe closed it: key, from, to
+//	breaker closed       Info                a probe closed it, or an operator did
+//	                                         (Release, ResetBreaker): key, from, to
+//	breaker isolated     Warn                an operator isolated the key
+//	                                         (transport.Transport.Isolate): key, from, to
 //	limit changed        Debug               the key's adaptive limit moved: key, from, to
 //	store failing        Warn                the shared store of the key's RateLimit failed:
 //	                                         key, from, to (fallback or refusing), error

@@ -101,6 +101,12 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		{"breaker closed", func() {
 			obs.BreakerTransition(policy.BreakerTransition{Context: ctx, Key: "api", From: policy.BreakerHalfOpen, To: policy.BreakerClosed})
 		}, record{Level: slog.LevelInfo, Msg: "breaker closed", Attrs: map[string]string{"key": "api", "from": "half_open", "to": "closed"}}},
+		{"breaker isolated", func() {
+			obs.BreakerTransition(policy.BreakerTransition{Context: ctx, Key: "api", From: policy.BreakerOpen, To: policy.BreakerIsolated})
+		}, record{Level: slog.LevelWarn, Msg: "breaker isolated", Attrs: map[string]string{"key": "api", "from": "open", "to": "isolated"}}},
+		{"breaker released", func() {
+			obs.BreakerTransition(policy.BreakerTransition{Context: ctx, Key: "api", From: policy.BreakerIsolated, To: policy.BreakerClosed})
+		}, record{Level: slog.LevelInfo, Msg: "breaker closed", Attrs: map[string]string{"key": "api", "from": "isolated", "to": "closed"}}},
 		{"limit changed", func() {
 			obs.LimitTransition(policy.LimitTransition{Context: ctx, Key: "api", From: 20, To: 14})
 		}, record{Level: slog.LevelDebug, Msg: "limit changed", Attrs: map[string]string{"key": "api", "from": "20", "to": "14"}}},

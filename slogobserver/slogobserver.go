@@ -40,6 +40,7 @@ const (
 	msgBreakerOpened    = "breaker opened"
 	msgBreakerHalfOpen  = "breaker half-open"
 	msgBreakerClosed    = "breaker closed"
+	msgBreakerIsolated  = "breaker isolated"
 	msgLimitChanged     = "limit changed"
 	msgStoreFailing     = "store failing"
 	msgStoreRecovered   = "store recovered"
@@ -295,6 +296,8 @@ func (o *observer) breakerTransition(b policy.BreakerTransition) {
 		level, msg = slog.LevelWarn, msgBreakerOpened
 	case policy.BreakerHalfOpen:
 		msg = msgBreakerHalfOpen
+	case policy.BreakerIsolated:
+		level, msg = slog.LevelWarn, msgBreakerIsolated
 	}
 	ctx, h, ok := o.enabled(b.Context, level)
 	if !ok {
