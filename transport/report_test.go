@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/bits"
 	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
@@ -305,4 +306,36 @@ func TestReportAllocatesNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With Replicas, a call whose retries go to other lanes reports each lane
+// it used, and the lane of the answer it returned, as AttemptDone named it.
+func TestReportLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var last atomic.Value // string: the Lane of the last AttemptDone
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{
+				Budget:   policy.Budget{Ratio: -1}, // off: every retry is sent
+				Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+				Replicas: &policy.Replicas{Endpoints: Static(four...), MaxEjected: -1},
+			},
+			Observer: &policy.Observer{AttemptDone: func(a policy.AttemptInfo) { last.Store(a.Lane) }},
+		})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.status.Store(http.StatusServiceUnavailable)
+		}
+		got, err := reported(t, rt, "http://api/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bits.OnesCount64(got.Lanes) != 3 || got.WireAttempts != 3 || !got.Exhausted {
+			t.Errorf("Report %+v, want three attempts on three lanes", got)
+		}
+		if lane, _ := last.Load().(string); got.Lane == "" || got.Lane != lane {
+			t.Errorf("Report.Lane %q, want the last attempt's, %q", got.Lane, lane)
+		}
+	})
 }
