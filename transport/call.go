@@ -40,6 +40,10 @@ import (
 // refused to send, which makes one attempt (see "What could not be sent"
 // in the package doc), and the caller's own cancellation or deadline comes
 // back as its context's error, never wrapped.
+//
+// When the request's context carries a Report (see WithReport), RoundTrip
+// writes what the call did to it as it returns, on the caller's
+// goroutine, on every path above but a nil request or URL.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, err := checkRequest(req)
 	if err != nil {
