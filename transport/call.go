@@ -40,19 +40,30 @@ import (
 // refused to send, which makes one attempt (see "What could not be sent"
 // in the package doc), and the caller's own cancellation or deadline comes
 // back as its context's error, never wrapped.
+//
+// When the request's context carries a Report (see WithReport), RoundTrip
+// writes what the call did to it as it returns, on the caller's
+// goroutine, on every path above but a nil request or URL.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, err := checkRequest(req)
 	if err != nil {
 		return nil, err
 	}
 	o, _ := OverrideFrom(req.Context())
+	rep := reportOf(req.Context())
 	if err := o.check(); err != nil {
 		closeBody(req.Body)
+		if rep != nil {
+			*rep = Report{RoundTrips: rep.RoundTrips + 1}
+		}
 		return nil, err
 	}
 	start := time.Now()
 	if err := contextDone(req.Context(), start); err != nil {
 		closeBody(req.Body)
+		if rep != nil {
+			*rep = Report{RoundTrips: rep.RoundTrips + 1, Outcome: policy.Canceled}
+		}
 		t.doneBefore(req, start, err)
 		return nil, err
 	}
@@ -64,6 +75,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req:   req,
 		ctx:   req.Context(),
 		start: start,
+		rep:   rep,
 	}
 	c.narrow(&o)
 	c.prio, c.named = t.priority(req, c.s)
@@ -73,6 +85,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.run()
 	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
 		err = &attemptsError{n: c.wire, err: err}
+	}
+	if rep != nil {
+		code := 0
+		if resp != nil {
+			code = resp.StatusCode
+		}
+		c.write(rep, code)
 	}
 	if o := t.obs; o != nil && o.CallDone != nil {
 		info := policy.CallInfo{
@@ -198,6 +217,17 @@ type call struct {
 	// lane.Lane.Index), read and set atomically: a hedged round's legs
 	// pick concurrently.
 	used uint64
+
+	// What the caller's Report needs, kept only when there is one (rep),
+	// but for the counts: hedges and hedgeWon are collected from each
+	// hedged round under its lock, on the caller's goroutine.
+	rep         *Report
+	sentRetries int                   // retries that went on the wire
+	hedges      int                   // hedge legs started
+	hedgeWon    bool                  // a hedge answered the call with a Success
+	skip        policy.SkipReason     // why the retry asked for was not sent
+	refusal     *policy.RejectedError // the refusal that ended the call or its retry
+	lane        string                // the lane of the answer returned (laneName)
 }
 
 // run admits the call's first attempt, has a copy of its body kept when
@@ -211,7 +241,9 @@ func (c *call) run() (*http.Response, error) {
 	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
 		closeBody(c.req.Body)
 		c.outcome = policy.Rejected
-		if _, refused := err.(*policy.RejectedError); !refused {
+		if rej, refused := err.(*policy.RejectedError); refused {
+			c.refusal = rej
+		} else {
 			c.outcome = policy.Canceled
 		}
 		return nil, err
@@ -273,6 +305,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
+				c.refusal = rej
 				c.skipped(policy.SkipGate, rej.Gate)
 				return resp, err // the upstream's last word stands
 			}
@@ -300,6 +333,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		} else {
 			httpx.Discard(resp)
 		}
+		c.sentRetries++
 		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
@@ -316,6 +350,9 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	c.prepare(l, kind, body, false, now)
 	c.send(l)
 	c.outcome, c.again = l.outcome, l.again
+	if c.rep != nil {
+		c.lane = l.laneName()
+	}
 	if l.paid && l.outcome == policy.Success && !l.again {
 		c.refund(timing.Since(c.start), l.kind)
 	}
@@ -441,6 +478,7 @@ func (c *call) newBody() (io.ReadCloser, error) {
 }
 
 func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
+	c.skip = why
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
 		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
 	}

@@ -154,6 +154,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	resp, err := r.collect()
 	done = true
 	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
+	c.hedges, c.hedgeWon, c.lane = r.c.hedges, r.c.hedgeWon, r.c.lane
 	c.used = atomic.LoadUint64(&r.c.used) // a loser may still be picking
 	r.release()
 	return resp, err
@@ -613,6 +614,21 @@ func (r *round) collect() (*http.Response, error) {
 	r.decided = true // whatever ends now is thrown away
 	w, failed, p := r.winner, r.failed, r.panic
 	r.failed = nil
+	// Over: no more legs start (see hedge), and what the caller's Report
+	// needs is read here, under the lock, so that a loser still on the
+	// wire has no part in it.
+	r.c.hedges += len(r.legs) - 1
+	if w != nil && w.kind == policy.AttemptHedge && w.outcome == policy.Success {
+		r.c.hedgeWon = true
+	}
+	if r.c.rep != nil {
+		switch {
+		case w != nil:
+			r.c.lane = w.laneName()
+		case failed != nil:
+			r.c.lane = failed.laneName()
+		}
+	}
 	r.mu.Unlock()
 	if p != nil {
 		panic(p)
