@@ -49,6 +49,16 @@ import (
 // that lane back for that long (at most MaxEjectFor), not the key: the
 // Throttler's pushback is armed only when no other lane is left.
 //
+// Over HTTP/1.1 a connection lane is a pool of as many connections as it
+// has attempts in flight, each placed by the balancer on a replica of its
+// own, so a lane may be a blend of replicas, and a hedge's loser, which
+// net/http cancels by closing its connection, has its lane dial anew, on
+// a replica drawn again. Lanes are not limited to one connection each:
+// that would make each one replica, but cap a key's attempts in flight
+// at Connections, and on TestReplicas' L4 paths it changed nothing the
+// latency rule had not already done (a 20× slower replica answered under
+// 0.5% of calls either way, as over h2c, where a lane is one connection).
+//
 // The key's Breaker judges the host, not a replica: a failure on a lane
 // that is ejected, or that is failing (two failures in a row on it, or a
 // Retry-After that held it) while another lane is not known to fail (its
