@@ -34,7 +34,8 @@ import (
 // EjectFor × the number of times it has been ejected, at most MaxEjectFor
 // (Envoy's outlier detection), when ConsecutiveFailures attempts on it
 // failed in a row; when 5 of its answers in a row each took 5 × the lowest
-// latency estimate of the other lanes or more (EjectLatency: the picker
+// typical latency (a moving average of answers over about 1 s) of the
+// other lanes or more (EjectLatency: the picker
 // alone cannot keep a slow replica's share small when two lanes drawn
 // together are both on it, as behind an L4 balancer, where several
 // connection lanes may land on one replica); or when, over a 10 s interval
@@ -55,9 +56,10 @@ import (
 // net/http cancels by closing its connection, has its lane dial anew, on
 // a replica drawn again. Lanes are not limited to one connection each:
 // that would make each one replica, but cap a key's attempts in flight
-// at Connections, and on TestReplicas' L4 paths it changed nothing the
-// latency rule had not already done (a 20× slower replica answered under
-// 0.5% of calls either way, as over h2c, where a lane is one connection).
+// at Connections, and behind an L4 balancer it changed nothing the
+// latency rule had not already done: on make replicas' l4 and haproxy
+// paths a 20× slower replica answers under 0.5% of calls either way, as
+// over h2c, where a lane is one connection.
 //
 // The key's Breaker judges the host, not a replica: a failure on a lane
 // that is ejected, or that is failing (two failures in a row on it, or a

@@ -48,8 +48,8 @@ const (
 	probeCost = float64(time.Hour)
 
 	// A lane whose answers come slowRun in a row at least latencyFactor
-	// times the lowest latency estimate of the other lanes (those not
-	// blocked and with a sample) is ejected for its latency. The picker
+	// times the lowest typical latency of the other lanes (those not
+	// blocked and with an answer) is ejected for its latency. The picker
 	// alone keeps a slow lane's share small only while a faster lane is
 	// drawn beside it: with two slow lanes of four, one pick in six draws
 	// both, with three one in two (behind an L4 balancer, where each
@@ -57,11 +57,15 @@ const (
 	// three of four on one replica about one time in twenty). The
 	// lowest, not the median: the baseline is the lane a pick could
 	// have had. latencyFactor is well above the spread of healthy
-	// replicas (their estimates are peaks: a noisy machine's stalls raise
-	// them all), and slowRun answers in a row make one stall on one lane
-	// no reason.
+	// replicas, and slowRun answers in a row make one stall on one lane
+	// no reason. A lane's typical latency is a plain moving average of its
+	// answers with the time constant typical, not the picking estimate:
+	// that is a peak, which one stall of a noisy host (tens of
+	// milliseconds, on every lane at once) would hold near the stall for
+	// tens of seconds, hiding a replica 20× slower than the others.
 	latencyFactor = 5.0
 	slowRun       = 5
+	typical       = time.Second
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -103,9 +107,11 @@ type Lane[P any] struct {
 	answered        bool // some outcome was evidence
 	lastOK          bool // the last outcome that was evidence was a Success
 	consecutive     int
-	slow            int // answers in a row far slower than the other lanes' (see latencyFactor)
-	calls, failures int // in the current interval
-	ejections       int // the multiplier of the next ejection's time, less one
+	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
+	typ             float64 // its typical latency, ns (see typical)
+	typT            int64   // when typ was last sampled, ns; 0: never
+	calls, failures int     // in the current interval
+	ejections       int     // the multiplier of the next ejection's time, less one
 	ejected         bool
 	last            Ejection[P] // the last ejection
 	back            bool        // returned from it, and not yet reported
@@ -173,16 +179,17 @@ type view[P any] struct {
 // ends them; outcomes are also counted per interval of 10 s. A lane is
 // ejected when its consecutive failures reach ConsecutiveFailures; when
 // slowRun of its answers in a row each took latencyFactor × the lowest
-// estimate of the other lanes or more; or, at the end of an interval, when
-// it had minCalls outcomes, the other lanes together as many, and its
-// failure rate reached min(0.9, max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's
-// ejection count, at most MaxEjectFor; each interval a lane ends unejected
-// takes one off the count. At most MaxEjected of the lanes are ejected at
-// once (at least one of two or more, never all); the worst rate goes
-// first. A lane held by a Retry-After, or ejected, is blocked: it is
-// picked only when no other lane is left. When its time is up it is picked
-// again; an ejected lane returns as a new one, its runs of failures and
-// of slow answers cleared and its estimate the mean of the others'.
+// typical latency of the other lanes or more; or, at the end of an
+// interval, when it had minCalls outcomes, the other lanes together as
+// many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)). An
+// ejection lasts EjectFor × the lane's ejection count, at most
+// MaxEjectFor; each interval a lane ends unejected takes one off the
+// count. At most MaxEjected of the lanes are ejected at once (at least
+// one of two or more, never all); the worst rate goes first. A lane held
+// by a Retry-After, or ejected, is blocked: it is picked only when no
+// other lane is left. When its time is up it is picked again; an ejected
+// lane returns as a new one, its runs of failures and of slow answers
+// cleared and its estimate the mean of the others'.
 //
 // Nothing here starts a goroutine or a timer: ejections end, intervals
 // close and refreshes fall due lazily, from the now of the calls. Take
@@ -444,9 +451,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		l.failures++
 	case o == policy.Discarded && latency > 0:
 		s.sampleLocked(l, t, float64(latency))
-		if !l.removed {
-			s.slowLocked(l, t, float64(latency), false, &rep)
-		}
+		s.slowLocked(l, t, float64(latency), false, &rep)
 		return rep
 	default:
 		return rep
@@ -481,20 +486,16 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 // slowLocked judges l's answer at t, which took x (ns) or, unless
 // answered, at least x (a hedge leg cancelled as the loser): it counts in
 // l's run of slow answers when x is at least latencyFactor × the lowest
-// estimate of the other lanes not blocked and with a sample, and, if
-// answered, ends the run otherwise. A run of slowRun ejects l for its
-// latency, reported in rep. The others' estimates are read as of their
-// last samples, not decayed: a lane left alone because it is slow decays
-// towards zero, which says nothing of its speed. s.mu is held.
+// typical latency of the other lanes not blocked and with an answer, and,
+// if answered, ends the run otherwise. A run of slowRun ejects l for its
+// latency, reported in rep. An answer is then averaged into l's typical
+// latency. s.mu is held.
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
-	if l.removed || l.ejectedAt(t) {
-		return
-	}
 	v := s.view.Load()
 	least := math.Inf(1)
 	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.until.Load() <= t && o.est.Load() != 0 {
-			least = min(least, math.Float64frombits(o.est.Load()))
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.until.Load() <= t && o.typT != 0 {
+			least = min(least, o.typ)
 		}
 	}
 	switch {
@@ -503,7 +504,14 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 	case answered:
 		l.slow = 0
 	}
-	if l.slow < slowRun {
+	if answered {
+		w := 0.0
+		if l.typT != 0 {
+			w = math.Exp(-float64(t-l.typT) / float64(typical))
+		}
+		l.typ, l.typT = l.typ*w+x*(1-w), t
+	}
+	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
 		return
 	}
 	l.slow = 0

@@ -131,6 +131,30 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 			t.Errorf("ejected %+v, want lane 0 for its latency, for 30s", e)
 		}
 	})
+	t.Run("20x slower, after a stall on every lane", func(t *testing.T) {
+		// Every lane's first answer takes 50ms, then lane 0's 40ms and
+		// the others' 2ms, a lane answering every 80ms: the peak
+		// estimates stay above 10ms for over 10s, the typical latencies
+		// are under 8ms in 2s.
+		s := newSet(policy.Replicas{})
+		now := t0
+		var e []Ejection[pool]
+		for k := range 400 { // 8s
+			now = now.Add(20 * time.Millisecond)
+			l := s.Take(now, 0b1111&^(1<<(k%4)))
+			lat := 2 * time.Millisecond
+			switch {
+			case k < 4:
+				lat = 50 * time.Millisecond
+			case l.Index == 0:
+				lat = 40 * time.Millisecond
+			}
+			e = append(e, s.Done(l, now, lat, policy.Success, 0).Ejected...)
+		}
+		if len(e) != 1 || e[0].Lane.Index != 0 || e[0].Reason != policy.EjectLatency {
+			t.Errorf("ejected %+v, want lane 0 for its latency", e)
+		}
+	})
 	t.Run("three slow of four", func(t *testing.T) {
 		// The lowest of the others' estimates is the baseline, not their
 		// median: MaxEjected (two) of the three go.
