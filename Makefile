@@ -75,12 +75,12 @@ fuzz:
 ## replicas: a host of four replicas, one degraded (20x slower, or failing
 ## half its calls; then all failing), measured over loopback beside bare
 ## net/http and resilix without Replicas, and the Replicas row checked
-## against DESIGN.md §8's targets (about 100s; 150s with haproxy in PATH):
+## against DESIGN.md §8's targets (about 125s; 175s with haproxy in PATH):
 ## requests naming the first replica with Endpoints the four addresses, and
 ## an L4 balancer placing each connection on a replica (one written in the
 ## test, and HAProxy in TCP mode when haproxy is in PATH) with connection
 ## lanes; HTTP/1.1 and h2c; one table per case. REPLICAS is 1, or a duration for each case (default
-## 6s). No -race: the figures are latency quantiles against the same
+## 6s, measured after a 1s warm-up that only breaker openings and ejections count). No -race: the figures are latency quantiles against the same
 ## client's, shares of answers and wire calls per call at a steady rate,
 ## and the race detector's several-fold slowdown of every call would move
 ## the quantiles and the pacing, measuring it, not resilix. make test

@@ -137,6 +137,7 @@ func TestEnumNames(t *testing.T) {
 		{Invalid.String(), "invalid"},
 		{Outcome(7).String(), "outcome(7)"},
 		{EjectRate.String(), "rate"},
+		{EjectLatency.String(), "latency"},
 		{EjectionReason(0).String(), "ejection_reason(0)"},
 	} {
 		if tc.got != tc.want {

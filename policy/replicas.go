@@ -20,7 +20,9 @@ import (
 // cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
 // the lower (outstanding attempts + 1) × latency estimate wins; the
 // estimate jumps to a slower sample at once and decays towards faster
-// ones with a 10 s time constant. A failure is a sample of the slowest
+// ones with a 10 s time constant. A lane with no answer yet gets one
+// attempt at a time (Finagle's probe), so that a key's first calls do not
+// spread evenly over a slow replica. A failure is a sample of the slowest
 // other lane's estimate times 2 to the power of the lane's failures in a
 // row (at most 30 s), so a replica that is slow or fails fast gets little
 // traffic before anything is ejected. A hedge or a retry picks among the
@@ -31,10 +33,15 @@ import (
 // A lane is ejected (not picked while another lane is left) for
 // EjectFor × the number of times it has been ejected, at most MaxEjectFor
 // (Envoy's outlier detection), when ConsecutiveFailures attempts on it
-// failed in a row, or when, over a 10 s interval with at least 20 of its
-// attempts and 20 of the others', its failure rate reached
-// min(0.9, max(0.2, 3 × the other lanes' rate)), the breaker's relative
-// rule with the other lanes as the baseline. Each interval a lane spends
+// failed in a row; when 5 of its answers in a row each took 5 × the lowest
+// typical latency (a moving average of answers over about 1 s) of the
+// other lanes or more (EjectLatency: the picker
+// alone cannot keep a slow replica's share small when two lanes drawn
+// together are both on it, as behind an L4 balancer, where several
+// connection lanes may land on one replica); or when, over a 10 s interval
+// with at least 20 of its attempts and 20 of the others', its failure
+// rate reached min(0.9, max(0.2, 3 × the other lanes' rate)), the
+// breaker's relative rule with the other lanes as the baseline. Each interval a lane spends
 // unejected takes one off its count. At most MaxEjected of the lanes are
 // ejected at once, and never the last one. An ejected lane gets traffic
 // again when its time is up, with the other lanes' mean estimate, and
@@ -42,6 +49,17 @@ import (
 // comes back on a fresh one, which a balancer places anew. A 503 or 429 with a Retry-After from one lane holds
 // that lane back for that long (at most MaxEjectFor), not the key: the
 // Throttler's pushback is armed only when no other lane is left.
+//
+// Over HTTP/1.1 a connection lane is a pool of as many connections as it
+// has attempts in flight, each placed by the balancer on a replica of its
+// own, so a lane may be a blend of replicas, and a hedge's loser, which
+// net/http cancels by closing its connection, has its lane dial anew, on
+// a replica drawn again. Lanes are not limited to one connection each:
+// that would make each one replica, but cap a key's attempts in flight
+// at Connections, and behind an L4 balancer it changed nothing the
+// latency rule had not already done: on make replicas' l4 and haproxy
+// paths a 20× slower replica answers under 0.5% of calls either way, as
+// over h2c, where a lane is one connection.
 //
 // The key's Breaker judges the host, not a replica: a failure on a lane
 // that is ejected, or that is failing (two failures in a row on it, or a
@@ -164,11 +182,14 @@ const (
 	// EjectRate: over an interval, the lane's failure rate was far above
 	// the other lanes'.
 	EjectRate
+	// EjectLatency: the lane's answers in a row were each far slower
+	// than the other lanes' latency estimates.
+	EjectLatency
 )
 
-var ejectionReasonNames = [...]string{"", "consecutive", "rate"}
+var ejectionReasonNames = [...]string{"", "consecutive", "rate", "latency"}
 
-// String returns "consecutive" or "rate".
+// String returns "consecutive", "rate" or "latency".
 func (r EjectionReason) String() string {
 	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
 }

@@ -350,6 +350,47 @@ func TestPickingAvoidsASlowReplica(t *testing.T) {
 	})
 }
 
+func TestConnectionLanesOnASlowReplicaAreEjected(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Behind a balancer, two of four connection lanes land on slow
+		// replicas: a pick that draws both has no fast lane to take.
+		f := newFleet()
+		f.serve("api:80", "slow1", "fast1", "slow2", "fast2")
+		for n, r := range f.reps {
+			r.delay.Store(int64(2 * time.Millisecond))
+			if strings.HasPrefix(n, "slow") {
+				r.delay.Store(int64(40 * time.Millisecond))
+			}
+		}
+		var mu sync.Mutex
+		var reasons []policy.EjectionReason
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{Replicas: &policy.Replicas{}},
+			Observer: &policy.Observer{LaneEjected: func(e policy.LaneEjection) {
+				mu.Lock()
+				defer mu.Unlock()
+				reasons = append(reasons, e.Reason)
+			}},
+		})
+		slow := func() int64 { return f.reps["slow1"].hits.Load() + f.reps["slow2"].hits.Load() }
+		for range 300 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		before := slow()
+		for range 300 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		if got := slow() - before; got != 0 {
+			t.Errorf("the slow replicas got %d of the last 300 calls, want none", got)
+		}
+		// One slow lane ejected, the other is drawn only beside a fast
+		// one, and left alone.
+		if len(reasons) == 0 || slices.ContainsFunc(reasons, func(r policy.EjectionReason) bool { return r != policy.EjectLatency }) {
+			t.Errorf("ejections %v, want one or two, for latency", reasons)
+		}
+	})
+}
+
 func TestAnEjectedLaneGetsTrafficAgainAfterItsTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFleet()

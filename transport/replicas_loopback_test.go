@@ -56,6 +56,12 @@ import (
 // four callers each; callers are paced (a fixed period, no catching up on
 // a backlog) at replCallsPerSec a row in all, and each call has a 5s
 // deadline.
+//
+// Each case begins with a warm-up of replWarmUp, before any lane has a
+// latency sample, which no figure counts but the key's breaker openings
+// and the lane ejections: the calls started in it, and the replicas'
+// requests, answers and connections until its end, are left out. A case's
+// length is what is measured, after the warm-up.
 func TestReplicas(t *testing.T) {
 	d := replicasLength(t)
 	// The p99 of case 1 for each path, protocol and row, which case 2's
@@ -102,6 +108,7 @@ const (
 	replCallTimeout = 5 * time.Second
 	replFast        = 2 * time.Millisecond
 	replSlow        = 20 * replFast
+	replWarmUp      = time.Second
 )
 
 // replCase is how the degraded replica (the first) and the others answer.
@@ -223,10 +230,20 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 
 	ctx, cancel := context.WithCancel(t.Context())
 	var waits []func()
-	start := time.Now()
+	from := time.Now().Add(replWarmUp)
 	for _, r := range rows {
+		r.load.from = from
 		for _, cl := range r.fleet {
 			waits = append(waits, r.load.run(ctx, cl, r.url, replCallers, replCallsPerSec/replClients))
+		}
+	}
+	time.Sleep(replWarmUp)
+	for _, r := range rows {
+		for _, rep := range r.reps {
+			rep.warmed()
+		}
+		for _, cl := range r.fleet {
+			cl.warm0 = [2]int64{cl.retries.Load(), cl.hedges.Load()}
 		}
 	}
 	time.Sleep(d) // the case's length: what is measured is the calls made in it
@@ -234,7 +251,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 	for _, w := range waits {
 		w()
 	}
-	took := time.Since(start).Seconds()
+	took := time.Since(from).Seconds()
 	// Lanes as the last client sees them, before its pools are closed.
 	lanes := make([]string, len(rows))
 	for i, r := range rows {
@@ -285,12 +302,13 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 // replReplica is a server on 127.0.0.1 that answers after delay, 503 with
 // probability failP (a seeded draw), and counts the connections it
 // accepted, the requests it received (wire) and the ones it answered
-// before their context ended.
+// before their context ended; warm0 is the three at the warm-up's end.
 type replReplica struct {
 	srv                   *httptest.Server
 	delay                 time.Duration
 	failP                 float64
 	conns, wire, answered atomic.Int64
+	warm0                 [3]int64 // conns, wire, answered, set by warmed
 
 	mu  sync.Mutex
 	rng *rand.Rand
@@ -314,6 +332,16 @@ func newReplReplica(t *testing.T, delay time.Duration, failP float64, seed uint6
 }
 
 func (r *replReplica) addr() string { return r.srv.Listener.Addr().String() }
+
+// warmed marks the end of the warm-up: what counted so far is left out.
+func (r *replReplica) warmed() {
+	r.warm0 = [3]int64{r.conns.Load(), r.wire.Load(), r.answered.Load()}
+}
+
+// counts returns the connections, requests and answers since the warm-up.
+func (r *replReplica) counts() (conns, wire, answered int64) {
+	return r.conns.Load() - r.warm0[0], r.wire.Load() - r.warm0[1], r.answered.Load() - r.warm0[2]
+}
 
 func (r *replReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.wire.Add(1)
@@ -489,6 +517,7 @@ type replClient struct {
 
 	opens, ejections atomic.Int64 // of the key: breaker openings, lane ejections
 	retries, hedges  atomic.Int64 // wire attempts by kind
+	warm0            [2]int64     // retries and hedges at the warm-up's end
 }
 
 // newReplClient builds a client: net/http's pool from cleanhttp (resilix's
@@ -563,8 +592,9 @@ func (c *replClient) close() {
 }
 
 // replLoad is the callers' side of one row: calls made, calls that got a
-// 200, and every call's latency.
+// 200, and every call's latency, of the calls started from from on.
 type replLoad struct {
+	from       time.Time // the warm-up's end, set before run
 	calls, oks atomic.Int64
 	mu         sync.Mutex
 	lat        []time.Duration // under mu
@@ -595,7 +625,9 @@ func (l *replLoad) run(ctx context.Context, c *replClient, url string, callers i
 					case <-timer.C:
 					}
 				}
-				lat = append(lat, l.call(c, url))
+				if took, counted := l.call(c, url); counted {
+					lat = append(lat, took)
+				}
 				next = next.Add(period)
 				if now := time.Now(); next.Before(now.Add(-period)) {
 					next = now // behind: drop the backlog, no burst
@@ -606,23 +638,28 @@ func (l *replLoad) run(ctx context.Context, c *replClient, url string, callers i
 	return wg.Wait
 }
 
-func (l *replLoad) call(c *replClient, url string) time.Duration {
-	l.calls.Add(1)
+// call makes one call, and reports its latency and whether it counts:
+// whether it started after the warm-up.
+func (l *replLoad) call(c *replClient, url string) (took time.Duration, counted bool) {
 	start := time.Now()
+	counted = !start.Before(l.from)
+	if counted {
+		l.calls.Add(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), replCallTimeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := c.c.Do(req)
 	if err != nil {
-		return time.Since(start)
+		return time.Since(start), counted
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	took := time.Since(start)
-	if resp.StatusCode == http.StatusOK {
+	took = time.Since(start)
+	if resp.StatusCode == http.StatusOK && counted {
 		l.oks.Add(1)
 	}
-	return took
+	return took, counted
 }
 
 // replResult is one row's figures.
@@ -632,8 +669,8 @@ type replResult struct {
 	wire          int64         // requests the replicas received
 	conns         int64         // connections the replicas accepted
 	answered, deg int64         // answers the replicas gave, and the degraded one's
-	opensPer      []int64       // breaker openings of the key, per client
-	ejections     int64         // lane ejections of the key, the fleet's
+	opensPer      []int64       // breaker openings of the key, per client, warm-up included
+	ejections     int64         // lane ejections of the key, the fleet's, warm-up included
 	retries       int64         // retries sent, the fleet's
 	hedges        int64         // hedges sent, the fleet's
 }
@@ -646,9 +683,9 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	slices.Sort(lat)
 	r.p50, r.p99 = replQuantile(lat, 0.50), replQuantile(lat, 0.99)
 	for j, rep := range reps {
-		r.wire += rep.wire.Load()
-		r.conns += rep.conns.Load()
-		a := rep.answered.Load()
+		conns, wire, a := rep.counts()
+		r.wire += wire
+		r.conns += conns
 		r.answered += a
 		if j == 0 {
 			r.deg = a
@@ -657,8 +694,8 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	for _, c := range fleet {
 		r.opensPer = append(r.opensPer, c.opens.Load())
 		r.ejections += c.ejections.Load()
-		r.retries += c.retries.Load()
-		r.hedges += c.hedges.Load()
+		r.retries += c.retries.Load() - c.warm0[0]
+		r.hedges += c.hedges.Load() - c.warm0[1]
 	}
 	return r
 }

@@ -36,9 +36,36 @@ const (
 	failurePenalty = 2.0
 	minPenalty     = float64(time.Millisecond)
 	maxPenalty     = float64(30 * time.Second)
-	// minEstimate is the least estimate a pick reads: a lane with no
-	// sample yet costs its outstanding attempts, not nothing.
+	// minEstimate is the least estimate a pick reads, so that among
+	// lanes decayed to nothing the least loaded wins.
 	minEstimate = float64(time.Microsecond)
+	// probeCost is what each outstanding attempt of a lane with no
+	// sample yet costs (Finagle's PeakEwma penalizes such a lane on its
+	// first probe): a lane nothing is known of is tried once, and gets
+	// more only when every other lane costs more than the probes in
+	// flight on it, so that a key's first calls are not spread evenly
+	// over a slow replica before any answer came back.
+	probeCost = float64(time.Hour)
+
+	// A lane whose answers come slowRun in a row at least latencyFactor
+	// times the lowest typical latency of the other lanes (those not
+	// blocked and with an answer) is ejected for its latency. The picker
+	// alone keeps a slow lane's share small only while a faster lane is
+	// drawn beside it: with two slow lanes of four, one pick in six draws
+	// both, with three one in two (behind an L4 balancer, where each
+	// connection lane lands on a replica drawn at random, a client has
+	// three of four on one replica about one time in twenty). The
+	// lowest, not the median: the baseline is the lane a pick could
+	// have had. latencyFactor is well above the spread of healthy
+	// replicas, and slowRun answers in a row make one stall on one lane
+	// no reason. A lane's typical latency is a plain moving average of its
+	// answers with the time constant typical, not the picking estimate:
+	// that is a peak, which one stall of a noisy host (tens of
+	// milliseconds, on every lane at once) would hold near the stall for
+	// tens of seconds, hiding a replica 20× slower than the others.
+	latencyFactor = 5.0
+	slowRun       = 5
+	typical       = time.Second
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -80,21 +107,29 @@ type Lane[P any] struct {
 	answered        bool // some outcome was evidence
 	lastOK          bool // the last outcome that was evidence was a Success
 	consecutive     int
-	calls, failures int // in the current interval
-	ejections       int // the multiplier of the next ejection's time, less one
+	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
+	typ             float64 // its typical latency, ns (see typical)
+	typT            int64   // when typ was last sampled, ns; 0: never
+	calls, failures int     // in the current interval
+	ejections       int     // the multiplier of the next ejection's time, less one
 	ejected         bool
 	last            Ejection[P] // the last ejection
 	back            bool        // returned from it, and not yet reported
 	removed         bool        // its address left the set: draining
 }
 
-// cheaper reports whether a's picking cost at t is below b's: (outstanding
-// + 1) × its latency estimate decayed to t, the estimate at least
-// minEstimate, so that among lanes with no samples yet (or none for long)
-// the least loaded wins.
-func cheaper[P any](a, b *Lane[P], t int64) bool {
-	return float64(a.outstanding.Load()+1)*max(a.estimate(t), minEstimate) <
-		float64(b.outstanding.Load()+1)*max(b.estimate(t), minEstimate)
+// cheaper reports whether a's picking cost at t is below b's.
+func cheaper[P any](a, b *Lane[P], t int64) bool { return a.cost(t) < b.cost(t) }
+
+// cost is l's picking cost at t: (outstanding + 1) × its latency estimate
+// decayed to t, the estimate at least minEstimate; for a lane with no
+// sample yet, outstanding × probeCost (see probeCost).
+func (l *Lane[P]) cost(t int64) float64 {
+	o := float64(l.outstanding.Load())
+	if l.est.Load() == 0 && o > 0 {
+		return o * probeCost
+	}
+	return (o + 1) * max(l.estimate(t), minEstimate)
 }
 
 func (l *Lane[P]) estimate(t int64) float64 {
@@ -133,23 +168,27 @@ type view[P any] struct {
 // 2001) over peak-EWMA cost (Finagle's PeakEwma, finagle-core
 // loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
 // those the call has not used and that are not blocked, the lower
-// (outstanding + 1) × latency estimate wins. The estimate jumps to a
-// slower sample at once, averages a faster one in, and decays towards zero
-// while a lane is left alone (see decay). Done tells the lane how the
-// attempt went, and returns what the caller must act on.
+// (outstanding + 1) × latency estimate wins; a lane with no sample yet
+// costs probeCost for each attempt in flight on it, so it gets one probe
+// at a time until its first answer. The estimate jumps to a slower sample
+// at once, averages a faster one in, and decays towards zero while a lane
+// is left alone (see decay). Done tells the lane how the attempt went, and
+// returns what the caller must act on.
 //
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
-// ejected when its consecutive failures reach ConsecutiveFailures, or, at
-// the end of an interval, when it had minCalls outcomes, the other lanes
-// together as many, and its failure rate reached
-// min(0.9, max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's
-// ejection count, at most MaxEjectFor; each interval a lane ends unejected
-// takes one off the count. At most MaxEjected of the lanes are ejected at
-// once (at least one of two or more, never all); the worst rate goes
-// first. A lane held by a Retry-After, or ejected, is blocked: it is
-// picked only when no other lane is left. When its time is up it is picked
-// again; an ejected lane returns as a new one, its consecutive count
+// ejected when its consecutive failures reach ConsecutiveFailures; when
+// slowRun of its answers in a row each took latencyFactor × the lowest
+// typical latency of the other lanes or more; or, at the end of an
+// interval, when it had minCalls outcomes, the other lanes together as
+// many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)). An
+// ejection lasts EjectFor × the lane's ejection count, at most
+// MaxEjectFor; each interval a lane ends unejected takes one off the
+// count. At most MaxEjected of the lanes are ejected at once (at least
+// one of two or more, never all); the worst rate goes first. A lane held
+// by a Retry-After, or ejected, is blocked: it is picked only when no
+// other lane is left. When its time is up it is picked again; an ejected
+// lane returns as a new one, its runs of failures and of slow answers
 // cleared and its estimate the mean of the others'.
 //
 // Nothing here starts a goroutine or a timer: ejections end, intervals
@@ -311,7 +350,7 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			b |= 1 << l.Index
 			next = min(next, u)
 		case l.ejected:
-			l.ejected, l.back, l.consecutive = false, true, 0
+			l.ejected, l.back, l.consecutive, l.slow = false, true, 0, 0
 			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
 			l.stamp.Store(t)
 		}
@@ -390,6 +429,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	case o == policy.Success:
 		if latency > 0 {
 			s.sampleLocked(l, t, float64(latency))
+			s.slowLocked(l, t, float64(latency), true, &rep)
 		}
 		l.answered, l.lastOK = true, true
 		l.consecutive = 0
@@ -411,6 +451,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		l.failures++
 	case o == policy.Discarded && latency > 0:
 		s.sampleLocked(l, t, float64(latency))
+		s.slowLocked(l, t, float64(latency), false, &rep)
 		return rep
 	default:
 		return rep
@@ -422,7 +463,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		return rep
 	}
 	if t-s.intervalT >= int64(interval) {
-		rep.Ejected = s.closeIntervalLocked(t)
+		rep.Ejected = append(rep.Ejected, s.closeIntervalLocked(t)...)
 	}
 	if o != policy.Failure {
 		return rep
@@ -440,6 +481,43 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	}
 	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
 	return rep
+}
+
+// slowLocked judges l's answer at t, which took x (ns) or, unless
+// answered, at least x (a hedge leg cancelled as the loser): it counts in
+// l's run of slow answers when x is at least latencyFactor × the lowest
+// typical latency of the other lanes not blocked and with an answer, and,
+// if answered, ends the run otherwise. A run of slowRun ejects l for its
+// latency, reported in rep. An answer is then averaged into l's typical
+// latency. s.mu is held.
+func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
+	v := s.view.Load()
+	least := math.Inf(1)
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.until.Load() <= t && o.typT != 0 {
+			least = min(least, o.typ)
+		}
+	}
+	switch {
+	case x >= latencyFactor*least:
+		l.slow++
+	case answered:
+		l.slow = 0
+	}
+	if answered {
+		w := 0.0
+		if l.typT != 0 {
+			w = math.Exp(-float64(t-l.typT) / float64(typical))
+		}
+		l.typ, l.typT = l.typ*w+x*(1-w), t
+	}
+	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
+		return
+	}
+	l.slow = 0
+	if e, ok := s.ejectLocked(l, t, policy.EjectLatency); ok {
+		rep.Ejected = append(rep.Ejected, e)
+	}
 }
 
 // sampleLocked folds a latency sample x (ns) into l's estimate at t:

@@ -75,6 +75,132 @@ func TestTakeAvoidsASlowLane(t *testing.T) {
 	}
 }
 
+func TestALaneWithNoSampleGetsOneProbeAtATime(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	// Lanes 1 to 3 answered in 2ms; lane 0 has never answered.
+	for i := 1; i < 4; i++ {
+		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+	}
+	probe := s.Take(t0, 0b1110)
+	if probe.Index != 0 {
+		t.Fatalf("took lane %d, want lane 0", probe.Index)
+	}
+	// With the probe in flight, lane 0 costs more than the others at 8
+	// attempts each.
+	var held []*Lane[pool]
+	for range 24 {
+		l := s.Take(t0, 0)
+		if l.Index == 0 {
+			t.Fatalf("lane 0 taken again with its probe in flight and %d attempts on the others", len(held))
+		}
+		held = append(held, l)
+	}
+	// Its answer, 40ms, is its estimate: it is left alone.
+	s.Done(probe, t0, 40*time.Millisecond, policy.Success, 0)
+	for _, l := range held {
+		s.Done(l, t0, 2*time.Millisecond, policy.Success, 0)
+	}
+	if got := picks(s, t0, 100, func(*Lane[pool]) (time.Duration, policy.Outcome) { return 2 * time.Millisecond, policy.Success }); got[0] != 0 {
+		t.Errorf("lane 0, answering in 40ms, got %d of 100 picks beside lanes answering in 2ms: %v", got[0], got)
+	}
+}
+
+func TestALaneSlowInARowIsEjected(t *testing.T) {
+	// Lanes 1 to 3 answer in 2ms; lane 0 as slow gives, in turns with
+	// them (the picker alone would leave it alone).
+	run := func(t *testing.T, cfg policy.Replicas, slowLanes int, slow func(k int) time.Duration) []Ejection[pool] {
+		t.Helper()
+		s := newSet(cfg)
+		now := t0
+		var ejected []Ejection[pool]
+		for k := range 400 {
+			now = now.Add(time.Millisecond)
+			l := s.Take(now, 0b1111&^(1<<(k%4)))
+			lat := 2 * time.Millisecond
+			if l.Index < slowLanes {
+				lat = slow(k / 4)
+			}
+			ejected = append(ejected, s.Done(l, now, lat, policy.Success, 0).Ejected...)
+		}
+		return ejected
+	}
+	always := func(int) time.Duration { return 40 * time.Millisecond }
+	t.Run("20x slower", func(t *testing.T) {
+		e := run(t, policy.Replicas{}, 1, always)
+		if len(e) != 1 || e[0].Lane.Index != 0 || e[0].Reason != policy.EjectLatency || e[0].For != 30*time.Second {
+			t.Errorf("ejected %+v, want lane 0 for its latency, for 30s", e)
+		}
+	})
+	t.Run("20x slower, after a stall on every lane", func(t *testing.T) {
+		// Every lane's first answer takes 50ms, then lane 0's 40ms and
+		// the others' 2ms, a lane answering every 80ms: the peak
+		// estimates stay above 10ms for over 10s, the typical latencies
+		// are under 8ms in 2s.
+		s := newSet(policy.Replicas{})
+		now := t0
+		var e []Ejection[pool]
+		for k := range 400 { // 8s
+			now = now.Add(20 * time.Millisecond)
+			l := s.Take(now, 0b1111&^(1<<(k%4)))
+			lat := 2 * time.Millisecond
+			switch {
+			case k < 4:
+				lat = 50 * time.Millisecond
+			case l.Index == 0:
+				lat = 40 * time.Millisecond
+			}
+			e = append(e, s.Done(l, now, lat, policy.Success, 0).Ejected...)
+		}
+		if len(e) != 1 || e[0].Lane.Index != 0 || e[0].Reason != policy.EjectLatency {
+			t.Errorf("ejected %+v, want lane 0 for its latency", e)
+		}
+	})
+	t.Run("three slow of four", func(t *testing.T) {
+		// The lowest of the others' estimates is the baseline, not their
+		// median: MaxEjected (two) of the three go.
+		e := run(t, policy.Replicas{}, 3, always)
+		if len(e) != 2 || e[0].Reason != policy.EjectLatency || e[1].Reason != policy.EjectLatency {
+			t.Errorf("ejected %+v, want two lanes for their latency", e)
+		}
+	})
+	for _, tt := range []struct {
+		name string
+		slow func(k int) time.Duration
+	}{
+		{"4x slower", func(int) time.Duration { return 8 * time.Millisecond }},
+		{"a stall in four answers", func(k int) time.Duration {
+			if k%4 == 0 {
+				return 40 * time.Millisecond
+			}
+			return 2 * time.Millisecond
+		}},
+		{"a hedge cut short at 5ms each time", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var e []Ejection[pool]
+			if tt.slow != nil {
+				e = run(t, policy.Replicas{}, 1, tt.slow)
+			} else {
+				// Discarded lower bounds below the trip count nothing.
+				s := newSet(policy.Replicas{})
+				now := t0
+				for k := range 400 {
+					now = now.Add(time.Millisecond)
+					l := s.Take(now, 0b1111&^(1<<(k%4)))
+					o, lat := policy.Success, 2*time.Millisecond
+					if l.Index == 0 {
+						o, lat = policy.Discarded, 5*time.Millisecond
+					}
+					e = append(e, s.Done(l, now, lat, o, 0).Ejected...)
+				}
+			}
+			if len(e) != 0 {
+				t.Errorf("ejected %+v, want none", e)
+			}
+		})
+	}
+}
+
 func TestAFastFailureIsASlowSample(t *testing.T) {
 	s := newSet(policy.Replicas{ConsecutiveFailures: -1, MaxEjected: -1})
 	now := t0
