@@ -38,7 +38,7 @@ const (
 	numGates      = int(policy.GateAdmission) + 1
 	numPriorities = 4 // shedding.NumPriorities
 	numSkips      = int(policy.SkipGate) + 1
-	numEjections  = int(policy.EjectRate) + 1
+	numEjections  = int(policy.EjectLatency) + 1 // the last EjectionReason
 )
 
 // The values of the hedges counter's outcome attribute.

@@ -78,7 +78,7 @@
 //     on a server, package admission's headers), or of the tenant header
 //     a propagated tenant id could not be written to
 //     (policy.Observer.MalformedHeader);
-//   - reason on ejections: consecutive or rate (policy.EjectionReason),
+//   - reason on ejections: consecutive, rate or latency (policy.EjectionReason),
 //     why a lane of a key with policy.Set.Replicas was ejected
 //     (policy.Observer.LaneEjected): ConsecutiveFailures attempts in a
 //     row failed on it, or its failure rate over an interval was far above
