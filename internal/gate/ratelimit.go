@@ -64,15 +64,25 @@ import (
 //     lower priorities none of the sustained rate: a bucket that lower
 //     calls keep near their reserve never fills, so no token accrued is
 //     lost, and every token Critical does not take goes to them.
-//   - One step per level, rlReserveShare (1/8) of the burst and at least
-//     one token: Bulk may then spend 5/8 of a full bucket at once, and
-//     leaves 3/8 to Critical, at least the three tokens of a burst of
-//     5. A step of one token at least, because a fraction of a token
-//     reserves nothing a call can take.
+//   - One step per level, rlReserveShare (1/8) of the burst rounded down:
+//     Bulk may spend about 5/8 of a full bucket at once and leaves about
+//     3/8 to Critical's own bursts (36 tokens of 100), Degraded leaves
+//     1/8. At least one token, because a fraction of a token reserves
+//     nothing a call can take, and small buckets keep a whole token per
+//     level (3 of 5 from Bulk).
 //   - Capped at burst − 1, so that every priority can be admitted by a
 //     full bucket: with the default Burst of 1 (PerSecond up to 10) there
 //     is no reserve, and lower priorities differ from Critical only in
 //     never waiting, and so never going ahead of it.
+//
+// The anchor is a flood (TestRateLimitPriorityFlood in transport, 6 s of
+// virtual time): 40/s, burst 5, MaxWait 1 s, Critical calls at 25/s with
+// 1 s deadlines and 16 Bulk callers in a closed loop. Every Critical call
+// is admitted, none waits past its deadline, Bulk gets 91 tokens (15.2/s
+// of the 15/s Critical leaves) and the upstream sees 241 calls, within
+// the 245 of the rate and the burst. First come first served (all of it
+// untagged, or the bucket before priorities), 3 of the 150 Critical calls
+// are refused or run out of deadline, queued behind the flood's waits.
 //
 // A call with no priority is Critical, so untagged traffic gets the
 // bucket above, unchanged. With Shared, the rule applies to the tokens
