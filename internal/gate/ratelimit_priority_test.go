@@ -225,3 +225,28 @@ type failingStore struct{}
 func (failingStore) Take(context.Context, string, int) (int, time.Duration, error) {
 	return 0, 0, context.DeadlineExceeded
 }
+
+func TestRateLimiterPriorityAllocs(t *testing.T) {
+	ctx := t.Context()
+	l := newRateLimiter(policy.RateLimit{PerSecond: 1e6, Burst: 8})
+	now := rlStart
+	if allocs := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Millisecond)
+		if ok, _ := l.AcquireFor(ctx, now, shedding.Bulk); !ok {
+			t.Fatal("refused")
+		}
+	}); allocs != 0 {
+		t.Fatalf("Bulk admitted: %v allocs, want 0", allocs)
+	}
+	empty := newRateLimiter(policy.RateLimit{PerSecond: 1, Burst: 8, MaxWait: time.Second})
+	for range 5 { // down to Bulk's reserve of 3
+		empty.AcquireFor(ctx, rlStart, shedding.Critical)
+	}
+	if allocs := testing.AllocsPerRun(1000, func() {
+		if ok, _ := empty.AcquireFor(ctx, rlStart, shedding.Bulk); ok {
+			t.Fatal("Bulk admitted into its reserve")
+		}
+	}); allocs != 0 {
+		t.Fatalf("Bulk refused: %v allocs, want 0", allocs)
+	}
+}
