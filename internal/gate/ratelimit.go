@@ -376,7 +376,8 @@ type leaseDecision struct {
 
 // acquireShared is AcquireFor from the leased tokens. A call below
 // Critical takes one only beyond its reserve, with the Lease as the burst,
-// and never waits. A Critical call that finds none
+// and never waits: refused while a lease is on its way, its hint is the
+// time until that ask times out. A Critical call that finds none
 // while a lease is on its way waits for it, until the ask is StoreTimeout
 // old and at most StoreTimeout from now, and not once ctx is done (not at
 // all when ctx is done already). A wait cut short by ctx refuses with a
@@ -472,6 +473,11 @@ func (l *RateLimiter) decideFor(now, waitUntil time.Time, fresh bool, p shedding
 		d.done = s.done
 	case failing && s.failed == policy.StoreFallback:
 		d.verdict = leaseFallback
+	case s.asking && p != shedding.Critical:
+		// A lower call, which may not wait for the lease on its way:
+		// by then it has answered, or failed.
+		d.verdict = leaseRefuse
+		d.retryAfter = max(s.askedAt.Add(s.timeout).Sub(now), 0)
 	default:
 		d.verdict = leaseRefuse
 		d.retryAfter = max(s.next.Sub(now), 0)

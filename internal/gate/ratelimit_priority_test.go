@@ -150,7 +150,8 @@ func TestLeasePrioritySteps(t *testing.T) {
 		p       shedding.Priority
 		wait    bool // the call may wait a second
 		verdict leaseVerdict
-		tokens  int // after the step
+		hint    time.Duration // a refusal's
+		tokens  int           // after the step
 	}
 	const (
 		crit = shedding.Critical
@@ -159,20 +160,20 @@ func TestLeasePrioritySteps(t *testing.T) {
 		bulk = shedding.Bulk
 	)
 	steps := []step{
-		{bulk, false, leaseAdmit, 7},
-		{bulk, false, leaseAdmit, 6},
-		{bulk, false, leaseAdmit, 5},
-		{bulk, false, leaseAdmit, 4}, // half spent: the next lease is asked for
-		{bulk, false, leaseAdmit, 3}, // leaves Bulk's 3
-		{bulk, true, leaseRefuse, 3}, // no wait for it, though a lease is on its way
-		{be, false, leaseAdmit, 2},
-		{be, true, leaseRefuse, 2},
-		{deg, false, leaseAdmit, 1},
-		{deg, true, leaseRefuse, 1},
-		{crit, false, leaseAdmit, 0},
-		{deg, true, leaseRefuse, 0},
-		{crit, true, leaseWait, 0}, // Critical waits for the lease
-		{crit, false, leaseRefuse, 0},
+		{bulk, false, leaseAdmit, 0, 7},
+		{bulk, false, leaseAdmit, 0, 6},
+		{bulk, false, leaseAdmit, 0, 5},
+		{bulk, false, leaseAdmit, 0, 4},       // half spent: the next lease is asked for
+		{bulk, false, leaseAdmit, 0, 3},       // leaves Bulk's 3
+		{bulk, true, leaseRefuse, 50 * ms, 3}, // no wait for it, though a lease is on its way; the hint is the ask's timeout
+		{be, false, leaseAdmit, 0, 2},
+		{be, true, leaseRefuse, 50 * ms, 2},
+		{deg, false, leaseAdmit, 0, 1},
+		{deg, true, leaseRefuse, 50 * ms, 1},
+		{crit, false, leaseAdmit, 0, 0},
+		{deg, true, leaseRefuse, 50 * ms, 0},
+		{crit, true, leaseWait, 0, 0}, // Critical waits for the lease
+		{crit, false, leaseRefuse, 0, 0},
 	}
 	for i, st := range steps {
 		var until time.Time
@@ -180,8 +181,8 @@ func TestLeasePrioritySteps(t *testing.T) {
 			until = now.Add(time.Second)
 		}
 		d := l.decideFor(now, until, true, st.p)
-		if d.verdict != st.verdict {
-			t.Fatalf("step %d (%v): verdict %v, want %v", i, st.p, d.verdict, st.verdict)
+		if d.verdict != st.verdict || d.retryAfter != st.hint {
+			t.Fatalf("step %d (%v): verdict %v, hint %v; want %v, %v", i, st.p, d.verdict, d.retryAfter, st.verdict, st.hint)
 		}
 		if _, leased := l.Store(now); leased != st.tokens {
 			t.Fatalf("step %d (%v): %d leased, want %d", i, st.p, leased, st.tokens)
