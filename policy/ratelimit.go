@@ -9,6 +9,26 @@ import (
 // RateLimit is a token bucket per scope: at most PerSecond calls per
 // second on average, Burst at once.
 //
+// # Priority
+//
+// Tokens go to the calls that matter most (package shedding), bottom-up as
+// the other gates shed. A Critical call, and so a call that carries no
+// priority, takes any token and waits for one up to MaxWait, never past its
+// deadline: untagged traffic gets a plain token bucket, first come first
+// served. A call of a lower priority takes a token only if a reserve is
+// left after it, and never waits, whatever MaxWait: it is refused at once
+// with ErrRateLimited and a RetryAfter of the time until the bucket holds
+// its reserve and one more token. The reserve is one step for Degraded, two
+// for BestEffort and three for Bulk, a step being Burst/8 rounded down and
+// at least one token, and never more than Burst−1 in all: with Burst 5,
+// Bulk leaves 3 tokens, BestEffort 2, Degraded 1. So as the bucket drains,
+// Bulk is refused first and Critical last, nothing lower goes ahead of a
+// Critical call that waits, and the lower priorities still get every token
+// Critical does not take: under a flood of Bulk at 40/s, burst 5, Critical
+// calls at 25/s are all admitted and Bulk gets the 15/s they leave
+// (TestRateLimitPriorityFlood in transport). With a Burst of 1 there is no
+// reserve: lower priorities differ only in never waiting.
+//
 // # Beyond one process
 //
 // With Shared set, the limit is a fleet's: a quota that every process
@@ -30,12 +50,12 @@ import (
 //   - Leased tokens expire LeaseTTL after they were asked for; those unspent
 //     by then are dropped, so a process that goes idle does not spend old
 //     quota later.
-//   - A call that finds no leased token while a lease is on its way waits
-//     for it, at most StoreTimeout in all and never past its deadline; a
-//     hedge leg does not wait. When the store has no tokens left it says
+//   - A Critical call that finds no leased token while a lease is on its way
+//     waits for it, at most StoreTimeout in all and never past its deadline;
+//     a hedge leg does not wait. When the store has no tokens left it says
 //     when it will have more, and until then calls are refused with
-//     ErrRateLimited and that hint, without asking it again. MaxWait does
-//     not apply to leased tokens.
+//     ErrRateLimited and that hint, without asking it again. MaxWait does not
+//     apply to leased tokens.
 //   - Every ask is bounded by StoreTimeout. When one fails or times out, the
 //     store is failing: with FailOpen calls go on under the local bucket
 //     (PerSecond, Burst, MaxWait; it starts full), and without it they are
@@ -44,6 +64,12 @@ import (
 //     500ms, jittered) by the first call after it, in the background, and
 //     the scope recovers by itself on the first answer. No timer runs for
 //     an idle scope.
+//   - Priority applies to the tokens this process has leased, with Lease
+//     as the burst of the reserve above (and to the local bucket when it
+//     is the fallback). The store knows nothing of priority: it grants
+//     tokens to whichever process asks, so a fleet's Critical calls are
+//     favoured over its lower ones within each process, not across them.
+//     A call below Critical never waits for a lease.
 //
 // Observer.StoreTransition hears each change of the store's state, once,
 // and transport.Transport.Measured shows it (Snapshot.RateLimitStore).
@@ -58,10 +84,11 @@ type RateLimit struct {
 	// above 10·2^53 needs a Burst set.
 	Burst int
 
-	// MaxWait is how long a call waits for a token. If zero, a call that
-	// finds no token fails at once with ErrRateLimited and a RetryAfter
-	// hint. A wait never outlives the caller's deadline. With Shared it
-	// applies to the local fallback only.
+	// MaxWait is how long a Critical call waits for a token; a call of a
+	// lower priority never waits (see Priority above). If zero, a call
+	// that finds no token fails at once with ErrRateLimited and a
+	// RetryAfter hint. A wait never outlives the caller's deadline. With
+	// Shared it applies to the local fallback only.
 	MaxWait time.Duration
 
 	// Shared, when set, is the store of a rate limit shared beyond this

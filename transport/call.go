@@ -556,7 +556,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 		l.bulkhead = true
 	}
 	if s.rate != nil {
-		if ok, ra := s.rate.Acquire(ctx, now); !ok {
+		if ok, ra := s.rate.AcquireFor(ctx, now, c.prio); !ok {
 			c.unadmit(l, now)
 			if err := c.callerDone(); wait && err != nil {
 				return err

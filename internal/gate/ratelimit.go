@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 // RateLimiter is the runtime state of a RateLimit, one per scope: a token
@@ -27,11 +28,68 @@ import (
 // lease below for how. The store is asked from a goroutine that lives for
 // one ask, started by a call; there is never more than one per scope.
 //
-// Acquire is the method to call. It does not allocate unless it waits
-// (then one timer) or starts an ask. A refusal is reported to the caller
-// as ErrRateLimited with a RetryAfter hint: the time until the bucket
-// holds a token, if nobody else takes it first, or until the store is
-// asked again.
+// AcquireFor is the method to call; Acquire is AcquireFor for a Critical
+// call. Neither allocates unless it waits (then one timer) or starts an
+// ask. A refusal is reported to the caller as ErrRateLimited with a
+// RetryAfter hint: the time until the bucket holds a token the call may
+// take, if nobody else takes it first, or until the store is asked again.
+//
+// # Priority
+//
+// Tokens go to the calls that matter most, bottom-up as the other gates
+// shed (package shedding). The rule, with p the call's priority (Critical
+// 0 to Bulk 3) and burst the bucket's size:
+//
+//	Critical:       takes any token, and waits for one (MaxWait, deadline)
+//	below Critical: takes a token only if reserve(p) are left after it,
+//	                never waits
+//	reserve(p)  = min(p × max(1, floor(burst/8)), burst − 1)
+//
+// So as the bucket drains, Bulk is refused first (it leaves 3 steps),
+// then BestEffort (2), then Degraded (1), and Critical only when the
+// bucket is empty and its wait would be too long. The choices, and why:
+//
+//   - Lower priorities never wait. A wait here is a token taken ahead of
+//     time, and the bucket serves waits in the order they were taken: a
+//     Bulk call waiting would put every later Critical call behind it,
+//     which is what this rule is for. While a Critical call waits the
+//     bucket is below zero, under every reserve, so nothing lower is
+//     admitted before it. A refused lower call gets the time until the
+//     bucket holds its reserve and one token as its hint, and MaxWait
+//     does not apply to it.
+//   - A reserve rather than a priority queue of waiters: it is one
+//     comparison more on the path that takes a token, no allocation, no
+//     queue to keep, and Critical keeps reserve(Bulk) tokens at hand for
+//     a burst of its own even under a flood of Bulk. The reserve costs
+//     lower priorities none of the sustained rate: a bucket that lower
+//     calls keep near their reserve never fills, so no token accrued is
+//     lost, and every token Critical does not take goes to them.
+//   - One step per level, rlReserveShare (1/8) of the burst rounded down:
+//     Bulk may spend about 5/8 of a full bucket at once and leaves about
+//     3/8 to Critical's own bursts (36 tokens of 100), Degraded leaves
+//     1/8. At least one token, because a fraction of a token reserves
+//     nothing a call can take, and small buckets keep a whole token per
+//     level (3 of 5 from Bulk).
+//   - Capped at burst − 1, so that every priority can be admitted by a
+//     full bucket: with the default Burst of 1 (PerSecond up to 10) there
+//     is no reserve, and lower priorities differ from Critical only in
+//     never waiting, and so never going ahead of it.
+//
+// The anchor is a flood (TestRateLimitPriorityFlood in transport, 6 s of
+// virtual time): 40/s, burst 5, MaxWait 1 s, Critical calls at 25/s with
+// 1 s deadlines and 16 Bulk callers in a closed loop. Every Critical call
+// is admitted, none waits past its deadline, Bulk gets 91 tokens (15.2/s
+// of the 15/s Critical leaves) and the upstream sees 241 calls, within
+// the 245 of the rate and the burst. First come first served (all of it
+// untagged, or the bucket before priorities), 3 of the 150 Critical calls
+// are refused or run out of deadline, queued behind the flood's waits.
+//
+// A call with no priority is Critical, so untagged traffic gets the
+// bucket above, unchanged. With Shared, the rule applies to the tokens
+// this process has leased, with Lease as the burst; the store knows
+// nothing of priority and grants tokens to whoever asks, so a fleet's
+// Critical calls are favoured over its lower ones only within each
+// process. Lower calls never wait for a lease either.
 //
 // A nil *RateLimiter is a rate limit that is off: it admits everything. A
 // RateLimiter is safe for concurrent use.
@@ -41,6 +99,7 @@ type RateLimiter struct {
 	maxWait time.Duration
 	shared  *lease // nil: the bucket alone
 
+	step   float64 // the bucket's reserve per level below Critical
 	mu     sync.Mutex
 	tokens float64   // at last; negative while waiters hold tokens not yet accrued
 	last   time.Time // when tokens was brought up to date
@@ -59,6 +118,7 @@ func NewRateLimiter(r policy.RateLimit, key string, seed uint64, report func(pol
 		burst:   float64(r.Burst),
 		maxWait: max(r.MaxWait, 0),
 		tokens:  float64(r.Burst),
+		step:    reserveStep(float64(r.Burst)),
 	}
 	if r.Shared != nil {
 		l.shared = newLease(r, key, seed, report)
@@ -66,9 +126,37 @@ func NewRateLimiter(r policy.RateLimit, key string, seed uint64, report func(pol
 	return l
 }
 
-// Acquire spends one token at now and reports whether the call may go on.
-// With a shared store it spends a leased token; see acquireShared. The
-// rest of this doc is the local bucket's.
+// rlReserveShare is the share of the burst reserved per priority level
+// below Critical; see RateLimiter.
+const rlReserveShare = 1.0 / 8
+
+// reserveStep returns the reserve per level below Critical of a bucket of
+// burst tokens: rlReserveShare of it, rounded down, at least one token.
+func reserveStep(burst float64) float64 {
+	return max(1, math.Floor(burst*rlReserveShare))
+}
+
+// reserve returns the tokens a call of priority p must leave in a bucket
+// of burst tokens whose reserve per level is step: none for Critical, and
+// at most burst − 1. A priority beyond Bulk counts as Bulk.
+func reserve(p shedding.Priority, burst, step float64) float64 {
+	if p == shedding.Critical {
+		return 0
+	}
+	return max(0, min(float64(min(p, shedding.Bulk))*step, burst-1))
+}
+
+// Acquire is AcquireFor a Critical call, the priority of a call that
+// carries none.
+func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
+	return l.AcquireFor(ctx, now, shedding.Critical)
+}
+
+// AcquireFor spends one token at now for a call of priority p and reports
+// whether the call may go on. With a shared store it spends a leased
+// token; see acquireShared. The rest of this doc is the local bucket's,
+// for a Critical call; a lower one takes only tokens beyond its reserve,
+// and never waits (see RateLimiter).
 //
 // When the bucket is empty and MaxWait is zero, it refuses at once. With
 // MaxWait > 0 it takes the next token ahead of time and sleeps until it is
@@ -80,17 +168,34 @@ func NewRateLimiter(r policy.RateLimit, key string, seed uint64, report func(pol
 //
 // now is the current time, as from time.Now; the wait itself runs on the
 // runtime's timers.
-func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
+func (l *RateLimiter) AcquireFor(ctx context.Context, now time.Time, p shedding.Priority) (ok bool, retryAfter time.Duration) {
 	switch {
 	case l == nil:
 		return true, 0
 	case l.shared != nil:
-		return l.acquireShared(ctx, now)
+		return l.acquireShared(ctx, now, p)
+	case p != shedding.Critical:
+		return l.take(now, p)
 	}
 	return l.acquireLocal(ctx, now)
 }
 
-// acquireLocal is Acquire from the local bucket.
+// take is AcquireFor from the local bucket for a call below Critical: a
+// token if the bucket holds one beyond the call's reserve, else a refusal
+// with the time until it does. It never waits.
+func (l *RateLimiter) take(now time.Time, p shedding.Priority) (ok bool, retryAfter time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.advance(now)
+	need := 1 + reserve(p, l.burst, l.step)
+	if l.tokens >= need {
+		l.tokens--
+		return true, 0
+	}
+	return false, l.until(need)
+}
+
+// acquireLocal is AcquireFor from the local bucket for a Critical call.
 func (l *RateLimiter) acquireLocal(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
 	var limit time.Duration // the longest this call may wait
 	if l.maxWait > 0 {
@@ -216,6 +321,7 @@ type lease struct {
 	timeout time.Duration // the bound on an ask, and on a call's wait
 	failed  policy.StoreState
 	report  func(policy.StoreTransition)
+	step    float64 // the leased tokens' reserve per level below Critical
 
 	tokens   int       // leased, unspent
 	expires  time.Time // when they expire
@@ -239,6 +345,7 @@ func newLease(r policy.RateLimit, key string, seed uint64, report func(policy.St
 		timeout: r.StoreTimeout,
 		failed:  policy.StoreRefusing,
 		report:  report,
+		step:    reserveStep(float64(max(r.Lease, 1))),
 		state:   policy.StoreUp,
 	}
 	if r.FailOpen {
@@ -267,19 +374,22 @@ type leaseDecision struct {
 	ask        int             // > 0: the caller must ask the store for that many tokens (l.ask)
 }
 
-// acquireShared is Acquire from the leased tokens. A call that finds none
+// acquireShared is AcquireFor from the leased tokens. A call below
+// Critical takes one only beyond its reserve, with the Lease as the burst,
+// and never waits: refused while a lease is on its way, its hint is the
+// time until that ask times out. A Critical call that finds none
 // while a lease is on its way waits for it, until the ask is StoreTimeout
 // old and at most StoreTimeout from now, and not once ctx is done (not at
 // all when ctx is done already). A wait cut short by ctx refuses with a
 // zero hint. When the store is failing, the bucket decides (FailOpen), or
 // the call is refused with the time until the store is asked again.
-func (l *RateLimiter) acquireShared(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
+func (l *RateLimiter) acquireShared(ctx context.Context, now time.Time, p shedding.Priority) (ok bool, retryAfter time.Duration) {
 	var waitUntil time.Time // zero: the call may not wait
 	if ctx.Err() == nil {
 		waitUntil = now.Add(l.shared.timeout)
 	}
 	for fresh := true; ; fresh = false {
-		d := l.decide(now, waitUntil, fresh)
+		d := l.decideFor(now, waitUntil, fresh, p)
 		if d.ask > 0 {
 			go l.ask(context.WithoutCancel(ctx), d.ask)
 		}
@@ -289,6 +399,9 @@ func (l *RateLimiter) acquireShared(ctx context.Context, now time.Time) (ok bool
 		case leaseRefuse:
 			return false, d.retryAfter
 		case leaseFallback:
+			if p != shedding.Critical {
+				return l.take(now, p)
+			}
 			return l.acquireLocal(ctx, now)
 		}
 		if !await(ctx, d.done, d.until.Sub(now)) {
@@ -311,12 +424,21 @@ func await(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
 	return true
 }
 
-// decide takes a leased token for a call at now, or says why not, and
-// whether the store must be asked. The call may wait until waitUntil (zero:
-// not at all). fresh is false when the call has already been counted,
-// deciding again after a wait.
+// decide is decideFor a Critical call.
 func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision {
+	return l.decideFor(now, waitUntil, fresh, shedding.Critical)
+}
+
+// decideFor takes a leased token for a call of priority p at now, or says
+// why not, and whether the store must be asked. The call may wait until
+// waitUntil (zero: not at all). fresh is false when the call has already
+// been counted, deciding again after a wait. A call below Critical takes a
+// token only when its reserve is left after it, and never waits.
+func (l *RateLimiter) decideFor(now, waitUntil time.Time, fresh bool, p shedding.Priority) leaseDecision {
 	s := l.shared
+	if p != shedding.Critical {
+		waitUntil = time.Time{}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if fresh {
@@ -326,7 +448,7 @@ func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision
 		s.tokens = 0
 	}
 	var d leaseDecision
-	if s.tokens > 0 {
+	if float64(s.tokens) >= 1+reserve(p, float64(s.size), s.step) {
 		s.tokens--
 		d.verdict = leaseAdmit
 		if s.asked >= 2 && s.tokens <= s.asked/2 {
@@ -351,6 +473,11 @@ func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision
 		d.done = s.done
 	case failing && s.failed == policy.StoreFallback:
 		d.verdict = leaseFallback
+	case s.asking && p != shedding.Critical:
+		// A lower call, which may not wait for the lease on its way:
+		// by then it has answered, or failed.
+		d.verdict = leaseRefuse
+		d.retryAfter = max(s.askedAt.Add(s.timeout).Sub(now), 0)
 	default:
 		d.verdict = leaseRefuse
 		d.retryAfter = max(s.next.Sub(now), 0)
