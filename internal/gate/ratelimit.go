@@ -146,12 +146,6 @@ func reserve(p shedding.Priority, burst, step float64) float64 {
 	return max(0, min(float64(min(p, shedding.Bulk))*step, burst-1))
 }
 
-// Acquire is AcquireFor a Critical call, the priority of a call that
-// carries none.
-func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
-	return l.AcquireFor(ctx, now, shedding.Critical)
-}
-
 // AcquireFor spends one token at now for a call of priority p and reports
 // whether the call may go on. With a shared store it spends a leased
 // token; see acquireShared. The rest of this doc is the local bucket's,

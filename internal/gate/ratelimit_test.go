@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/shedding"
 )
 
 var rlStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -164,4 +165,10 @@ func TestRateLimiterAllocs(t *testing.T) {
 	}); allocs != 0 {
 		t.Fatalf("refusal: %v allocs, want 0", allocs)
 	}
+}
+
+// Acquire is AcquireFor a Critical call, the priority of a call that
+// carries none: the tests' shorthand, declared here since only they use it.
+func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
+	return l.AcquireFor(ctx, now, shedding.Critical)
 }
