@@ -40,26 +40,27 @@ import (
 // targets are about (time to the first success, time to the breaker's
 // opening), in seconds against targets of seconds.
 func TestFlaky(t *testing.T) {
-	steady := flakySteady(t)
+	steady := optIn(t, "RESILIX_FLAKY", 8*time.Second, "a loopback measurement of a flaky host; set RESILIX_FLAKY=1 (or a duration for the steady scenarios) to run it, as make flaky does")
 	t.Run("steady", func(t *testing.T) { flakySteadyScenario(t, steady) })
 	t.Run("fresh-resets", func(t *testing.T) { flakyFreshResets(t, steady) })
 	t.Run("outage", flakyOutage)
 	t.Run("jump", flakyJump)
 }
 
-// flakySteady reads RESILIX_FLAKY: unset skips, 1 is 8s, a duration is
+// optIn reads the environment variable of an opt-in loopback measurement:
+// unset skips with why (what, and how to run it), 1 is def, a duration is
 // itself.
-func flakySteady(t *testing.T) time.Duration {
-	v := os.Getenv("RESILIX_FLAKY")
+func optIn(t *testing.T, env string, def time.Duration, why string) time.Duration {
+	v := os.Getenv(env)
 	if v == "" {
-		t.Skip("a loopback measurement of a flaky host; set RESILIX_FLAKY=1 (or a duration for the steady scenarios) to run it, as make flaky does")
+		t.Skip(why)
 	}
 	if v == "1" {
-		return 8 * time.Second
+		return def
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		t.Fatalf("RESILIX_FLAKY=%q: want 1 or a positive duration", v)
+		t.Fatalf("%s=%q: want 1 or a positive duration", env, v)
 	}
 	return d
 }

@@ -63,7 +63,7 @@ import (
 // requests, answers and connections until its end, are left out. A case's
 // length is what is measured, after the warm-up.
 func TestReplicas(t *testing.T) {
-	d := replicasLength(t)
+	d := optIn(t, "RESILIX_REPLICAS", 6*time.Second, "a loopback measurement of a host of four replicas, one degraded; set RESILIX_REPLICAS=1 (or a duration for each case) to run it, as make replicas does")
 	// The p99 of case 1 for each path, protocol and row, which case 2's
 	// target is relative to.
 	ref := map[string]time.Duration{}
@@ -81,23 +81,6 @@ func TestReplicas(t *testing.T) {
 			})
 		}
 	}
-}
-
-// replicasLength reads RESILIX_REPLICAS: unset skips, 1 is 6s, a duration
-// is itself.
-func replicasLength(t *testing.T) time.Duration {
-	v := os.Getenv("RESILIX_REPLICAS")
-	if v == "" {
-		t.Skip("a loopback measurement of a host of four replicas, one degraded; set RESILIX_REPLICAS=1 (or a duration for each case) to run it, as make replicas does")
-	}
-	if v == "1" {
-		return 6 * time.Second
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		t.Fatalf("RESILIX_REPLICAS=%q: want 1 or a positive duration", v)
-	}
-	return d
 }
 
 const (
