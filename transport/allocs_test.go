@@ -19,12 +19,7 @@ func TestAllocationBudgets(t *testing.T) {
 	timeout := &policy.Timeout{PerAttempt: time.Hour}
 	soon, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	plain := func(set policy.Set) func(testing.TB) *Transport {
-		return func(t testing.TB) *Transport { return mustNew(t, Config{Base: okBase{}, Policies: set}) }
-	}
-	hedging := func(set policy.Set) func(testing.TB) *Transport {
-		return func(t testing.TB) *Transport { return idleHedge(t, set) }
-	}
+	plain, hedging := plainTransport, hedgingTransport
 	for _, tc := range []struct {
 		name string
 		new  func(testing.TB) *Transport
@@ -62,4 +57,15 @@ func TestAllocationBudgets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// plainTransport and hedgingTransport build, for an allocation table's
+// row, a transport of set over okBase, and one whose hedging is warm and
+// idle (idleHedge).
+func plainTransport(set policy.Set) func(testing.TB) *Transport {
+	return func(t testing.TB) *Transport { return mustNew(t, Config{Base: okBase{}, Policies: set}) }
+}
+
+func hedgingTransport(set policy.Set) func(testing.TB) *Transport {
+	return func(t testing.TB) *Transport { return idleHedge(t, set) }
 }

@@ -265,12 +265,7 @@ func TestReportAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	plain := func(set policy.Set) func(testing.TB) *Transport {
-		return func(t testing.TB) *Transport { return mustNew(t, Config{Base: okBase{}, Policies: set}) }
-	}
-	hedging := func(set policy.Set) func(testing.TB) *Transport {
-		return func(t testing.TB) *Transport { return idleHedge(t, set) }
-	}
+	plain, hedging := plainTransport, hedgingTransport
 	for _, tc := range []struct {
 		name string
 		new  func(testing.TB) *Transport
