@@ -50,6 +50,18 @@ import (
 // that lane back for that long (at most MaxEjectFor), not the key: the
 // Throttler's pushback is armed only when no other lane is left.
 //
+// A connection lane that fails twice in a row while another lane is not
+// known to fail (a failure the key's Breaker does not learn, below) is
+// dialed anew: its idle connections are closed before its attempts until
+// one succeeds, so that a balancer places it again, and it is picked as a
+// lane nothing is known of (one probe at a time) until it answers; its
+// failures in a row still count towards its ejection. Behind an L4
+// balancer a lane is where its connections landed: otherwise a client
+// whose lanes landed three of four on one bad replica keeps them there
+// while their connections live. In make replicas' 3-half-503 case over
+// l4/h1 and haproxy/h1, the replica failing half its calls gives 2-4% of
+// the answers.
+//
 // Over HTTP/1.1 a connection lane is a pool of as many connections as it
 // has attempts in flight, each placed by the balancer on a replica of its
 // own, so a lane may be a blend of replicas, and a hedge's loser, which

@@ -64,7 +64,10 @@ func lanePool(base *http.Transport, addr string) *http.Transport {
 
 // takeLane picks the lane leg l is sent on, among those its call has not
 // used yet, and returns its pool; it starts a refresh of the key's
-// Endpoints in the background if one is due.
+// Endpoints in the background if one is due. A lane placed anew (Redial)
+// has its idle connections closed first, until it succeeds, so that its
+// attempt dials: the failed answer's connection is closed once its body
+// is done with.
 func (c *call) takeLane(l *leg) http.RoundTripper {
 	s := c.s
 	if l.took = l.dispatch; l.took.IsZero() { // a timed leg's dispatch is now
@@ -74,6 +77,9 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 		go c.t.resolve(s, hostport(l.req))
 	}
 	l.lane = s.lanes.Take(l.took, atomic.LoadUint64(&c.used))
+	if l.lane.Redial.Load() {
+		l.lane.Pool.CloseIdleConnections()
+	}
 	atomic.OrUint64(&c.used, 1<<l.lane.Index)
 	return l.lane.Pool
 }

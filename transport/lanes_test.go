@@ -793,6 +793,50 @@ func TestAFastFailingReplicaGetsLittleTrafficUnderLoad(t *testing.T) {
 	})
 }
 
+// TestAConnectionLaneOnABadReplicaIsDialedAnew: behind a balancer, a
+// connection lane whose connection landed on a failing replica fails in a
+// row while the others succeed; it closes its idle connection and dials
+// again, so that the balancer places it anew (here on the next replica in
+// turn, a fifth), rather than staying on the bad one until it is ejected.
+// One connection a lane, so that placements are the network's turns.
+func TestAConnectionLaneOnABadReplicaIsDialedAnew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "bad", "a", "b", "c", "e")
+		for _, r := range f.reps {
+			r.delay.Store(int64(2 * time.Millisecond))
+		}
+		f.reps["bad"].status.Store(http.StatusServiceUnavailable)
+		var ejected atomic.Int64
+		base := f.net.Transport()
+		base.MaxConnsPerHost = 1
+		rt, err := New(Config{
+			Base:     base,
+			Policies: policy.Set{Replicas: &policy.Replicas{}},
+			Observer: &policy.Observer{LaneEjected: func(policy.LaneEjection) { ejected.Add(1) }},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			rt.CloseIdleConnections()
+			f.net.Close()
+		})
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for range 200 {
+					laneGet(t, rt, "http://api/", "")
+				}
+			})
+		}
+		wg.Wait()
+		if bad, e := f.reps["bad"].hits.Load(), f.reps["e"].hits.Load(); bad >= 5 || e == 0 || ejected.Load() != 0 {
+			t.Errorf("the bad replica got %d calls, the fifth %d, with %d ejections; want under 5, some, and none: the lane on the bad replica dialed anew", bad, e, ejected.Load())
+		}
+	})
+}
+
 // TestAnAddressLaneDialsItsAddress: whichever dial func the base sets,
 // an address lane's pool dials the lane's address in place of the
 // request's, and uses no proxy; a connection lane's pool dials as the base.

@@ -97,6 +97,11 @@ type Lane[P any] struct {
 	// bit of a used mask, and the name of a connection lane.
 	Index int
 	Pool  P
+	// Redial is true while a connection lane placed anew (see Set) has
+	// not succeeded since: the caller should close its pool's idle
+	// connections before each of its attempts, so that it dials. Its
+	// next success clears it.
+	Redial atomic.Bool
 
 	outstanding atomic.Int64  // attempts taken and not done
 	est         atomic.Uint64 // float64 bits: the latency estimate, ns
@@ -190,6 +195,21 @@ type view[P any] struct {
 // other lane is left. When its time is up it is picked again; an ejected
 // lane returns as a new one, its runs of failures and of slow answers
 // cleared and its estimate the mean of the others'.
+//
+// A connection lane (no Endpoints) whose failure it explains (see
+// Report.Explained: two in a row while another lane is not known to fail)
+// and that is not ejected is placed anew: Redial asks the caller to close
+// its pool's idle connections before its attempts until one succeeds (the
+// failed answer's connection is busy until its body is done with, so one
+// close may miss it), so that a balancer places its next connection on a
+// replica drawn again; its estimate, typical latency and run of slow
+// answers start over as a new lane's (one probe at a time until it
+// answers). Its failures in a row and its last outcome are kept: they are
+// the key's evidence, and a lane placed on a failing replica again goes
+// on to be ejected. Behind an L4 balancer a lane is where its connections
+// landed, not a replica: without this, a client whose balancer put three
+// of its four lanes on one bad replica keeps them there for as long as
+// their connections live.
 //
 // Nothing here starts a goroutine or a timer: ejections end, intervals
 // close and refreshes fall due lazily, from the now of the calls. Take
@@ -434,6 +454,9 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		l.answered, l.lastOK = true, true
 		l.consecutive = 0
 		l.calls++
+		if l.Redial.Load() {
+			l.Redial.Store(false)
+		}
 	case o == policy.Failure:
 		// A lane held back by its answer's Retry-After is out until
 		// then, which is its penalty; its answer's speed is a sample.
@@ -480,7 +503,24 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		}
 	}
 	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
+		s.redialLocked(l, t)
+	}
 	return rep
+}
+
+// redialLocked places connection lane l anew at t: its pool is to dial
+// again, and its estimate, typical latency and run of slow answers start
+// over as a new lane's (one probe at a time until it answers), since
+// they describe the replica it leaves. Its failures in a row and its last
+// outcome stay until it answers: they are the key's evidence (see
+// Report.Explained), and a lane placed on a failing replica again goes on
+// to be ejected. s.mu is held.
+func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
+	l.est.Store(0)
+	l.stamp.Store(t)
+	l.slow, l.typ, l.typT = 0, 0, 0
+	l.Redial.Store(true)
 }
 
 // slowLocked judges l's answer at t, which took x (ns) or, unless

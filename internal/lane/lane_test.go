@@ -678,3 +678,73 @@ func TestDecayed(t *testing.T) {
 		}
 	}
 }
+
+func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
+	// A connection lane sits on the replicas its connections were placed
+	// on: failing in a row while the other lanes succeed, it is placed
+	// anew, with a new lane's estimate, and keeps its failures in a row
+	// (the key's evidence) until it answers.
+	s := newSet(policy.Replicas{})
+	for i := 1; i < 4; i++ {
+		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+	}
+	bad := s.view.Load().lanes[0]
+	for i, want := range []bool{false, true, true} {
+		l := s.Take(t0, 0b1110)
+		rep := s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+		if got := l.Redial.Load(); got != want {
+			t.Errorf("failure %d in a row: Redial %v, want %v", i+1, got, want)
+		}
+		if rep.Explained != want {
+			t.Errorf("failure %d in a row: Explained %v, want %v", i+1, rep.Explained, want)
+		}
+		if want && bad.est.Load() != 0 {
+			t.Errorf("failure %d in a row: the lane dialed anew has estimate %v, want none", i+1, bad.estimate(s.nanos(t0)))
+		}
+	}
+	if bad.consecutive != 3 {
+		t.Errorf("%d failures in a row after three, want 3: dialing anew keeps them", bad.consecutive)
+	}
+	s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, 0)
+	if bad.Redial.Load() {
+		t.Error("Redial still set after the lane succeeded")
+	}
+	// Placed on the failing replica again and again, it is ejected.
+	for range 5 {
+		s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Failure, 0)
+	}
+	if !bad.ejectedAt(s.nanos(t0)) {
+		t.Error("not ejected after five failures in a row")
+	}
+
+	t.Run("every lane failing", func(t *testing.T) {
+		s := newSet(policy.Replicas{ConsecutiveFailures: -1})
+		for i := range 4 { // each lane known to fail
+			l := s.Take(t0, 0b1111&^(1<<i))
+			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			l.Redial.Store(false)
+		}
+		for range 100 {
+			l := s.Take(t0, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			if l.Redial.Load() {
+				t.Fatalf("lane %d dialed anew with every lane failing: the host fails, not its connections", l.Index)
+			}
+		}
+	})
+	t.Run("address lanes", func(t *testing.T) {
+		s := newSet(policy.Replicas{Endpoints: stub{}})
+		s.StartRefresh(t0)
+		s.Update(t0, []string{"a", "b", "c", "d"}, nil)
+		for i := 1; i < 4; i++ {
+			s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+		}
+		for range 3 {
+			l := s.Take(t0, 0b1110)
+			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			if l.Redial.Load() {
+				t.Fatal("an address lane dialed anew: its address is its replica")
+			}
+		}
+	})
+}
