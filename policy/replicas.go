@@ -136,7 +136,10 @@ type Replicas struct {
 
 	// ConsecutiveFailures ejects a lane on which that many attempts in a
 	// row failed. If zero, 5 is used. If negative, only the failure rate
-	// ejects.
+	// ejects. With connection lanes keep it on: a connection lane failing
+	// alone starts over on a new connection, with a new lane's record,
+	// until it succeeds, and its failures in a row are what ejects it
+	// when every new connection lands on a failing replica.
 	ConsecutiveFailures int
 
 	// EjectFor is how long a lane's first ejection lasts; each further one

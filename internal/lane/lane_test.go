@@ -202,7 +202,13 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 }
 
 func TestAFastFailureIsASlowSample(t *testing.T) {
-	s := newSet(policy.Replicas{ConsecutiveFailures: -1, MaxEjected: -1})
+	// Address lanes, which are never placed anew: a connection lane
+	// failing alone starts over on a new connection until it succeeds
+	// (TestAConnectionLaneFailingAloneIsDialedAnew), and only its
+	// failures in a row, which ejection is off for here, bound it.
+	s := newSet(policy.Replicas{Endpoints: stub{}, ConsecutiveFailures: -1, MaxEjected: -1})
+	s.StartRefresh(t0)
+	s.Update(t0, []string{"a", "b", "c", "d"}, nil)
 	now := t0
 	res := func(l *Lane[pool]) (time.Duration, policy.Outcome) {
 		if l.Index == 0 {
