@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -212,6 +213,16 @@ var ejectionReasonNames = [...]string{"", "consecutive", "rate", "latency"}
 // String returns "consecutive", "rate" or "latency".
 func (r EjectionReason) String() string {
 	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
+}
+
+// LaneName is the name of a key's lane, as AttemptInfo.Lane and the
+// observers give it: its address with Replicas.Endpoints, or, for a
+// connection lane (no address), its index, "0" to "63".
+func LaneName(addr string, index int) string {
+	if addr != "" {
+		return addr
+	}
+	return strconv.Itoa(index) // below 100: strconv allocates nothing
 }
 
 // LaneEjection describes a lane of a key ejected, or back from an

@@ -3,7 +3,6 @@ package slogobserver
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/resilix/resilix/policy"
@@ -354,20 +353,10 @@ func (o *observer) lane(level slog.Level, msg string, e policy.LaneEjection) {
 	}
 	emit(ctx, h, level, msg,
 		slog.String(attrKey, e.Key),
-		slog.String(attrLane, laneName(e)),
+		slog.String(attrLane, policy.LaneName(e.Addr, e.Index)),
 		slog.String(attrReason, e.Reason.String()),
 		slog.Duration(attrFor, e.For),
 	)
-}
-
-// laneName names a lane as policy.AttemptInfo.Lane does: its address, or
-// its index for a connection lane (an index below 100 costs strconv no
-// allocation).
-func laneName(e policy.LaneEjection) string {
-	if e.Addr != "" {
-		return e.Addr
-	}
-	return strconv.Itoa(e.Index)
 }
 
 func (o *observer) pushback(p policy.Pushback) {

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -125,14 +124,10 @@ func (c *call) laneEjection(e lane.Ejection[*http.Transport]) policy.LaneEjectio
 // laneName names the lane leg l was last sent on, for AttemptInfo.Lane:
 // its address, or its index when it has none; "" when it took none.
 func (l *leg) laneName() string {
-	switch ln := l.sent; {
-	case ln == nil:
+	if l.sent == nil {
 		return ""
-	case ln.Addr != "":
-		return ln.Addr
-	default:
-		return strconv.Itoa(ln.Index) // 0 to 63: no allocation
 	}
+	return policy.LaneName(l.sent.Addr, l.sent.Index)
 }
 
 // resolve asks key s's Endpoints for the addresses of hostport, and makes
