@@ -570,15 +570,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 // callerDone returns the error of the caller's context if it has ended,
 // counting a deadline that has passed before the context's own timer
 // noticed (a gate's wait bounded by the deadline may end first).
-func (c *call) callerDone() error {
-	if err := c.ctx.Err(); err != nil {
-		return err
-	}
-	if dl, ok := c.ctx.Deadline(); ok && !time.Now().Before(dl) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
+func (c *call) callerDone() error { return contextDone(c.ctx, time.Now()) }
 
 // unadmit gives back what admit granted to a leg that will not be sent, or
 // that teaches nothing (a hedge leg that lost, a base that panicked): it
