@@ -24,8 +24,8 @@ import (
 // calls it as fast as it is let. The API is a token bucket of 40/s and a
 // burst of 8 that answers the excess with 429 and Retry-After: 1; the
 // client's RateLimit is 40/s with a burst of 5 and a MaxWait of 1s, in the
-// chain a user writes (every other policy at its defaults, the throttler
-// included). The targets, over the scenario's duration d:
+// README's quick-start chain with the throttler added (pricingPolicies).
+// The targets, over the scenario's duration d:
 //
 //   - every Critical call gets its 200;
 //   - nobody gets a 429: none answered by the API, none received by the
@@ -36,7 +36,10 @@ import (
 //     hedges too) spends one.
 //
 // TestPricing runs it in a testing/synctest bubble over an in-memory API,
-// TestPricingLoopback (opt-in, RESILIX_PRICING) over loopback sockets.
+// TestPricingLoopback (opt-in, RESILIX_PRICING) over loopback sockets. Each
+// also runs the same chain without the RateLimit and prints its figures
+// beside: there the throttler's pushback alone paces Bulk, after the API's
+// 429s, and Critical calls draw some of them.
 const (
 	pricingRate          = 40 // the API's limit, and the client's RateLimit.PerSecond
 	pricingUpstreamBurst = 8
@@ -83,8 +86,7 @@ func pricingUnlimited() policy.Set {
 
 // pricingFigures is what one run of the scenario measured.
 type pricingFigures struct {
-	d       time.Duration // from the first call to the count at the API
-	seconds float64       // d in seconds
+	seconds float64 // from the first call to the count at the API
 
 	critical, criticalOK int64
 	criticalFailures     []string // the first few, with when and why
@@ -101,9 +103,9 @@ type pricingFigures struct {
 }
 
 // runPricing runs the scenario for d through a transport of set over base
-// to url, the API being api, and returns its figures. settle is called at the end
-// of d, before the API's calls are counted: synctest.Wait in a bubble, so
-// that what arrives at that instant has arrived.
+// to url, the API being api, and returns its figures. settle is called at
+// the end of d, before the API's calls are counted: synctest.Wait in a
+// bubble, so that what arrives at that instant has arrived.
 func runPricing(t *testing.T, set policy.Set, base http.RoundTripper, url string, api *httptestutil.RateLimit, d time.Duration, settle func()) *pricingFigures {
 	t.Helper()
 	f := &pricingFigures{}
@@ -207,8 +209,7 @@ func runPricing(t *testing.T, set policy.Set, base http.RoundTripper, url string
 	tick.Stop()
 	settle()
 	st := api.Stats()
-	f.d = time.Since(start)
-	f.seconds = f.d.Seconds()
+	f.seconds = time.Since(start).Seconds()
 	f.upstream = st.Admitted + st.Refused
 	wg.Wait()
 	f.upstream429 = api.Stats().Refused
@@ -257,7 +258,8 @@ const pricingBulkFair = pricingBulkShare * (pricingRate - pricingCritical)
 // bulkRate is the Bulk calls ok a second.
 func (f *pricingFigures) bulkRate() float64 { return float64(f.bulkOK) / f.seconds }
 
-// bound is the most calls the API may see in f.d: the client's bucket.
+// bound is the most calls the API may see in f.seconds: the client's
+// bucket.
 func (f *pricingFigures) bound() int64 {
 	return int64(pricingRate*f.seconds) + pricingBurst
 }
