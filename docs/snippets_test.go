@@ -240,7 +240,7 @@ func exportData(t *testing.T, paths []string) map[string]string {
 
 // imports lists the import paths of whole-file snippets.
 func imports(fset *token.FileSet, s snippet) []string {
-	f, err := parser.ParseFile(fset, s.file, source(s), parser.ImportsOnly)
+	f, err := parser.ParseFile(fset, "snippet.go", source(s), parser.ImportsOnly)
 	if err != nil {
 		return nil // reported when the snippet is checked
 	}
@@ -296,7 +296,7 @@ func TestSnippetsCompile(t *testing.T) {
 
 	for _, s := range all {
 		whole := wholeFile(s.code)
-		f, err := parser.ParseFile(fset, s.file, source(s), parser.ParseComments|parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, "snippet.go", source(s), parser.ParseComments|parser.SkipObjectResolution)
 		if err != nil {
 			var list scanner.ErrorList
 			if errors.As(err, &list) {
