@@ -89,8 +89,9 @@ var (
 type demo struct {
 	upstream *httptest.Server
 	up       *httptestutil.Upstream
-	limit    atomic.Pointer[httptestutil.RateLimit] // in front of up in the limited phase
-	key      string                                 // the upstream's host:port, resilix's key for it
+	// limit is in front of up during the limited phase.
+	limit    atomic.Pointer[httptestutil.RateLimit]
+	key      string // the upstream's host:port, resilix's key for it
 	rt       *transport.Transport
 	client   *http.Client
 	provider *sdkmetric.MeterProvider
@@ -124,7 +125,7 @@ func start(addr string) (*demo, error) {
 			// length of the scenario's phases, so that a phase's
 			// refusals are not still held against the next one.
 			Throttler: &policy.Throttler{Window: 10 * time.Second},
-			// A limit that the flood's 64 callers exceed and the usual
+			// A limit that the flood's 32 callers exceed and the usual
 			// eight never reach.
 			Limiter: &policy.Limiter{MaxLimit: 16},
 		},
@@ -179,7 +180,10 @@ func (d *demo) metricsURL() string { return "http://" + d.listener.Addr().String
 //
 //   - Steady: the usual upstream. Hedges win against its slow tail, and
 //     the first ones are suppressed while the latency window warms.
-//   - Storm: every answer is a 503, a fifth of them with a Retry-After of
+//   - Flood: 32 more callers send Bulk calls in closed loops against an
+//     upstream taking 20ms a call; the limiter, whose limit is at most 16
+//     with a queue of half that, sheds them.
+//   - Storm: every answer is a 503, half of them with a Retry-After of
 //     60s, longer than Retry.MaxRetryAfter. Retries are skipped (budget,
 //     retry_after, and gate once the breaker refuses them), hedges are
 //     suppressed (health), and the breaker opens and refuses every call.
@@ -187,21 +191,19 @@ func (d *demo) metricsURL() string { return "http://" + d.listener.Addr().String
 //   - Limited: the upstream admits half of Rate and answers the rest 429
 //     with Retry-After 1. The throttler's pushback paces the Bulk and
 //     BestEffort calls, refusing what goes beyond the pace.
-//   - Flood: 64 more callers send Bulk calls in closed loops against an
-//     upstream taking 20ms a call; the limiter, whose limit is at most 16,
-//     sheds them.
 //   - Calm: the usual upstream.
 type scenario struct {
-	Steady, Storm, Recover, Limited, Flood, Calm time.Duration
-	Rate                                         float64
+	Steady, Flood, Storm, Recover, Limited, Calm time.Duration
+
+	Rate float64
 }
 
 // newScenario returns a scenario whose cycle lasts about cycle.
 func newScenario(cycle time.Duration, rate float64) scenario {
 	part := cycle / 12
 	return scenario{
-		Steady: 3 * part, Storm: 2 * part, Recover: 2 * part,
-		Limited: 2 * part, Flood: 1 * part, Calm: 2 * part,
+		Steady: 3 * part, Flood: part, Storm: 2 * part,
+		Recover: 2 * part, Limited: 2 * part, Calm: 2 * part,
 		Rate: rate,
 	}
 }
@@ -221,9 +223,13 @@ func (d *demo) play(ctx context.Context, s scenario, logf func(string, ...any)) 
 		flood bool
 	}{
 		{"steady", s.Steady, usual, false},
+		{"flood", s.Flood, func() {
+			usual()
+			d.up.SetLatency(httptestutil.Constant(20 * time.Millisecond))
+		}, true},
 		{"storm", s.Storm, func() {
 			d.up.SetFaults(
-				httptestutil.Fault{Probability: 0.2, Status: http.StatusServiceUnavailable, RetryAfter: "60"},
+				httptestutil.Fault{Probability: 0.5, Status: http.StatusServiceUnavailable, RetryAfter: "60"},
 				httptestutil.Fault{Probability: 1, Status: http.StatusServiceUnavailable},
 			)
 		}, false},
@@ -234,10 +240,6 @@ func (d *demo) play(ctx context.Context, s scenario, logf func(string, ...any)) 
 				PerSecond: s.Rate / 2, Burst: 5, RetryAfter: "1",
 			}))
 		}, false},
-		{"flood", s.Flood, func() {
-			usual()
-			d.up.SetLatency(httptestutil.Constant(20 * time.Millisecond))
-		}, true},
 		{"calm", s.Calm, usual, false},
 	}
 	defer usual()
@@ -252,7 +254,7 @@ func (d *demo) play(ctx context.Context, s scenario, logf func(string, ...any)) 
 		pctx, cancel := context.WithTimeout(ctx, p.d)
 		var wg sync.WaitGroup
 		if p.flood {
-			wg.Go(func() { d.flood(pctx, 64) })
+			wg.Go(func() { d.flood(pctx, 32) })
 		}
 		_, err := d.traffic(pctx, -1, s.Rate, 8)
 		wg.Wait()
@@ -320,7 +322,8 @@ feed:
 }
 
 // flood makes Bulk calls from callers goroutines in closed loops until ctx
-// ends. A caller refused pauses 2ms before calling again.
+// ends. A caller refused pauses 50ms before calling again, as a batch job
+// backs off.
 func (d *demo) flood(ctx context.Context, callers int) {
 	var wg sync.WaitGroup
 	for range callers {
@@ -329,7 +332,7 @@ func (d *demo) flood(ctx context.Context, callers int) {
 				refused, _ := d.call(ctx, shedding.Bulk)
 				if refused {
 					select {
-					case <-time.After(2 * time.Millisecond):
+					case <-time.After(50 * time.Millisecond):
 					case <-ctx.Done():
 					}
 				}
