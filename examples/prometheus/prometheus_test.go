@@ -40,13 +40,15 @@ func tool(t *testing.T, name string) string {
 	return ""
 }
 
-// TestRules checks rules.yml with promtool and runs its unit tests,
-// rules_test.yml: an input series and an expected alert for each alert,
-// and the recording rules' values (clamped, absent rather than NaN).
+// TestRules checks rules.yml and prometheus.yml with promtool and runs
+// the rules' unit tests, rules_test.yml: input series and the expected
+// alerts for each alert, and the recording rules' values (clamped, absent
+// rather than NaN).
 func TestRules(t *testing.T) {
 	promtool := tool(t, "promtool")
 	for _, args := range [][]string{
 		{"check", "rules", "rules.yml"},
+		{"check", "config", "prometheus.yml"},
 		{"test", "rules", "rules_test.yml"},
 	} {
 		out, err := exec.Command(promtool, args...).CombinedOutput()
