@@ -243,7 +243,10 @@ func TestPrometheus(t *testing.T) {
 	}()
 	api := startPrometheus(t, bin, d.listener.Addr().String())
 
-	// Prometheus has scraped the example once before the scenario.
+	// Prometheus has scraped the example once before the scenario starts,
+	// so that it scrapes every phase. That takes about 5s: Prometheus
+	// applies its targets that long after it starts (its discovery manager
+	// sends updates at most every 5s).
 	api.await(t, "the first scrape", `up{job="resilix"} == 1`, 15*time.Second)
 	s := scenario{
 		Steady: time.Second, Flood: time.Second, Storm: 2 * time.Second,
@@ -307,14 +310,23 @@ func TestPrometheus(t *testing.T) {
 			"$key", strings.ReplaceAll(regexp.QuoteMeta(d.key), `\`, `\\`),
 			"$__rate_interval", "1m",
 		).Replace(q.expr)
+		// A series may be NaN where its rates are all zero in the window
+		// (a quantile of an outcome that stopped happening), but not
+		// every series, and none infinite.
 		vs := api.vector(t, expr)
-		if len(vs) == 0 {
-			t.Errorf("%s: no series: %s", q.where, expr)
-		}
+		finite := 0
 		for _, v := range vs {
-			if math.IsNaN(v.value) || math.IsInf(v.value, 0) {
+			switch {
+			case math.IsInf(v.value, 0):
 				t.Errorf("%s: %v for %v: %s", q.where, v.value, v.metric, expr)
+			case math.IsNaN(v.value):
+				t.Logf("%s: NaN for %v", q.where, v.metric)
+			default:
+				finite++
 			}
+		}
+		if finite == 0 {
+			t.Errorf("%s: no number in %d series: %s", q.where, len(vs), expr)
 		}
 	}
 
