@@ -220,12 +220,12 @@ func readRules(t *testing.T) (records []string, qs []query) {
 
 // TestPrometheus runs a real Prometheus server that scrapes the example
 // every second and evaluates rules.yml, while the example plays a short
-// scenario (a 503 storm that opens the breaker, a rate-limited phase
-// with pushback, a Bulk flood that is shed, skipped retries, hedges).
-// Then it checks through Prometheus's HTTP API that the events happened,
-// that every metric the dashboard's and the rules' queries name was
-// scraped, that every dashboard query returns numbers, and that the
-// recording rules evaluate to numbers in range and every rule to no
+// scenario (hedges, a Bulk flood that is shed, a 503 storm that opens the
+// breaker, a rate-limited phase with pushback, skipped retries). Then it
+// checks through Prometheus's HTTP API that the events happened, that
+// every metric the dashboard's and the rules' queries name was scraped
+// (or recorded), that every dashboard query gives numbers, that the
+// recording rules are in range, and that every rule evaluates without
 // error.
 func TestPrometheus(t *testing.T) {
 	bin := tool(t, "prometheus")
