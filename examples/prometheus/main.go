@@ -51,6 +51,9 @@ func main() {
 	rate := flag.Float64("rate", 100, "calls per second")
 	cycle := flag.Duration("cycle", 3*time.Minute, "length of one cycle of the scenario's phases")
 	flag.Parse()
+	if *cycle < time.Second {
+		log.Fatalf("-cycle %v: want at least 1s", *cycle)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
