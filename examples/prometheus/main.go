@@ -231,6 +231,7 @@ func (d *demo) play(ctx context.Context, s scenario, logf func(string, ...any)) 
 			d.up.SetLatency(httptestutil.Constant(20 * time.Millisecond))
 		}, true},
 		{"storm", s.Storm, func() {
+			usual()
 			d.up.SetFaults(
 				httptestutil.Fault{Probability: 0.5, Status: http.StatusServiceUnavailable, RetryAfter: "60"},
 				httptestutil.Fault{Probability: 1, Status: http.StatusServiceUnavailable},
