@@ -15,7 +15,9 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	@# examples/prometheus is its own module, so that the Prometheus exporter
-	@# stays out of resilix's go.mod; ./... does not reach it.
+	@# stays out of resilix's go.mod; ./... does not reach it. Its tests run
+	@# promtool and a real Prometheus on its dashboard and rules: they skip
+	@# where prometheus is not in PATH, and fail if CI=true (.ci/run installs it).
 	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# benchmarks/ is the comparison with peer libraries, also its own module;
 	@# its tests are the correctness facts (fast, in synctest).

@@ -20,23 +20,24 @@
 // (the request's canonical authority, lower case and without the
 // scheme's default port, unless transport.Config.Key says otherwise).
 //
-//	name                      kind                  unit       attributes
-//	resilix.calls             int64 counter         {call}     key, outcome
-//	resilix.attempts          int64 counter         {attempt}  key, kind, outcome
-//	resilix.hedges            int64 counter         {hedge}    key, outcome, reason
-//	resilix.shed              int64 counter         {attempt}  key, gate, priority
-//	resilix.retries.skipped   int64 counter         {retry}    key, reason, gate
-//	resilix.pushbacks         int64 counter         {response} key, http.response.status_code
-//	resilix.headers.malformed int64 counter         {header}   key, http.header
-//	resilix.ejections         int64 counter         {ejection} key, reason
-//	resilix.call.duration     float64 histogram     s          key, outcome
-//	resilix.hedge.threshold   float64 histogram     s          key
-//	resilix.breaker.state     int64 gauge (async)   {state}    key
-//	resilix.limiter.limit     int64 gauge (async)   {request}  key
-//	resilix.budget.balance    float64 gauge (async) {token}    key
-//	resilix.rate_limit.store  int64 gauge (async)   {state}    key
-//	resilix.repeats.sent_once int64 counter (async) {call}     key
-//	resilix.lanes             int64 gauge (async)   {lane}     key, state
+//	name                            kind                  unit       attributes
+//	resilix.calls                   int64 counter         {call}     key, outcome
+//	resilix.attempts                int64 counter         {attempt}  key, kind, outcome
+//	resilix.hedges                  int64 counter         {hedge}    key, outcome, reason
+//	resilix.shed                    int64 counter         {attempt}  key, gate, priority
+//	resilix.retries.skipped         int64 counter         {retry}    key, reason, gate
+//	resilix.pushbacks               int64 counter         {response} key, http.response.status_code
+//	resilix.headers.malformed       int64 counter         {header}   key, http.header
+//	resilix.ejections               int64 counter         {ejection} key, reason
+//	resilix.call.duration           float64 histogram     s          key, outcome
+//	resilix.hedge.threshold         float64 histogram     s          key
+//	resilix.hedge.threshold.current float64 gauge (async) s          key
+//	resilix.breaker.state           int64 gauge (async)   {state}    key
+//	resilix.limiter.limit           int64 gauge (async)   {request}  key
+//	resilix.budget.balance          float64 gauge (async) {token}    key
+//	resilix.rate_limit.store        int64 gauge (async)   {state}    key
+//	resilix.repeats.sent_once       int64 counter (async) {call}     key
+//	resilix.lanes                   int64 gauge (async)   {lane}     key, state
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -108,7 +109,13 @@
 // return (response headers or error), retries, backoff and hedges
 // included. resilix.hedge.threshold records, once per hedge sent, the
 // latency after which it was sent: the live quantile Hedge.Quantile of the
-// key's recent latency.
+// key's recent latency. Being recorded only when a hedge is sent, it says
+// nothing while no call is slow enough to be hedged;
+// resilix.hedge.threshold.current, a gauge read at collection, is that
+// quantile as it stands (policy.Snapshot.HedgeThreshold), for every key
+// that hedges, and has no point while the key's latency window holds
+// fewer than Hedge.MinSamples (the hedges then suppressed with reason
+// warming).
 //
 // Both histograms advise these explicit bucket boundaries, in seconds, a
 // 1-2.5-5 series from half a millisecond to 30 seconds that resolves both
@@ -157,7 +164,8 @@
 // resilix_pushbacks_total, resilix_headers_malformed_total,
 // resilix_ejections_total, resilix_repeats_sent_once_total,
 // resilix_call_duration_seconds_bucket (_sum, _count),
-// resilix_hedge_threshold_seconds_bucket, resilix_breaker_state,
+// resilix_hedge_threshold_seconds_bucket,
+// resilix_hedge_threshold_current_seconds, resilix_breaker_state,
 // resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store,
 // resilix_lanes;
 // the attribute http.header becomes the label http_header.

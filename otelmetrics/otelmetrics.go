@@ -35,6 +35,7 @@ type recorder struct {
 	ejections      metric.Int64Counter
 	callDuration   metric.Float64Histogram
 	hedgeThreshold metric.Float64Histogram
+	hedgeCurrent   metric.Float64ObservableGauge
 	breakerState   metric.Int64ObservableGauge
 	limiterLimit   metric.Int64ObservableGauge
 	budgetBalance  metric.Float64ObservableGauge
@@ -137,6 +138,10 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithDescription("Latency threshold after which each hedge was sent."),
 		metric.WithExplicitBucketBoundaries(buckets()...))
 	check(err)
+	r.hedgeCurrent, err = m.Float64ObservableGauge("resilix.hedge.threshold.current",
+		metric.WithUnit("s"),
+		metric.WithDescription("Latency after which a call of the key would be hedged now; no point while the latency window is warming."))
+	check(err)
 	r.breakerState, err = m.Int64ObservableGauge("resilix.breaker.state",
 		metric.WithUnit("{state}"),
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 open, 2 half-open, 3 isolated."))
@@ -162,7 +167,7 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithDescription("Lanes a key (policy.Replicas) picks from, by state: open, or ejected now."))
 	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes)
+		_, err = m.RegisterCallback(r.observe, r.hedgeCurrent, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -301,11 +306,14 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 	dead := false
 	for _, src := range sources {
 		alive := src.States(func(key string, s policy.Snapshot) {
-			if !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 && s.RepeatsSentOnce == 0 && !s.HasReplicas {
+			if s.HedgeThreshold <= 0 && !s.HasBreaker && !s.HasLimiter && !s.HasBudget && s.RateLimitStore == 0 && s.RepeatsSentOnce == 0 && !s.HasReplicas {
 				return
 			}
 			e := r.attrs.get(key)
 			obs := e.base.obs
+			if s.HedgeThreshold > 0 {
+				o.ObserveFloat64(r.hedgeCurrent, s.HedgeThreshold.Seconds(), obs...)
+			}
 			if s.HasBreaker {
 				o.ObserveInt64(r.breakerState, int64(s.BreakerState), obs...)
 			}

@@ -286,6 +286,7 @@ func TestTransport(t *testing.T) {
 		}
 		want["resilix.breaker.state{key=a.test}"] = float64(ma.BreakerState)
 		want["resilix.budget.balance{key=a.test}"] = ma.BudgetBalance // time stands still in the bubble
+		want["resilix.hedge.threshold.current{key=a.test}"] = ma.HedgeThreshold.Seconds()
 		want["resilix.breaker.state{key=fake.test}"] = 2
 		want["resilix.limiter.limit{key=fake.test}"] = 42
 		if diff := cmp.Diff(want, got.values); diff != "" {
@@ -377,7 +378,7 @@ func TestTransport(t *testing.T) {
 			"resilix.calls": "{call}", "resilix.attempts": "{attempt}", "resilix.hedges": "{hedge}",
 			"resilix.shed": "{attempt}", "resilix.call.duration": "s", "resilix.hedge.threshold": "s",
 			"resilix.breaker.state": "{state}", "resilix.limiter.limit": "{request}",
-			"resilix.budget.balance": "{token}",
+			"resilix.budget.balance": "{token}", "resilix.hedge.threshold.current": "s",
 		}
 		if diff := cmp.Diff(wantUnits, got.units); diff != "" {
 			t.Errorf("units (-want +got):\n%s", diff)

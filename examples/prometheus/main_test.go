@@ -52,6 +52,9 @@ func TestScrape(t *testing.T) {
 		"resilix_hedge_threshold_seconds": dto.MetricType_HISTOGRAM,
 		"resilix_breaker_state":           dto.MetricType_GAUGE,
 		"resilix_budget_balance":          dto.MetricType_GAUGE,
+		"resilix_limiter_limit":           dto.MetricType_GAUGE,
+
+		"resilix_hedge_threshold_current_seconds": dto.MetricType_GAUGE,
 	} {
 		f, ok := families[name]
 		if !ok {
@@ -86,19 +89,22 @@ func TestScrape(t *testing.T) {
 	}
 
 	// The gauges follow the transport's snapshot: a series for each
-	// policy the key runs, none for one it does not (no limiter here).
+	// policy the key runs, none for one it does not (no shared rate
+	// limit here).
 	m := d.rt.Measured(d.key)
 	for family, runs := range map[string]bool{
 		"resilix_breaker_state":  m.HasBreaker,
 		"resilix_budget_balance": m.HasBudget,
 		"resilix_limiter_limit":  m.HasLimiter,
+
+		"resilix_rate_limit_store": m.RateLimitStore != 0,
 	} {
 		if _, ok := families[family]; ok != runs {
 			t.Errorf("%s in the scrape: %v, but the key runs that policy: %v", family, ok, runs)
 		}
 	}
-	if !m.HasBreaker || m.HasLimiter {
-		t.Errorf("Measured(%q) = %+v, want a breaker and no limiter", d.key, m)
+	if !m.HasBreaker || !m.HasLimiter || m.RateLimitStore != 0 {
+		t.Errorf("Measured(%q) = %+v, want a breaker, a limiter and no shared rate limit", d.key, m)
 	}
 
 	// The calls add up, and the win rate is a rate.
