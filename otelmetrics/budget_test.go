@@ -102,9 +102,9 @@ func runBudget(t *testing.T, budget policy.Budget, calls, callers int) budgetRun
 }
 
 // TestRetryBudgetEffect measures what the retry budget does to the calls
-// that fail, the figures the README's retry section quotes: against an
+// that fail, the figures docs/retries.md and the package doc quote: against an
 // upstream that fails 30% of requests, with Attempts 3, the default budget
-// (20% of calls, plus 10 tokens a second; a retry that succeeds earns its
+// (a fifth of the calls, plus 10 tokens a second; a retry that succeeds earns its
 // token back) against none. Run it with -v to print them:
 //
 //	go test -run TestRetryBudgetEffect -v ./otelmetrics

@@ -139,11 +139,12 @@
 // with calls refused (the values of policy.StoreState). If two attached
 // transports hold the same key, the gauge shows only one of them.
 //
-// The budget deserves watching: the default budget lets about one call in
-// ten retry, so against an upstream that fails 30% of requests, more than
-// two calls in three whose first attempt fails are never retried (22.7%
-// of calls fail with Attempts 3, against 2.7% with the budget off; the
-// repository's README says how to rerun that measurement), and only
+// The budget deserves watching where failures are not random: the default
+// budget (a fifth of the calls, plus 10 tokens a second; a retry that
+// succeeds gets its token back) retries an upstream failing a steady 30%
+// as fully as no budget does (2.7% of calls fail with Attempts 3, budget
+// on or off: go test -run TestRetryBudgetEffect -v ./otelmetrics), but
+// when most retries fail too, it stops them, and only
 // retries.skipped{reason="budget"} and a balance below 1 say so.
 //
 // # Exemplars
