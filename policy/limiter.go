@@ -1,5 +1,7 @@
 package policy
 
+import "time"
+
 // Limiter is an adaptive concurrency limit per scope, learned from latency
 // (the gradient family of Netflix's concurrency-limits and Envoy's adaptive
 // concurrency filter), with a bounded priority queue in front of it.
@@ -45,6 +47,13 @@ type Limiter struct {
 	// used (Google SRE book, chapter 22: small queues relative to
 	// capacity). If negative, nothing waits.
 	QueueFactor float64
+	// SlowStartIdle is how long the limit must go unused before the
+	// limiter slow-starts again, as it does when it begins: unused means
+	// that no call found the limit reached or was admitted with half of it
+	// or more in flight. If zero, 1s is used. If negative, the limiter
+	// never slow-starts, and the limit grows by √limit a round from the
+	// start.
+	SlowStartIdle time.Duration
 }
 
 func (l *Limiter) validate() error {
@@ -71,5 +80,6 @@ func (l Limiter) WithDefaults() Limiter {
 	l.MaxLimit = or(l.MaxLimit, 1000)
 	l.InitialLimit = min(max(or(l.InitialLimit, 20), l.MinLimit), l.MaxLimit)
 	l.QueueFactor = or(l.QueueFactor, 0.5)
+	l.SlowStartIdle = or(l.SlowStartIdle, time.Second)
 	return l
 }

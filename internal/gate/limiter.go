@@ -29,6 +29,9 @@ const (
 	// limLightSlack is how many sheds a bucket may owe while it spares
 	// the tenants below their fair share.
 	limLightSlack = 4
+	// limSlowStartExit: slow start ends at a round whose latency reaches
+	// this multiple of the baseline.
+	limSlowStartExit = 1.25
 )
 
 // Limiter is the runtime state of a Limiter, one per scope: a
@@ -323,6 +326,7 @@ const (
 type Limiter struct {
 	minLimit, maxLimit float64
 	queueFactor        float64
+	idleRestart        time.Duration // < 0: no slow start
 	mix                *estimator.Counters
 	tenants            *Tenants
 
@@ -337,6 +341,11 @@ type Limiter struct {
 	roundConc float64
 	baseline  float64 // seconds; 0 until the first round ends
 	learned   time.Time
+	// slow is true in slow start; busy is the last time a call was
+	// admitted with in-flight at half the limit or more, or found the
+	// limit reached.
+	slow bool
+	busy time.Time
 	// A shrink on trial: its verdict is the next round of calls admitted
 	// after it (epoch counts shrinks). trialFrom is the limit before it;
 	// causeMean, causePeak and causeConc are the mean latency, the peak
@@ -365,6 +374,8 @@ func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 		minLimit:    float64(cfg.MinLimit),
 		maxLimit:    float64(cfg.MaxLimit),
 		queueFactor: cfg.QueueFactor,
+		idleRestart: cfg.SlowStartIdle,
+		slow:        cfg.SlowStartIdle >= 0,
 		mix:         estimator.NewCounters(limMixWindow, shedding.NumPriorities, now),
 		tenants:     tenants,
 		limit:       float64(cfg.InitialLimit),
@@ -468,6 +479,9 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
+		if 2*l.inflight >= l.current() {
+			l.markBusy(now)
+		}
 		p := LimiterPermit{held: true, conc: int32(l.inflight), epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
@@ -486,6 +500,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		excess = l.tenants.tracker(now).Excess(now, tenantID)
 	}
 	refuse := LimiterDecision{HeavyTenant: excess > 0}
+	l.markBusy(now)
 	if l.trial && l.inflight < int(l.trialFrom) {
 		l.bound = true // the shrink on trial holds this call back
 	}
@@ -546,6 +561,16 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		l.tenants.tracker(now).Add(now, tenantID)
 	}
 	return LimiterPermit{held: true, conc: w.conc, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
+}
+
+// markBusy records that the limit is in use at now, and starts slow start
+// again if it had been idle, unused for longer than idleRestart. l.mu is
+// held.
+func (l *Limiter) markBusy(now time.Time) {
+	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart {
+		l.slow = true
+	}
+	l.busy = now
 }
 
 // shed reports whether an arrival of priority prio (not Critical) is shed
@@ -637,7 +662,15 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	}
 	gradient := min(max(limTolerance*l.baseline/short, limMinGradient), 1)
 	next := gradient * l.limit
-	if used {
+	// Slow start reads the rounds that tested the limit: it was reached.
+	tested := l.slow && l.peak >= l.current()
+	switch {
+	case tested && short < limSlowStartExit*l.baseline:
+		next += l.limit
+	case tested:
+		l.slow = false
+		fallthrough
+	case used:
 		next += math.Sqrt(l.limit)
 	}
 	from := l.limit
