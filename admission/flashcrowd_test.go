@@ -48,6 +48,15 @@ func (c *crowdTally) add(sent time.Duration, status int) {
 	}
 }
 
+// merge adds o's counts to c's.
+func (c *crowdTally) merge(o *crowdTally) {
+	for i := range c.ok {
+		c.ok[i].Add(o.ok[i].Load())
+		c.refused[i].Add(o.refused[i].Load())
+		c.other[i].Add(o.other[i].Load())
+	}
+}
+
 // admitted returns the share of the requests sent in [from, to) that were
 // answered 200, and how many were sent.
 func (c *crowdTally) admitted(from, to time.Duration) (float64, int64) {
@@ -213,11 +222,7 @@ func TestFlashCrowdIsAdmitted(t *testing.T) {
 			crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
 		)
 		synctest.Wait()
-		for i := range crowd.ok { // the calm callers are part of the crowd
-			crowd.ok[i].Add(calm.ok[i].Load())
-			crowd.refused[i].Add(calm.refused[i].Load())
-			crowd.other[i].Add(calm.other[i].Load())
-		}
+		crowd.merge(&calm) // the calm callers are part of the crowd
 		t.Logf("limit %s", e.trace(16))
 		checkRoomyCrowd(t, &crowd, h.limiter.Limit())
 	})
