@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -71,6 +72,51 @@ func TestLimiterSlowStartEndsWhereLatencyRises(t *testing.T) {
 	// 1.5·10·100/L · L + sqrt(L) = L at L ≈ 163.
 	if got := l.Limit(); got < 100 || got > 200 {
 		t.Errorf("Limit = %d on 100 workers, want between 100 and 200 (changes %v)", got, all)
+	}
+}
+
+// TestLimiterSlowStartEndsOnFailures: a round at the limit with more than a
+// tenth of its calls failed ends slow start, as a loss ends TCP's, even
+// when the failures are fast (which the law takes as the baseline): a
+// dependency that answers a crowd with errors is not one to double on.
+// Fewer failures than that do not end it.
+func TestLimiterSlowStartEndsOnFailures(t *testing.T) {
+	for _, tt := range []struct {
+		every int // one call in every fails
+		want  []LimitChange
+	}{
+		{20, []LimitChange{{20, 40}, {40, 80}, {80, 160}}},
+		{5, []LimitChange{{20, 24}, {24, 29}, {29, 34}}},
+	} {
+		t.Run(fmt.Sprint("failing=1/", tt.every), func(t *testing.T) {
+			l := newLimiter(policy.Limiter{}, lmStart)
+			done, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cancel()
+			now := lmStart
+			var all []LimitChange
+			for range 5 { // failures before the baseline are not samples
+				var permits []LimiterPermit
+				for range 5000 {
+					if p, d := l.Acquire(done, now, shedding.Critical, ""); d.OK {
+						permits = append(permits, p)
+					}
+				}
+				now = now.Add(10 * time.Millisecond)
+				for i, p := range permits {
+					o := policy.Success
+					if i%tt.every == tt.every-1 {
+						o = policy.Failure
+					}
+					if c := l.Release(p, now, 10*time.Millisecond, o); c.Changed() {
+						all = append(all, c)
+					}
+				}
+			}
+			if !cmp.Equal(tt.want, all) {
+				t.Errorf("changes %v, want %v", all, tt.want)
+			}
+		})
 	}
 }
 

@@ -351,13 +351,14 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 		}
 	}
 	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, policy.Success) // baseline
-	// Fast failures: as the baseline, flat: growth (slow start doubles).
+	// Fast failures: as the baseline, flat: growth, by sqrt(limit) (a
+	// round of failures ends slow start).
 	now, c := lmWave(t, l, now, 20, time.Microsecond, policy.Failure)
-	if len(c) != 1 || c[0] != (LimitChange{20, 40}) {
-		t.Errorf("fast failures: %v, want {20 40}", c)
+	if len(c) != 1 || c[0] != (LimitChange{20, 24}) {
+		t.Errorf("fast failures: %v, want {20 24}", c)
 	}
 	// Slow failures (timeouts): a shrink.
-	_, c = lmWave(t, l, now, 40, 50*time.Millisecond, policy.Failure)
+	_, c = lmWave(t, l, now, 24, 50*time.Millisecond, policy.Failure)
 	if len(c) != 1 || c[0].To >= c[0].From {
 		t.Errorf("slow failures: %v, want a shrink", c)
 	}
