@@ -114,11 +114,11 @@ const (
 //
 //	limit = 2 × limit
 //
-// The crowd then has 91 to 93% of its requests admitted over the first 2 s and
-// all of them over the second second, the limit at 20, 24, 48, 97, 195,
-// 391, 783. The first round that reached the limit and fails the test
-// ends slow start, and is an ordinary round: the gradient and the headroom
-// of sqrt(limit). Slow start starts again once the limit has been idle for
+// The crowd then has 91 to 93% of its requests admitted over the first
+// 2 s and all of them over the second second, the limit at 20, 24, 48, 97,
+// 195, 391, 783. The first round that reached the limit and fails the
+// test ends slow start, and is an ordinary round: the gradient and the
+// headroom of sqrt(limit). Slow start starts again once the limit has been idle for
 // policy.Limiter.SlowStartIdle (1 s by default): no call admitted with
 // half the limit or more in flight (the tether's measure of use) and none
 // that found it reached. The choices, and why, and where TCP differs:
