@@ -1,5 +1,7 @@
 package policy
 
+import "time"
+
 // Limiter is an adaptive concurrency limit per scope, learned from latency
 // (the gradient family of Netflix's concurrency-limits and Envoy's adaptive
 // concurrency filter), with a bounded priority queue in front of it.
@@ -11,6 +13,18 @@ package policy
 // baseline, min(1, max(0.5, 1.5 × baseline / recent)), and grows by
 // √limit only when the limit was actually in use, so that an idle client
 // does not inflate it and hedging does not shrink it.
+//
+// From the start, and again once the limit has gone unused for
+// SlowStartIdle, the limiter is in slow start, as a TCP connection is (RFC
+// 5681): each round trip in which calls found the limit reached, while the
+// latency stayed under 1.25 × the baseline and no more than a tenth of the
+// calls failed, doubles the limit, within MaxLimit; the first round trip at
+// the limit that does not ends slow start. A step in demand on a dependency
+// with room for it is admitted within a few round trips (400 callers on a
+// 50 ms handler, refused ones back 50 ms later: 91 to 93% of their requests
+// admitted over the first 2 s, all over the second second, in admission's
+// TestFlashCrowdIsAdmitted); on one at its capacity, slow start ends at the
+// first round trip whose latency rose, and the limit is shed back as below.
 //
 // A lower limit is kept only if it works: the next round trip's calls,
 // those admitted under it, must be faster, about in proportion to the
@@ -45,6 +59,14 @@ type Limiter struct {
 	// used (Google SRE book, chapter 22: small queues relative to
 	// capacity). If negative, nothing waits.
 	QueueFactor float64
+	// SlowStartIdle is how long the limit must go unused before the
+	// limiter is in slow start again, as it is when it begins: unused means
+	// that no call found the limit reached or was admitted with half of it
+	// or more in flight. The limit itself is kept. If zero, 1s is used
+	// (TCP's least retransmission timeout, after which RFC 5681 restarts
+	// slow start). If negative, there is no slow start: the limit grows by
+	// at most √limit a round trip from the start.
+	SlowStartIdle time.Duration
 }
 
 func (l *Limiter) validate() error {
@@ -71,5 +93,6 @@ func (l Limiter) WithDefaults() Limiter {
 	l.MaxLimit = or(l.MaxLimit, 1000)
 	l.InitialLimit = min(max(or(l.InitialLimit, 20), l.MinLimit), l.MaxLimit)
 	l.QueueFactor = or(l.QueueFactor, 0.5)
+	l.SlowStartIdle = or(l.SlowStartIdle, time.Second)
 	return l
 }

@@ -29,6 +29,12 @@ const (
 	// limLightSlack is how many sheds a bucket may owe while it spares
 	// the tenants below their fair share.
 	limLightSlack = 4
+	// limSlowStartExit: slow start ends at a round whose latency reaches
+	// this multiple of the baseline.
+	limSlowStartExit = 1.25
+	// limSlowStartLoss: slow start ends at a round with more than this
+	// share of failures.
+	limSlowStartLoss = 0.1
 )
 
 // Limiter is the runtime state of a Limiter, one per scope: a
@@ -54,8 +60,9 @@ const (
 //	gradient = clamp(1.5 × baseline / short, 0.5, 1)
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
-// kept within [MinLimit, MaxLimit]. A limit that goes down is on trial
-// (below). The choices, and why:
+// kept within [MinLimit, MaxLimit], except in slow start, where a round
+// that reached the limit at the baseline's latency doubles it (below). A
+// limit that goes down is on trial (below). The choices, and why:
 //
 //   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
 //     steps the limit by log10 amounts per sample and needs a no-load RTT
@@ -90,6 +97,76 @@ const (
 //   - No smoothing: once a round (one round trip) is the unit, the update is
 //     applied whole, as Envoy does per interval; Gradient2's smoothing of
 //     0.2 is per sample.
+//
+// # Slow start
+//
+// A headroom of sqrt(limit) a round is slow to follow a step in demand from
+// a small limit: from 20 to 400 takes about 30 rounds. A flash crowd of 400
+// callers on a handler that sleeps 50 ms, with room for all of them, each
+// refused caller back 50 ms later, had 63% of its requests admitted over
+// its first 2 s, 97% over the second second (TestFlashCrowdIsAdmitted in
+// admission). So the limiter starts in slow start, as a TCP connection
+// does (RFC 5681, section 3.1): in slow start, a round that reached the
+// limit (in flight at the limit at some point: calls waited or were
+// refused for lack of it), with its mean latency below 1.25 × the baseline
+// and no more than a tenth of its calls failed, doubles the limit, within
+// MaxLimit:
+//
+//	limit = 2 × limit
+//
+// The crowd then has 91 to 93% of its requests admitted over the first
+// 2 s and all of them over the second second, the limit at 20, 24, 48, 97,
+// 195, 391, 783. The first round that reached the limit and fails the
+// test ends slow start, and is an ordinary round: the gradient and the
+// headroom of sqrt(limit). Slow start starts again once the limit has been idle for
+// policy.Limiter.SlowStartIdle (1 s by default): no call admitted with
+// half the limit or more in flight (the tether's measure of use) and none
+// that found it reached. The choices, and why, and where TCP differs:
+//
+//   - Reached, not used: only a round that reached the limit doubles it,
+//     so that the limit stays within twice the calls in flight, where the
+//     tether keeps it; a demand that uses the limit without reaching it
+//     grows it by sqrt(limit) as before. RFC 5681 grows the window with
+//     every acknowledgement; RFC 7661 holds a window valid while at least
+//     half of it is in use, the tether's test, with which a doubling would
+//     take the limit to four times what is in flight.
+//   - Latency, not loss, ends it, and below the tolerance: doubling the
+//     limit on a dependency at its capacity doubles its latency (Little's
+//     law), so the round that follows the doubling past the capacity shows
+//     the rise. At 1.25 × the baseline, slow start ends one doubling
+//     earlier than at the tolerance of 1.5 when the capacity lies between;
+//     a noisy round that ends it early costs only the speed of growth,
+//     never a shrink. TCP's slow start ends on a loss, or, with HyStart++
+//     (RFC 9406), on a rise of the round's minimum RTT by an eighth,
+//     clamped to 4 to 16 ms; a mean is noisier than a minimum, hence the
+//     wider margin (the minimum is the bias the trial below is there for).
+//   - Failures end it too, as a loss ends TCP's: the law takes a fast
+//     failure's latency as the baseline, so a dependency that answers a
+//     crowd with fast errors would otherwise look like one with room for
+//     it. A tenth allows for a dependency's usual errors.
+//   - No halving at the exit: TCP halves its window on the loss that ends
+//     slow start (ssthresh). Here the rise is seen before anything is lost,
+//     and the gradient, applied to the same round, takes the limit down by
+//     as much as the latency rose, on trial as any shrink. On a handler
+//     that serves 20 at a time (TestFlashCrowdOnAFixedCapacity) the limit
+//     goes 20, 24, 48, then down to where it settles without slow start,
+//     36; a flood on a FIFO (TestLimiterHoldsAFloodNearTheKnee) is
+//     unchanged, its first round at the limit already slow.
+//   - After idle, only the doubling restarts. RFC 5681 (section 4.1)
+//     restarts slow start from the initial window after an idle period
+//     longer than the retransmission timeout (1 s at least, RFC 6298), as
+//     the path may have changed while nothing was sent. A limit is a bound,
+//     not a burst sent at once, and it neither grows (the tether) nor
+//     shrinks while idle, so it is kept: a dependency that scaled out while
+//     the limit was idle is found within a few rounds; one that did not
+//     ends slow start at the first round that reaches the limit, whose
+//     latency is already above 1.25 × the baseline where the law settles
+//     under overload (where the queueing it causes equals the headroom,
+//     above the tolerance). 1 s is TCP's least timeout: many round trips
+//     of the dependencies a limiter is for.
+//   - Netflix's concurrency-limits has no slow start: VegasLimit adds
+//     6 × log10(limit) per update when it sees no queue, Gradient2Limit the
+//     same sqrt(limit) as here, AIMDLimit 1.
 //
 // # A shrink is on trial
 //
@@ -323,6 +400,7 @@ const (
 type Limiter struct {
 	minLimit, maxLimit float64
 	queueFactor        float64
+	idleRestart        time.Duration // < 0: no slow start
 	mix                *estimator.Counters
 	tenants            *Tenants
 
@@ -335,8 +413,14 @@ type Limiter struct {
 	// roundConc sums, over the round's samples, the in-flight count each
 	// call found when it was admitted, itself included.
 	roundConc float64
+	roundFail int     // the round's Failure samples
 	baseline  float64 // seconds; 0 until the first round ends
 	learned   time.Time
+	// slow is true in slow start; busy is the last time a call was
+	// admitted with in-flight at half the limit or more, or found the
+	// limit reached.
+	slow bool
+	busy time.Time
 	// A shrink on trial: its verdict is the next round of calls admitted
 	// after it (epoch counts shrinks). trialFrom is the limit before it;
 	// causeMean, causePeak and causeConc are the mean latency, the peak
@@ -365,6 +449,8 @@ func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 		minLimit:    float64(cfg.MinLimit),
 		maxLimit:    float64(cfg.MaxLimit),
 		queueFactor: cfg.QueueFactor,
+		idleRestart: cfg.SlowStartIdle,
+		slow:        cfg.SlowStartIdle >= 0,
 		mix:         estimator.NewCounters(limMixWindow, shedding.NumPriorities, now),
 		tenants:     tenants,
 		limit:       float64(cfg.InitialLimit),
@@ -468,6 +554,9 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
 		l.take()
+		if 2*l.inflight >= l.current() {
+			l.markBusy(now)
+		}
 		p := LimiterPermit{held: true, conc: int32(l.inflight), epoch: l.epoch}
 		l.mu.Unlock()
 		if tenantID != "" {
@@ -486,6 +575,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		excess = l.tenants.tracker(now).Excess(now, tenantID)
 	}
 	refuse := LimiterDecision{HeavyTenant: excess > 0}
+	l.markBusy(now)
 	if l.trial && l.inflight < int(l.trialFrom) {
 		l.bound = true // the shrink on trial holds this call back
 	}
@@ -548,6 +638,16 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	return LimiterPermit{held: true, conc: w.conc, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
 }
 
+// markBusy records that the limit is in use at now, and starts slow start
+// again if it had been idle, unused for longer than idleRestart. l.mu is
+// held.
+func (l *Limiter) markBusy(now time.Time) {
+	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart {
+		l.slow = true
+	}
+	l.busy = now
+}
+
 // shed reports whether an arrival of priority prio (not Critical) is shed
 // before queueing, at the current queue fill. l.mu is held.
 func (l *Limiter) shed(now time.Time, prio shedding.Priority, places int, excess float64) bool {
@@ -608,6 +708,7 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 			return LimitChange{}
 		}
 		x = max(x, l.baseline)
+		l.roundFail++
 	}
 	l.roundN++
 	l.roundSum += x
@@ -624,7 +725,7 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 	} else {
 		l.update(now, short, conc, used)
 	}
-	l.roundN, l.roundSum, l.roundConc, l.peak = 0, 0, 0, l.inflight
+	l.roundN, l.roundSum, l.roundConc, l.roundFail, l.peak = 0, 0, 0, 0, l.inflight
 	return LimitChange{From: from, To: l.current()}
 }
 
@@ -637,7 +738,16 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	}
 	gradient := min(max(limTolerance*l.baseline/short, limMinGradient), 1)
 	next := gradient * l.limit
-	if used {
+	// Slow start is decided by a round that reached the limit: it doubles
+	// it, or ends slow start and is an ordinary round.
+	reached := l.slow && l.peak >= l.current()
+	switch {
+	case reached && short < limSlowStartExit*l.baseline && float64(l.roundFail) <= limSlowStartLoss*float64(l.roundN):
+		next += l.limit // gradient is 1
+	case reached:
+		l.slow = false
+		fallthrough
+	case used:
 		next += math.Sqrt(l.limit)
 	}
 	from := l.limit

@@ -40,10 +40,11 @@ func lmWave(t *testing.T, l *Limiter, now time.Time, n int, latency time.Duratio
 	return now, changes
 }
 
-// TestLimiterGrowsWhenUsed: at full use and flat latency, the first round
-// learns the baseline and each later round adds sqrt(limit).
+// TestLimiterGrowsWhenUsed: without slow start, at full use and flat
+// latency, the first round learns the baseline and each later round adds
+// sqrt(limit).
 func TestLimiterGrowsWhenUsed(t *testing.T) {
-	l := newLimiter(policy.Limiter{}, lmStart)
+	l := newLimiter(policy.Limiter{SlowStartIdle: -1}, lmStart)
 	now := lmStart
 	var all []LimitChange
 	for range 8 {
@@ -215,12 +216,13 @@ func TestLimiterHoversUnderSteadyOverload(t *testing.T) {
 // everyone, or the client's machine did). The shrink that follows is on
 // trial for one round of calls admitted after it; their latency did not
 // fall, so it is undone and the new latency becomes the baseline, and the
-// limit goes on as before. With a demand above the limit the shrink held
-// calls back in vain; with a demand below it, it held nobody back.
+// limit goes on as before. With a demand above the limit (capped at 200,
+// which the calm's slow start reaches) the shrink held calls back in vain;
+// with a demand below it, it held nobody back.
 func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 	for _, demand := range []int{300, 30} {
 		t.Run(fmt.Sprint("demand=", demand), func(t *testing.T) {
-			l := newLimiter(policy.Limiter{InitialLimit: 100}, lmStart)
+			l := newLimiter(policy.Limiter{InitialLimit: 100, MaxLimit: 200}, lmStart)
 			now := lmStart
 			calm := func(int) time.Duration { return 10 * time.Millisecond }
 			slow := func(int) time.Duration { return 30 * time.Millisecond }
@@ -349,7 +351,8 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 		}
 	}
 	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, policy.Success) // baseline
-	// Fast failures: as the baseline, flat: growth.
+	// Fast failures: as the baseline, flat: growth, by sqrt(limit) (a
+	// round of failures ends slow start).
 	now, c := lmWave(t, l, now, 20, time.Microsecond, policy.Failure)
 	if len(c) != 1 || c[0] != (LimitChange{20, 24}) {
 		t.Errorf("fast failures: %v, want {20 24}", c)
@@ -851,12 +854,15 @@ func TestNilLimiter(t *testing.T) {
 
 func TestLimiterDefaults(t *testing.T) {
 	got := policy.Limiter{InitialLimit: 5000, MinLimit: 10}.WithDefaults()
-	want := policy.Limiter{InitialLimit: 1000, MinLimit: 10, MaxLimit: 1000, QueueFactor: 0.5}
+	want := policy.Limiter{InitialLimit: 1000, MinLimit: 10, MaxLimit: 1000, QueueFactor: 0.5, SlowStartIdle: time.Second}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("WithDefaults (-want +got):\n%s", diff)
 	}
 	if got := (policy.Limiter{QueueFactor: -1}).WithDefaults().QueueFactor; got != -1 {
 		t.Errorf("negative QueueFactor became %v", got)
+	}
+	if got := (policy.Limiter{SlowStartIdle: -1}).WithDefaults().SlowStartIdle; got != -1 {
+		t.Errorf("negative SlowStartIdle became %v", got)
 	}
 	l := newLimiter(policy.Limiter{QueueFactor: -1, InitialLimit: 1, MaxLimit: 1}, lmStart)
 	if l.Pressure() != 0 {
