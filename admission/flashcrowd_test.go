@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
 )
 
 // The flash crowd: a server calm under a few callers meets a step to
@@ -161,10 +162,15 @@ func crowdCall(c *http.Client, url, prio string) int {
 // wait their turn, behind admission with its defaults, trusting every
 // caller's priority and reporting to e.
 func crowdServer(t testing.TB, capacity int, e *events) *server {
+	return crowdServerWith(t, capacity, e, policy.Limiter{})
+}
+
+// crowdServerWith is crowdServer with the limiter configured by lim.
+func crowdServerWith(t testing.TB, capacity int, e *events, lim policy.Limiter) *server {
 	up := httptestutil.NewUpstream(httptestutil.Options{
 		Latency: httptestutil.Constant(crowdWork), Capacity: capacity, Queue: capacity > 0,
 	})
-	return mustHandler(t, up, Config{Trust: trustAll, Observer: e.observer()})
+	return mustHandler(t, up, Config{Trust: trustAll, Observer: e.observer(), Limiter: lim})
 }
 
 // trace renders the first n limit moves e heard.
@@ -225,6 +231,32 @@ func TestFlashCrowdIsAdmitted(t *testing.T) {
 		crowd.merge(&calm) // the calm callers are part of the crowd
 		t.Logf("limit %s", e.trace(16))
 		checkRoomyCrowd(t, &crowd, h.limiter.Limit())
+	})
+}
+
+// TestFlashCrowdWithoutSlowStart is the control of TestFlashCrowdIsAdmitted:
+// the same crowd with slow start off (SlowStartIdle < 0), where the limit
+// grows by sqrt(limit) a round, is refused for most of its first second.
+// It is slow start, not the crowd's shape, that admits it.
+func TestFlashCrowdWithoutSlowStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var e events
+		h := crowdServerWith(t, 0, &e, policy.Limiter{SlowStartIdle: -1})
+		c := &http.Client{Transport: httptestutil.InMemory(h)}
+		var calm, crowd crowdTally
+		runCrowd(c, "http://svc.test/",
+			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
+			crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
+		)
+		synctest.Wait()
+		crowd.merge(&calm)
+		first, n := crowd.admitted(0, 2*time.Second)
+		second, m := crowd.admitted(time.Second, 2*time.Second)
+		t.Logf("slow start off: admitted %.3f of %d over the first 2 s, %.4f of %d over the second second; limit %s",
+			first, n, second, m, e.trace(16))
+		if first >= 0.80 {
+			t.Errorf("%.3f of the requests over the first 2 s admitted without slow start, want < 0.80 (the control no longer tells slow start's effect)", first)
+		}
 	})
 }
 

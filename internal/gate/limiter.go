@@ -103,9 +103,10 @@ const (
 // A headroom of sqrt(limit) a round is slow to follow a step in demand from
 // a small limit: from 20 to 400 takes about 30 rounds. A flash crowd of 400
 // callers on a handler that sleeps 50 ms, with room for all of them, each
-// refused caller back 50 ms later, had 63% of its requests admitted over
-// its first 2 s, 97% over the second second (TestFlashCrowdIsAdmitted in
-// admission). So the limiter starts in slow start, as a TCP connection
+// refused caller back 50 ms later, has 63% of its requests admitted over
+// its first 2 s and 97% over the second second with slow start off
+// (TestFlashCrowdWithoutSlowStart in admission). So the limiter starts in
+// slow start, as a TCP connection
 // does (RFC 5681, section 3.1): in slow start, a round that reached the
 // limit (in flight at the limit at some point: calls waited or were
 // refused for lack of it), with its mean latency below 1.25 × the baseline
@@ -115,7 +116,7 @@ const (
 //	limit = 2 × limit
 //
 // The crowd then has 91 to 93% of its requests admitted over the first
-// 2 s and all of them over the second second, the limit at 20, 24, 48, 97,
+// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted), the limit at 20, 24, 48, 97,
 // 195, 391, 783. The first round that reached the limit and fails the
 // test ends slow start, and is an ordinary round: the gradient and the
 // headroom of sqrt(limit). Slow start starts again once the limit has been idle for
