@@ -41,20 +41,28 @@ const (
 // region is wider than 12.5% of its lower bound. The window is four rings of
 // those buckets, one per slice of Window/4, each stamped with the epoch it
 // holds (see the package doc): no timer or goroutine ever runs, and an idle
-// window reports nothing once its rings are stale. A window takes about
-// 3.3 KB, allocated once by [NewLatencyWindow].
+// window reports nothing once its rings are stale.
+//
+// Beside the window, three short rings hold the most recent samples, one per
+// period of Window/32 (under a second at the default 30s window), in
+// coarser buckets: 4 per octave, every pair of the window's buckets in one,
+// so that none is wider than 25% of its lower bound. They let
+// [LatencyWindow.Threshold] come down within seconds when the latency falls,
+// instead of staying up until the window forgets (see Threshold). A window
+// takes about 4.6 KB, allocated once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
 // sample quantile (the smallest sample s such that at least ceil(q·n)
 // samples are ≤ s): never below it, and at most 12.5% above it, or one
-// linear bucket (1024 ns) above it in the linear region. Durations above
-// MaxDuration are clamped into the top bucket and counted by
-// [LatencyWindow.Clamped]; a quantile that lands there is reported as
-// MaxDuration, which is then an underestimate.
+// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns in
+// the recent rings). Durations above MaxDuration are clamped into the top
+// bucket and counted by [LatencyWindow.Clamped]; a quantile that lands there
+// is reported as MaxDuration, which is then an underestimate.
 //
-// Most callers want [LatencyWindow.Record] on every completed call and
+// Most callers want [LatencyWindow.Record] on every completed call
+// ([LatencyWindow.RecordFailure] for one that failed) and
 // [LatencyWindow.Threshold] for the configured quantile, which is memoized
-// for an eighth of a slice so that reading it costs one atomic load and a
+// for a period (Window/32) so that reading it costs one atomic load and a
 // comparison.
 //
 // A nil *LatencyWindow records nothing and reports nothing, so a scope that
@@ -64,21 +72,22 @@ const (
 // Each bucket of a ring is a 32-bit counter: a bucket that receives more
 // than 2^32-1 records in one slice (over 570 million a second in a single
 // bucket at the default window) wraps around. Records that race with the
-// clearing of a ring at the start of a slice may be lost; see
+// clearing of a ring at the start of a slice or a period may be lost; see
 // [LatencyWindow.Record].
 type LatencyWindow struct {
-	clock    clock
-	quantile float64
-	minimum  uint64
+	// clock counts periods; a slice is 1<<periodShift of them.
+	clock         clock
+	quantile      float64
+	minimum       uint64
+	recentMinimum uint64
 
 	// memo is the configured quantile's answer: (period+1)<<8 | bucket,
-	// where period counts memoPeriods of memoClock, written only once the
-	// window holds at least minimum samples.
-	memoClock clock
-	memo      atomic.Uint64
-	clamped   atomic.Uint64
+	// written only once the window holds at least minimum samples.
+	memo    atomic.Uint64
+	clamped atomic.Uint64
 
-	rings [rings]latencyRing
+	rings  [rings]latencyRing
+	recent [recentRings]recentRing
 }
 
 // latencyRing is the histogram of one slice.
@@ -87,15 +96,46 @@ type latencyRing struct {
 	counts [numBuckets]atomic.Uint32
 }
 
+// recentRing is the coarse histogram of one period: its bucket i counts
+// the window's buckets 2i and 2i+1.
+type recentRing struct {
+	stamp  stamp
+	counts [recentBuckets]atomic.Uint32
+}
+
 // memoShift is where the period starts in LatencyWindow.memo.
 const memoShift = 8
 
-// memoPeriods is how many memo periods a slice holds: the memoized
-// threshold is rescanned at most every slice/memoPeriods (under a second at
-// the default 30s window). A slice-long memo would let a brownout run for
-// up to 7.5s against the threshold of the calm before it, hedging nearly
-// every call; a rescan costs well under a microsecond, once per period.
-const memoPeriods = 8
+// periodShift sets the period, the unit of the memo and of the recent
+// rings: a slice holds 1<<periodShift periods, 8, so a period is Window/32
+// (under a second at the default 30s window). The memoized threshold is
+// rescanned at most once a period: a slice-long memo would let a brownout
+// run for up to 7.5s against the threshold of the calm before it, hedging
+// nearly every call; a rescan costs a couple of microseconds, once per
+// period.
+const periodShift = 3
+
+const (
+	// recentRings is how many periods the recent rings hold: the current
+	// one and the two before it. Read at the start of a period (the first
+	// Threshold of a period rescans), they hold about two periods of
+	// samples, under 2s at the default window; a third period, the next
+	// step, would take the window past the next allocation size class
+	// (see TestLatencyWindowSize).
+	recentRings = 3
+
+	// recentBuckets is the number of buckets of a recent ring, one per
+	// pair of the window's: 4 per octave.
+	recentBuckets = numBuckets / 2
+
+	// recentTail is how many samples the recent rings must expect above
+	// the quantile before their answer is used: they must hold at least
+	// recentTail/(1 − Quantile) samples, 200 for the p95, 1000 for the
+	// p99. With 10 samples above it, the sample p95 of 200 samples falls
+	// between the p93 and the p97 of the distribution in nine draws out of
+	// ten: an answer that comes down is not a chance low.
+	recentTail = 10
+)
 
 // NewLatencyWindow returns an empty window configured by cfg whose first
 // slice starts at now.
@@ -112,84 +152,148 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 		minimum = uint64(cfg.MinSamples)
 	}
 	return &LatencyWindow{
-		clock:     newClock(cfg.Window, now),
-		memoClock: newClock(orDefaultWindow(cfg.Window)/memoPeriods, now),
-		quantile:  q,
-		minimum:   minimum,
+		clock:         newClock(max(orDefaultWindow(cfg.Window)>>periodShift, 1), now),
+		quantile:      q,
+		minimum:       minimum,
+		recentMinimum: max(minimum, recentMinimumFor(q)),
 	}
 }
 
-// Record adds a latency d observed at now. A d of zero or less is counted
-// in the lowest bucket, a d of MaxDuration or more in the top one; both out
-// of range cases (d < 0 and d ≥ MaxDuration) are also counted by Clamped.
+// recentMinimumFor returns how many samples the recent rings need before
+// their answer for quantile q is used: recentTail/(1 − q), rounded up; for
+// a q of 1 or more, more than they can ever hold.
+func recentMinimumFor(q float64) uint64 {
+	n := math.Ceil(recentTail / (1 - max(q, 0)))
+	if !(n < math.MaxUint32*recentBuckets) { // q ≥ 1, or so near it
+		return math.MaxUint64
+	}
+	return uint64(n)
+}
+
+// Record adds a latency d observed at now, to the window and to the
+// recent rings. A d of zero or less is counted in the lowest bucket, a d of
+// MaxDuration or more in the top one; both out of range cases (d < 0 and
+// d ≥ MaxDuration) are also counted by Clamped.
 //
-// Record does not allocate: it computes the epoch and the bucket (no
-// division, no floating point) and makes one atomic add. The first Record of
-// a slice also claims that slice's ring and clears it. Records of the same
-// slice that run while the ring is being cleared are not held up, and those
-// that land in a bucket before the clear reaches it are lost: a loss bounded
-// by what the window receives during one clear of 200 counters, once per
-// slice.
+// Record does not allocate: it computes the period and the bucket (no
+// division, no floating point) and makes two atomic adds, one to the
+// window's ring and one to the recent ring. The first Record of a slice
+// (or of a period) also claims that slice's ring (or that period's) and
+// clears it. Records of the same slice that run while the ring is being
+// cleared are not held up, and those that land in a bucket before the
+// clear reaches it are lost: a loss bounded by what the window receives
+// during one clear of 200 counters, once per slice (and of 100, once per
+// period).
 func (w *LatencyWindow) Record(now time.Time, d time.Duration) {
 	if w == nil {
 		return
 	}
+	w.record(now, d, true)
+}
+
+// RecordFailure adds the latency d of a call that failed, observed at now.
+// It counts in the window as Record's does; in the recent rings only if d
+// is at least the threshold last answered (or none has been): a failure
+// that came back sooner than calls are hedged at says nothing of how long
+// an answer takes, and a burst of them (a dependency refusing every call at
+// once) would otherwise pull Threshold down to its speed within seconds. A
+// slower failure counts everywhere: it is as slow as it looks. A failure
+// that has a latency but no answer, such as a timeout, is a lower bound,
+// and counts the same way.
+func (w *LatencyWindow) RecordFailure(now time.Time, d time.Duration) {
+	if w == nil {
+		return
+	}
+	m := w.memo.Load()
+	w.record(now, d, m == 0 || d >= bucketUpper(int(m&(1<<memoShift-1))))
+}
+
+// record is Record, into the recent rings too if recent is set.
+func (w *LatencyWindow) record(now time.Time, d time.Duration, recent bool) {
 	i := bucketIndex(d)
 	if uint64(d) >= topNanos {
 		w.clamped.Add(1)
 	}
-	e := w.clock.epoch(now)
+	p := w.clock.epoch(now)
+	e := p >> periodShift
 	r := &w.rings[e%rings]
 	if r.stamp.v.Load() != e+1 {
-		w.turn(r, e+1)
+		if r.stamp.claim(e + 1) {
+			clear32(r.counts[:])
+			r.stamp.release(e + 1)
+		}
 	}
 	r.counts[i].Add(1)
-}
-
-// turn claims r for the epoch want-1 and clears it, unless it is already
-// claimed (see stamp.claim).
-func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
-	if !r.stamp.claim(want) {
+	if !recent {
 		return
 	}
-	for i := range r.counts {
-		r.counts[i].Store(0)
+	c := &w.recent[p%recentRings]
+	if c.stamp.v.Load() != p+1 {
+		if c.stamp.claim(p + 1) {
+			clear32(c.counts[:])
+			c.stamp.release(p + 1)
+		}
 	}
-	r.stamp.release(want)
+	c.counts[i>>1].Add(1)
 }
 
-// Threshold returns the configured quantile of the window at now, and
-// whether the window holds at least MinSamples samples. Without enough
-// samples the duration is the estimate from the samples there are (zero if
-// none) and should not be acted on.
+// clear32 zeroes the counters of a ring its caller has claimed.
+func clear32(counts []atomic.Uint32) {
+	for i := range counts {
+		counts[i].Store(0)
+	}
+}
+
+// Threshold returns the configured quantile at now, and whether the window
+// holds at least MinSamples samples. Without enough samples the duration
+// is the estimate from the samples there are (zero if none) and should not
+// be acted on.
 //
-// Once there are enough samples, the answer is memoized for an eighth of a
-// slice, and reading it costs one epoch computation, one atomic load and a
-// comparison. Below the
-// minimum it is recomputed on every call, so that a window turns warm as soon
-// as it has enough samples.
+// The answer is the window's quantile, or the recent rings' when they hold
+// enough samples and answer lower: at least recentTail/(1 − Quantile), 200
+// for the p95, and never fewer than MinSamples. So a threshold that a
+// brownout raised comes back down within about three periods of the
+// latency falling (under 3s at the default 30s window) on a host busy
+// enough to fill the recent rings (over 100 calls a second for the p95 at
+// the default window), instead of staying up until the window forgets;
+// on a quieter host, or while the recent samples are slower than the
+// window's, the answer is the window's alone. The rise is the window's:
+// the recent samples can lower the answer, never raise it. Either way the
+// answer is never below the sample quantile of the samples it was taken
+// from (see [LatencyWindow.RecordFailure] for the failures the recent
+// rings leave out).
+//
+// Once there are enough samples, the answer is memoized for the rest of
+// the period, and reading it costs one epoch computation, one atomic load
+// and a comparison. Below the minimum it is recomputed on every call, so
+// that a window turns warm as soon as it has enough samples.
 func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
-	p := w.memoClock.epoch(now)
+	p := w.clock.epoch(now)
 	if m := w.memo.Load(); m>>memoShift == p+1 {
 		return bucketUpper(int(m & (1<<memoShift - 1))), true
 	}
-	return w.threshold(w.clock.epoch(now), p)
+	return w.threshold(p)
 }
 
 // threshold is the slow path of Threshold: scan, and memoize an answer
 // backed by enough samples.
-func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
+func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	var sum [numBuckets]uint64
-	n := w.snapshot(e, &sum)
+	n := w.snapshot(p>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
-	i := quantileBucket(&sum, n, w.quantile)
+	i := quantileBucket(sum[:], n, w.quantile)
 	if n < w.minimum {
 		return bucketUpper(i), false
+	}
+	var recent [recentBuckets]uint64
+	if k := w.snapshotRecent(p, &recent); k >= w.recentMinimum {
+		// Recent bucket j ends where the window's 2j+1 does.
+		i = min(i, 2*quantileBucket(recent[:], k, w.quantile)+1)
 	}
 	m := (p+1)<<memoShift | uint64(i)
 	for {
@@ -205,19 +309,19 @@ func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
 }
 
 // Quantile returns quantile q of the window at now, scanning the window
-// afresh, and whether the window holds at least MinSamples samples. The
-// answer is the same kind as Threshold's: never below the sample quantile,
-// at most 12.5% above it (or 1024 ns in the linear region).
+// afresh, and whether the window holds at least MinSamples samples. It
+// reads the window alone, not the recent rings: never below the sample
+// quantile, at most 12.5% above it (or 1024 ns in the linear region).
 func (w *LatencyWindow) Quantile(now time.Time, q float64) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
 	var sum [numBuckets]uint64
-	n := w.snapshot(w.clock.epoch(now), &sum)
+	n := w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
-	return bucketUpper(quantileBucket(&sum, n, q)), n >= w.minimum
+	return bucketUpper(quantileBucket(sum[:], n, q)), n >= w.minimum
 }
 
 // Count returns how many samples the window holds at now.
@@ -226,7 +330,7 @@ func (w *LatencyWindow) Count(now time.Time) uint64 {
 		return 0
 	}
 	var sum [numBuckets]uint64
-	return w.snapshot(w.clock.epoch(now), &sum)
+	return w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 }
 
 // Clamped returns how many durations Record has clamped because they were
@@ -264,9 +368,35 @@ func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64) uint64 {
 	return n
 }
 
+// snapshotRecent adds into sum the counts of the recent rings at period p
+// (those stamped with p, p-1 or p-2) and returns their total, as snapshot
+// does for the window.
+func (w *LatencyWindow) snapshotRecent(p uint64, sum *[recentBuckets]uint64) uint64 {
+	var n uint64
+	var part [recentBuckets]uint32
+	for k := uint64(0); k < recentRings && k <= p; k++ {
+		want := p - k + 1
+		r := &w.recent[(p-k)%recentRings]
+		if r.stamp.v.Load() != want {
+			continue
+		}
+		for i := range part {
+			part[i] = r.counts[i].Load()
+		}
+		if r.stamp.v.Load() != want {
+			continue
+		}
+		for i, c := range part {
+			sum[i] += uint64(c)
+			n += uint64(c)
+		}
+	}
+	return n
+}
+
 // quantileBucket returns the bucket holding the sample of rank ceil(q·n)
 // (clamped into [1, n]) among the n samples counted in sum.
-func quantileBucket(sum *[numBuckets]uint64, n uint64, q float64) int {
+func quantileBucket(sum []uint64, n uint64, q float64) int {
 	rank := rankOf(q, n)
 	var seen uint64
 	for i, c := range sum {
@@ -275,7 +405,7 @@ func quantileBucket(sum *[numBuckets]uint64, n uint64, q float64) int {
 			return i
 		}
 	}
-	return numBuckets - 1
+	return len(sum) - 1
 }
 
 // rankOf returns ceil(q·n) clamped into [1, n], for n ≥ 1. A q that is not a
