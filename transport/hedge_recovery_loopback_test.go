@@ -21,9 +21,9 @@ import (
 // default hedged transport's threshold comes back down after a brownout,
 // and checks it against the target: the p99 of the calls that start
 // between 3s and 8s after the brownout ends at most 1.5 times the calm p99
-// before it, with the brownout's extra wire calls near 1 − Quantile. It
-// runs only when RESILIX_HEDGE_RECOVERY is set, to 1 (an 8s brownout) or
-// to the brownout's length:
+// before it, with the brownout's extra wire calls near 1 − Quantile (at
+// most 1.5 times it). It runs only when RESILIX_HEDGE_RECOVERY is set, to
+// 1 (an 8s brownout) or to the brownout's length:
 //
 //	RESILIX_HEDGE_RECOVERY=1 go test -count=1 -run '^TestHedgeRecovery$' -v ./transport
 //
@@ -42,11 +42,17 @@ import (
 func TestHedgeRecovery(t *testing.T) {
 	brownout := optIn(t, "RESILIX_HEDGE_RECOVERY", 8*time.Second, "a loopback measurement of the hedge threshold after a brownout; set RESILIX_HEDGE_RECOVERY=1 (or the brownout's length) to run it")
 	const (
-		rate     = 250
-		calm     = 10 * time.Second // before the brownout
-		after    = 8 * time.Second  // after it
-		target   = 1.5              // post-brownout p99 / calm p99, at most
-		maxExtra = 5.0              // % of the brownout's calls, at most
+		rate   = 250
+		calm   = 10 * time.Second // before the brownout
+		after  = 8 * time.Second  // after it
+		target = 1.5              // post-brownout p99 / calm p99, at most
+		// maxExtra is the brownout's extra wire calls, in % of its calls,
+		// at most: 1.5 × (1 − Quantile). Its first second or two run
+		// against the calm's threshold, until Window's quantile has risen
+		// (held to 10% of calls by the Budget's hedge allowance), and the
+		// window's quantile, over calm and brownout samples, is below the
+		// brownout's own for a while after.
+		maxExtra = 7.5
 	)
 	calmLatency := httptestutil.Bimodal(4*time.Millisecond, 100*time.Millisecond, 0.03)
 	brownoutLatency := httptestutil.Uniform(35*time.Millisecond, 45*time.Millisecond)
