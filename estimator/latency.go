@@ -119,9 +119,9 @@ const (
 	// recentRings is how many periods the recent rings hold: the current
 	// one and the two before it. Read at the start of a period (the first
 	// Threshold of a period rescans), they hold about two periods of
-	// samples, under 2s at the default window; a third period, the next
-	// step, would take the window past the next allocation size class
-	// (see TestLatencyWindowSize).
+	// samples, under 2s at the default window. A fourth ring would take
+	// the window past its allocation size class (see
+	// TestLatencyWindowSize).
 	recentRings = 3
 
 	// recentBuckets is the number of buckets of a recent ring, one per
@@ -131,9 +131,9 @@ const (
 	// recentTail is how many samples the recent rings must expect above
 	// the quantile before their answer is used: they must hold at least
 	// recentTail/(1 − Quantile) samples, 200 for the p95, 1000 for the
-	// p99. With 10 samples above it, the sample p95 of 200 samples falls
-	// between the p93 and the p97 of the distribution in nine draws out of
-	// ten: an answer that comes down is not a chance low.
+	// p99. The sample p95 of 200 samples lies between the distribution's
+	// p92 and p97.5 in 92% of draws, and below the p92 in 7% (binomial
+	// tails of rank 190): an answer that comes down is rarely a chance low.
 	recentTail = 10
 )
 
@@ -161,10 +161,13 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 
 // recentMinimumFor returns how many samples the recent rings need before
 // their answer for quantile q is used: recentTail/(1 − q), rounded up; for
-// a q of 1 or more, more than they can ever hold.
+// a q of 1 or more, the largest uint64, which they never hold.
 func recentMinimumFor(q float64) uint64 {
+	if !(q < 1) {
+		return math.MaxUint64
+	}
 	n := math.Ceil(recentTail / (1 - max(q, 0)))
-	if !(n < math.MaxUint32*recentBuckets) { // q ≥ 1, or so near it
+	if !(n < math.MaxInt64) { // q so near 1
 		return math.MaxUint64
 	}
 	return uint64(n)
@@ -254,14 +257,14 @@ func clear32(counts []atomic.Uint32) {
 // for the p95, and never fewer than MinSamples. So a threshold that a
 // brownout raised comes back down within about three periods of the
 // latency falling (under 3s at the default 30s window) on a host busy
-// enough to fill the recent rings (over 100 calls a second for the p95 at
-// the default window), instead of staying up until the window forgets;
-// on a quieter host, or while the recent samples are slower than the
-// window's, the answer is the window's alone. The rise is the window's:
-// the recent samples can lower the answer, never raise it. Either way the
-// answer is never below the sample quantile of the samples it was taken
-// from (see [LatencyWindow.RecordFailure] for the failures the recent
-// rings leave out).
+// enough to fill the recent rings (about 110 calls a second or more for
+// the p95 at the default window), instead of staying up until the window
+// forgets; on a quieter host, or while the recent samples are slower than
+// the window's, the answer is the window's alone. The rise is the
+// window's: the recent samples can lower the answer, never raise it.
+// Either way the answer is never below the sample quantile of the samples
+// it was taken from (see [LatencyWindow.RecordFailure] for the failures
+// the recent rings leave out).
 //
 // Once there are enough samples, the answer is memoized for the rest of
 // the period, and reading it costs one epoch computation, one atomic load

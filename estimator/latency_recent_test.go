@@ -343,3 +343,23 @@ func TestLatencyWindowFastFailuresDoNotPullItDown(t *testing.T) {
 		}
 	}
 }
+
+func TestLatencyWindowRecentMinimum(t *testing.T) {
+	for _, c := range []struct {
+		cfg  LatencyConfig
+		want uint64
+	}{
+		{LatencyConfig{}, 200},
+		{LatencyConfig{Quantile: 0.99}, 1000},
+		{LatencyConfig{Quantile: 0.5}, 20},                 // MinSamples, above 10/(1-q)
+		{LatencyConfig{Quantile: 0.5, MinSamples: -1}, 20}, // 10/(1-q)
+		{LatencyConfig{Quantile: 0.9, MinSamples: 500}, 500},
+		{LatencyConfig{Quantile: -1, MinSamples: -1}, 10},
+		{LatencyConfig{Quantile: 1}, math.MaxUint64},
+		{LatencyConfig{Quantile: 2}, math.MaxUint64},
+	} {
+		if got := NewLatencyWindow(c.cfg, t0).recentMinimum; got != c.want {
+			t.Errorf("%+v: the recent rings need %d samples, want %d", c.cfg, got, c.want)
+		}
+	}
+}
