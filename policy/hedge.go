@@ -30,7 +30,7 @@ import (
 // brownout, and the p99 of the calls 3-8 s after it was 12.2-14.3 ms
 // against a calm 12.6-13.8 ms in 6 of 8 runs on a loaded 2-core machine
 // (27-29 ms in the other two), with the brownout's extra wire calls at
-// 3.5-6.3%:
+// 3.4-6.3%:
 //
 //	RESILIX_HEDGE_RECOVERY=1 go test -count=1 -run '^TestHedgeRecovery$' -v ./transport
 //
