@@ -43,19 +43,24 @@ const (
 // holds (see the package doc): no timer or goroutine ever runs, and an idle
 // window reports nothing once its rings are stale.
 //
-// Beside the window, three short rings hold the most recent samples, one per
-// period of Window/32 (under a second at the default 30s window), in
-// coarser buckets: 4 per octave, every pair of the window's buckets in one,
-// so that none is wider than 25% of its lower bound. They let
-// [LatencyWindow.Threshold] come down within seconds when the latency falls,
-// instead of staying up until the window forgets (see Threshold). A window
-// takes about 4.6 KB, allocated once by [NewLatencyWindow].
+// Beside the window, three marks let [LatencyWindow.Threshold] tell the most
+// recent samples apart, and come down within seconds when the latency
+// falls instead of staying up until the window forgets (see Threshold).
+// The first Threshold of each period of Window/32 (under a second at the
+// default 30s window) copies the counts of the current slice's ring into a
+// mark, in coarser buckets (4 per octave, every pair of the window's
+// buckets in one, so that none is wider than 25% of its lower bound); the
+// counts since the mark of two periods before are that ring's now less the
+// mark, and the next slice's ring if a slice began since. Recording is
+// untouched: the marks cost the reader a copy once a period, and the
+// writer nothing. A window takes about 4.6 KB, allocated
+// once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
 // sample quantile (the smallest sample s such that at least ceil(q·n)
 // samples are ≤ s): never below it, and at most 12.5% above it, or one
-// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns in
-// the recent rings). Durations above MaxDuration are clamped into the top
+// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns for
+// the recent samples). Durations above MaxDuration are clamped into the top
 // bucket and counted by [LatencyWindow.Clamped]; a quantile that lands there
 // is reported as MaxDuration, which is then an underestimate.
 //
@@ -72,7 +77,7 @@ const (
 // Each bucket of a ring is a 32-bit counter: a bucket that receives more
 // than 2^32-1 records in one slice (over 570 million a second in a single
 // bucket at the default window) wraps around. Records that race with the
-// clearing of a ring at the start of a slice or a period may be lost; see
+// clearing of a ring at the start of a slice may be lost; see
 // [LatencyWindow.Record].
 type LatencyWindow struct {
 	// clock counts periods; a slice is 1<<periodShift of them.
@@ -85,9 +90,12 @@ type LatencyWindow struct {
 	// written only once the window holds at least minimum samples.
 	memo    atomic.Uint64
 	clamped atomic.Uint64
+	// fast counts the failures RecordFailure kept out of the recent
+	// samples, over the life of the window.
+	fast atomic.Uint64
 
-	rings  [rings]latencyRing
-	recent [recentRings]recentRing
+	rings [rings]latencyRing
+	marks [marks]mark
 }
 
 // latencyRing is the histogram of one slice.
@@ -96,18 +104,24 @@ type latencyRing struct {
 	counts [numBuckets]atomic.Uint32
 }
 
-// recentRing is the coarse histogram of one period: its bucket i counts
-// the window's buckets 2i and 2i+1.
-type recentRing struct {
-	stamp  stamp
+// mark is the counts of the current slice's ring at the start of a period,
+// coarse: its bucket i is the ring's buckets 2i and 2i+1.
+type mark struct {
+	// stamp is the period+1 of the mark, with busy while it is written; 0
+	// for none.
+	stamp atomic.Uint64
+	// ring is the stamp of the ring copied (its slice+1), 0 if the copy
+	// failed. A ring not yet claimed for the slice is copied as empty.
+	ring   atomic.Uint64
+	fast   atomic.Uint64 // LatencyWindow.fast when the mark was taken
 	counts [recentBuckets]atomic.Uint32
 }
 
 // memoShift is where the period starts in LatencyWindow.memo.
 const memoShift = 8
 
-// periodShift sets the period, the unit of the memo and of the recent
-// rings: a slice holds 1<<periodShift periods, 8, so a period is Window/32
+// periodShift sets the period, the unit of the memo and of the marks: a
+// slice holds 1<<periodShift periods, 8, so a period is Window/32
 // (under a second at the default 30s window). The memoized threshold is
 // rescanned at most once a period: a slice-long memo would let a brownout
 // run for up to 7.5s against the threshold of the calm before it, hedging
@@ -116,19 +130,19 @@ const memoShift = 8
 const periodShift = 3
 
 const (
-	// recentRings is how many periods the recent rings hold: the current
-	// one and the two before it. Read at the start of a period (the first
-	// Threshold of a period rescans), they hold about two periods of
-	// samples, under 2s at the default window. A fourth ring would take
-	// the window past its allocation size class (see
-	// TestLatencyWindowSize).
-	recentRings = 3
+	// marks is how many marks are kept: the current period's and the two
+	// before it. The recent samples are those since the mark of two
+	// periods before (or, missing that, of the period before): read at
+	// the start of a period, about two periods of samples, under 2s at the
+	// default window. A fourth mark would take the window past its
+	// allocation size class (see TestLatencyWindowSize).
+	marks = 3
 
-	// recentBuckets is the number of buckets of a recent ring, one per
-	// pair of the window's: 4 per octave.
+	// recentBuckets is the number of buckets of a mark, one per pair of
+	// the window's: 4 per octave.
 	recentBuckets = numBuckets / 2
 
-	// recentTail is how many samples the recent rings must expect above
+	// recentTail is how many samples the recent samples must expect above
 	// the quantile before their answer is used: they must hold at least
 	// recentTail/(1 − Quantile) samples, 200 for the p95, 1000 for the
 	// p99. The sample p95 of 200 samples lies between the distribution's
@@ -159,9 +173,9 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 	}
 }
 
-// recentMinimumFor returns how many samples the recent rings need before
+// recentMinimumFor returns how many recent samples are needed before
 // their answer for quantile q is used: recentTail/(1 − q), rounded up; for
-// a q of 1 or more, the largest uint64, which they never hold.
+// a q of 1 or more, the largest uint64, never reached.
 func recentMinimumFor(q float64) uint64 {
 	if !(q < 1) {
 		return math.MaxUint64
@@ -173,78 +187,63 @@ func recentMinimumFor(q float64) uint64 {
 	return uint64(n)
 }
 
-// Record adds a latency d observed at now, to the window and to the
-// recent rings. A d of zero or less is counted in the lowest bucket, a d of
-// MaxDuration or more in the top one; both out of range cases (d < 0 and
-// d ≥ MaxDuration) are also counted by Clamped.
+// Record adds a latency d observed at now. A d of zero or less is counted
+// in the lowest bucket, a d of MaxDuration or more in the top one; both out
+// of range cases (d < 0 and d ≥ MaxDuration) are also counted by Clamped.
 //
-// Record does not allocate: it computes the period and the bucket (no
-// division, no floating point) and makes two atomic adds, one to the
-// window's ring and one to the recent ring. The first Record of a slice
-// (or of a period) also claims that slice's ring (or that period's) and
-// clears it. Records of the same slice that run while the ring is being
-// cleared are not held up, and those that land in a bucket before the
-// clear reaches it are lost: a loss bounded by what the window receives
-// during one clear of 200 counters, once per slice (and of 100, once per
-// period).
+// Record does not allocate: it computes the epoch and the bucket (no
+// division, no floating point) and makes one atomic add. The first Record of
+// a slice also claims that slice's ring and clears it. Records of the same
+// slice that run while the ring is being cleared are not held up, and those
+// that land in a bucket before the clear reaches it are lost: a loss bounded
+// by what the window receives during one clear of 200 counters, once per
+// slice.
 func (w *LatencyWindow) Record(now time.Time, d time.Duration) {
 	if w == nil {
 		return
 	}
-	w.record(now, d, true)
-}
-
-// RecordFailure adds the latency d of a call that failed, observed at now.
-// It counts in the window as Record's does; in the recent rings only if d
-// is at least the threshold last answered (or none has been): a failure
-// that came back sooner than calls are hedged at says nothing of how long
-// an answer takes, and a burst of them (a dependency refusing every call at
-// once) would otherwise pull Threshold down to its speed within seconds. A
-// slower failure counts everywhere: it is as slow as it looks. A failure
-// that has a latency but no answer, such as a timeout, is a lower bound,
-// and counts the same way.
-func (w *LatencyWindow) RecordFailure(now time.Time, d time.Duration) {
-	if w == nil {
-		return
-	}
-	m := w.memo.Load()
-	w.record(now, d, m == 0 || d >= bucketUpper(int(m&(1<<memoShift-1))))
-}
-
-// record is Record, into the recent rings too if recent is set.
-func (w *LatencyWindow) record(now time.Time, d time.Duration, recent bool) {
 	i := bucketIndex(d)
 	if uint64(d) >= topNanos {
 		w.clamped.Add(1)
 	}
-	p := w.clock.epoch(now)
-	e := p >> periodShift
+	e := w.clock.epoch(now) >> periodShift
 	r := &w.rings[e%rings]
 	if r.stamp.v.Load() != e+1 {
-		if r.stamp.claim(e + 1) {
-			clear32(r.counts[:])
-			r.stamp.release(e + 1)
-		}
+		w.turn(r, e+1)
 	}
 	r.counts[i].Add(1)
-	if !recent {
-		return
-	}
-	c := &w.recent[p%recentRings]
-	if c.stamp.v.Load() != p+1 {
-		if c.stamp.claim(p + 1) {
-			clear32(c.counts[:])
-			c.stamp.release(p + 1)
-		}
-	}
-	c.counts[i>>1].Add(1)
 }
 
-// clear32 zeroes the counters of a ring its caller has claimed.
-func clear32(counts []atomic.Uint32) {
-	for i := range counts {
-		counts[i].Store(0)
+// RecordFailure adds the latency d of a call that failed, observed at now.
+// It counts in the window as Record's does. If d is below the threshold
+// last answered, it is also counted (one more atomic add) as a failure
+// that the recent samples leave out, so that their quantile is taken as if
+// it had not been recorded: a failure that came back sooner than calls are
+// hedged at says nothing of how long an answer takes, and a burst of them
+// (a dependency refusing every call at once) would otherwise pull
+// Threshold down to its speed within seconds. A slower failure counts
+// everywhere: it is as slow as it looks. A failure that has a latency but
+// no answer, such as a timeout, is a lower bound, and counts the same way.
+func (w *LatencyWindow) RecordFailure(now time.Time, d time.Duration) {
+	if w == nil {
+		return
 	}
+	if m := w.memo.Load(); m != 0 && d < bucketUpper(int(m&(1<<memoShift-1))) {
+		w.fast.Add(1)
+	}
+	w.Record(now, d)
+}
+
+// turn claims r for the epoch want-1 and clears it, unless it is already
+// claimed (see stamp.claim).
+func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
+	if !r.stamp.claim(want) {
+		return
+	}
+	for i := range r.counts {
+		r.counts[i].Store(0)
+	}
+	r.stamp.release(want)
 }
 
 // Threshold returns the configured quantile at now, and whether the window
@@ -252,19 +251,21 @@ func clear32(counts []atomic.Uint32) {
 // is the estimate from the samples there are (zero if none) and should not
 // be acted on.
 //
-// The answer is the window's quantile, or the recent rings' when they hold
-// enough samples and answer lower: at least recentTail/(1 − Quantile), 200
+// The answer is the window's quantile, or the recent samples' when there
+// are enough and they answer lower: at least recentTail/(1 − Quantile), 200
 // for the p95, and never fewer than MinSamples. So a threshold that a
 // brownout raised comes back down within about three periods of the
 // latency falling (under 3s at the default 30s window) on a host busy
-// enough to fill the recent rings (about 110 calls a second or more for
+// enough to fill two periods (about 110 calls a second or more for
 // the p95 at the default window), instead of staying up until the window
 // forgets; on a quieter host, or while the recent samples are slower than
 // the window's, the answer is the window's alone. The rise is the
 // window's: the recent samples can lower the answer, never raise it.
 // Either way the answer is never below the sample quantile of the samples
 // it was taken from (see [LatencyWindow.RecordFailure] for the failures
-// the recent rings leave out).
+// the recent samples leave out). The recent samples need the marks that
+// Threshold takes: on a window read less than once a period, the answer
+// is the window's.
 //
 // Once there are enough samples, the answer is memoized for the rest of
 // the period, and reading it costs one epoch computation, one atomic load
@@ -293,10 +294,15 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	if n < w.minimum {
 		return bucketUpper(i), false
 	}
+	w.takeMark(p)
 	var recent [recentBuckets]uint64
-	if k := w.snapshotRecent(p, &recent); k >= w.recentMinimum {
-		// Recent bucket j ends where the window's 2j+1 does.
-		i = min(i, 2*quantileBucket(recent[:], k, w.quantile)+1)
+	if k, fast, ok := w.sinceMark(p, &recent); ok && k-fast >= w.recentMinimum {
+		// Ranked as if the fast failures, all below the answer but for
+		// those that raced with the mark, had not been recorded (see
+		// RecordFailure): never below the quantile of the others. A
+		// recent bucket j ends where the window's 2j+1 does.
+		rank := rankOf(w.quantile, k-fast) + fast
+		i = min(i, 2*bucketOfRank(recent[:], rank)+1)
 	}
 	m := (p+1)<<memoShift | uint64(i)
 	for {
@@ -313,7 +319,7 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 
 // Quantile returns quantile q of the window at now, scanning the window
 // afresh, and whether the window holds at least MinSamples samples. It
-// reads the window alone, not the recent rings: never below the sample
+// reads the window alone, not the recent samples: never below the sample
 // quantile, at most 12.5% above it (or 1024 ns in the linear region).
 func (w *LatencyWindow) Quantile(now time.Time, q float64) (time.Duration, bool) {
 	if w == nil {
@@ -371,36 +377,88 @@ func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64) uint64 {
 	return n
 }
 
-// snapshotRecent adds into sum the counts of the recent rings at period p
-// (those stamped with p, p-1 or p-2) and returns their total, as snapshot
-// does for the window.
-func (w *LatencyWindow) snapshotRecent(p uint64, sum *[recentBuckets]uint64) uint64 {
-	var n uint64
-	var part [recentBuckets]uint32
-	for k := uint64(0); k < recentRings && k <= p; k++ {
-		want := p - k + 1
-		r := &w.recent[(p-k)%recentRings]
-		if r.stamp.v.Load() != want {
-			continue
-		}
-		for i := range part {
-			part[i] = r.counts[i].Load()
-		}
-		if r.stamp.v.Load() != want {
-			continue
-		}
-		for i, c := range part {
-			sum[i] += uint64(c)
-			n += uint64(c)
-		}
+// takeMark takes the mark of period p, unless it is taken or being taken:
+// the counts, coarse, of the ring of p's slice (zero if the ring is not yet
+// claimed for it: it is cleared when it is).
+func (w *LatencyWindow) takeMark(p uint64) {
+	mk := &w.marks[p%marks]
+	v := mk.stamp.Load()
+	if v&busy != 0 || v >= p+1 || !mk.stamp.CompareAndSwap(v, (p+1)|busy) {
+		return
 	}
-	return n
+	e := p >> periodShift
+	r := &w.rings[e%rings]
+	mk.fast.Store(w.fast.Load())
+	held := r.stamp.v.Load() == e+1
+	for j := range mk.counts {
+		var c uint32
+		if held {
+			c = r.counts[2*j].Load() + r.counts[2*j+1].Load()
+		}
+		mk.counts[j].Store(c)
+	}
+	ring := e + 1
+	if held && r.stamp.v.Load() != e+1 {
+		ring = 0 // turned over while copied: a now far behind other callers'
+	}
+	mk.ring.Store(ring)
+	mk.stamp.Store(p + 1)
+}
+
+// sinceMark adds into sum, coarse, the counts recorded since the mark of
+// period p-2 (or, missing that, p-1): the rings of its slice and of any
+// after it up to p's, less the mark. It returns their total and the fast
+// failures among them, and false if neither mark can be read.
+func (w *LatencyWindow) sinceMark(p uint64, sum *[recentBuckets]uint64) (n, fast uint64, ok bool) {
+	var part [recentBuckets]uint32
+	for back := uint64(2); back >= 1; back-- {
+		if p < back {
+			continue
+		}
+		q := p - back
+		mk := &w.marks[q%marks]
+		if mk.stamp.Load() != q+1 {
+			continue
+		}
+		ring, since := mk.ring.Load(), mk.fast.Load()
+		for j := range part {
+			part[j] = mk.counts[j].Load()
+		}
+		if mk.stamp.Load() != q+1 || ring == 0 {
+			continue
+		}
+		var now [recentBuckets]uint64
+		for e := ring - 1; e <= p>>periodShift; e++ {
+			r := &w.rings[e%rings]
+			if r.stamp.v.Load() != e+1 {
+				if e == ring-1 {
+					return 0, 0, false // the mark's ring turned over
+				}
+				continue // not yet claimed for its slice: empty
+			}
+			for j := range now {
+				now[j] += uint64(r.counts[2*j].Load()) + uint64(r.counts[2*j+1].Load())
+			}
+		}
+		for j, c := range now {
+			c -= min(c, uint64(part[j])) // records lost to a turnover after the mark
+			sum[j] = c
+			n += c
+		}
+		return n, min(w.fast.Load()-since, n), true
+	}
+	return 0, 0, false
 }
 
 // quantileBucket returns the bucket holding the sample of rank ceil(q·n)
 // (clamped into [1, n]) among the n samples counted in sum.
 func quantileBucket(sum []uint64, n uint64, q float64) int {
-	rank := rankOf(q, n)
+	return bucketOfRank(sum, rankOf(q, n))
+}
+
+// bucketOfRank returns the bucket holding the sample of the given rank
+// among those counted in sum, the last if there are fewer.
+func bucketOfRank(sum []uint64, rank uint64) int {
 	var seen uint64
 	for i, c := range sum {
 		seen += c

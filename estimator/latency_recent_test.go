@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,13 +37,16 @@ type traffic struct {
 	at      time.Duration // of the next call, since t0
 	samples []sample      // every sample recorded, in order
 	last    time.Duration // the last warm Threshold
+	// marks is, by period, how many samples had been recorded at its
+	// first warm read, where Threshold took its mark.
+	marks map[uint64]int
 }
 
 type sample struct {
 	at     time.Duration
 	period uint64 // tr.w.clock.epoch(t0.Add(at))
 	d      time.Duration
-	recent bool // counted in the recent rings too
+	fast   bool // a failure below the last threshold (see RecordFailure)
 }
 
 // point is a Threshold read: when, and what it answered.
@@ -52,7 +57,7 @@ type point struct {
 }
 
 func newTraffic(cfg LatencyConfig, rate int, seed uint64) *traffic {
-	return &traffic{w: NewLatencyWindow(cfg, t0), rng: rand.New(rand.NewPCG(seed, 26)), rate: rate}
+	return &traffic{w: NewLatencyWindow(cfg, t0), rng: rand.New(rand.NewPCG(seed, 26)), rate: rate, marks: map[uint64]int{}}
 }
 
 // run drives the calls of [tr.at, until) with latencies from draw, and
@@ -68,28 +73,27 @@ func (tr *traffic) runFailing(until time.Duration, draw func(*rand.Rand) (time.D
 	for ; tr.at < until; tr.at += time.Second / time.Duration(tr.rate) {
 		now := t0.Add(tr.at)
 		d, failed := draw(tr.rng)
-		recent := true
+		fast := false
 		if failed {
 			// The rule RecordFailure documents, from the outside.
-			thr, _ := tr.lastAnswer()
-			recent = thr == 0 || d >= thr
+			fast = tr.last != 0 && d < tr.last
 			tr.w.RecordFailure(now, d)
 		} else {
 			tr.w.Record(now, d)
 		}
-		tr.samples = append(tr.samples, sample{tr.at, tr.w.clock.epoch(now), d, recent})
+		p := tr.w.clock.epoch(now)
+		tr.samples = append(tr.samples, sample{tr.at, p, d, fast})
 		thr, ok := tr.w.Threshold(now)
 		pts = append(pts, point{tr.at, thr, ok})
 		if ok {
 			tr.last = thr
+			if _, marked := tr.marks[p]; !marked {
+				tr.marks[p] = len(tr.samples)
+			}
 		}
 	}
 	return pts
 }
-
-// lastAnswer returns the last threshold answered with enough samples, 0 if
-// none.
-func (tr *traffic) lastAnswer() (time.Duration, bool) { return tr.last, tr.last != 0 }
 
 // quantileSince returns the exact sample quantile q of the samples
 // recorded at or after from.
@@ -140,7 +144,7 @@ func TestLatencyWindowComesDownAfterABrownout(t *testing.T) {
 		calm, during[len(during)-1].thr, after[down].thr, after[down].at-end)
 }
 
-// TestLatencyWindowRisesAsTheWindowDoes: the recent rings never raise the
+// TestLatencyWindowRisesAsTheWindowDoes: the recent samples never raise the
 // threshold, so a brownout's start raises it exactly as the window alone
 // does. Each period's answer (the memo taken at its first read) equals the
 // window's own quantile at that read, from the calm through the brownout,
@@ -210,7 +214,7 @@ func (tr *traffic) held(at time.Duration, periods uint64) []sample {
 }
 
 // TestLatencyWindowQuietHostAsTheWindow: on a host too quiet to fill the
-// recent rings (50 calls a second, at most 141 samples in three periods,
+// recent samples (50 calls a second, at most 141 samples in three periods,
 // short of the 200 the p95 needs), every answer is the window's alone,
 // through a brownout and after it.
 func TestLatencyWindowQuietHostAsTheWindow(t *testing.T) {
@@ -229,13 +233,13 @@ func TestLatencyWindowQuietHostAsTheWindow(t *testing.T) {
 // TestLatencyWindowNeverBelowItsData checks Threshold over random traffic
 // (phases of 0.3 to 5s, 20 to 1500 calls a second, medians from 2µs to
 // 200ms, some phases failing fast): at the first read of every period, the
-// answer is the window's, or, when the recent rings hold enough samples
-// and answer lower, theirs: never below the sample quantile of the
+// answer is the window's, or, when there are enough recent samples and
+// they answer lower, theirs: never below the sample quantile of the
 // samples it is taken from, and at most a bucket above it.
 func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 	rates := []int{20, 80, 200, 600, 1500}
 	medians := []time.Duration{2 * time.Microsecond, 300 * time.Microsecond, 4 * time.Millisecond, 40 * time.Millisecond, 200 * time.Millisecond}
-	lowered := 0
+	lowered, withFast := 0, 0
 	for seed := range uint64(3) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		tr := newTraffic(LatencyConfig{}, 200, seed)
@@ -262,55 +266,65 @@ func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 			period = e
 			window, _ := tr.windowAt(p.at, defaultQuantile)
 			if p.thr == window {
-				exact := tr.exactAt(p.at, false)
+				exact := tr.exactAt(p.at)
 				if p.thr < exact || p.thr > up(exact) {
 					t.Fatalf("seed %d, at %v: threshold %v, the window's; want the bucket of its sample p95 %v", seed, p.at, p.thr, exact)
 				}
 				continue
 			}
 			lowered++
-			n := tr.recentCountAt(p.at)
-			exact := tr.exactAt(p.at, true)
-			coarse := bucketUpper(bucketIndex(exact) | 1)
-			if p.thr > window || n < tr.w.recentMinimum || p.thr != coarse {
-				t.Fatalf("seed %d, at %v: threshold %v, window %v, %d recent samples (sample p95 %v); want the window's, or the recent rings' %v, lower, from at least %d",
-					seed, p.at, p.thr, window, n, exact, coarse, tr.w.recentMinimum)
+			recent := tr.recentAt(p.at)
+			var ds []time.Duration
+			var others []time.Duration // but the fast failures
+			for _, s := range recent {
+				ds = append(ds, s.d)
+				if !s.fast {
+					others = append(others, s.d)
+				}
+			}
+			slices.Sort(ds)
+			slices.Sort(others)
+			k, f := uint64(len(ds)), uint64(len(ds)-len(others))
+			var want, exact time.Duration
+			if k-f > 0 {
+				want = bucketUpper(bucketIndex(ds[rankOf(defaultQuantile, k-f)+f-1]) | 1)
+				exact = exactQuantile(others, defaultQuantile)
+			}
+			if p.thr > window || k-f < tr.w.recentMinimum || p.thr != want || p.thr < exact {
+				t.Fatalf("seed %d, at %v: threshold %v, window %v, %d recent samples, %d fast failures (sample p95 of the others %v); want the window's, or the recent samples' %v, lower, from at least %d",
+					seed, p.at, p.thr, window, k, f, exact, want, tr.w.recentMinimum)
+			}
+			if f > 0 {
+				withFast++
 			}
 		}
 	}
-	if lowered == 0 {
-		t.Fatal("the recent rings never answered: the test tests nothing of them")
+	if lowered == 0 || withFast == 0 {
+		t.Fatalf("%d answers from the recent samples, %d with fast failures: the test tests too little of them", lowered, withFast)
 	}
-	t.Logf("%d period answers from the recent rings", lowered)
+	t.Logf("%d period answers from the recent samples, %d with fast failures among them", lowered, withFast)
 }
 
-// recentCountAt returns how many samples the recent rings hold at at.
-func (tr *traffic) recentCountAt(at time.Duration) uint64 {
-	var n uint64
-	for _, s := range tr.held(at, recentRings) {
-		if s.recent {
-			n++
+// recentAt returns the recent samples at at: those recorded since the
+// mark of two periods before (or, missing that, of the one before).
+func (tr *traffic) recentAt(at time.Duration) []sample {
+	p := tr.w.clock.epoch(t0.Add(at))
+	hi, _ := slices.BinarySearchFunc(tr.samples, at+1, func(s sample, at time.Duration) int { return cmp.Compare(s.at, at) })
+	for back := uint64(2); back >= 1; back-- {
+		if m, ok := tr.marks[p-back]; ok && p >= back {
+			return tr.samples[m:hi]
 		}
 	}
-	return n
+	return nil
 }
 
-// exactAt returns the exact sample p95 at at of the window's samples, or,
-// with recent, of the recent rings'.
-func (tr *traffic) exactAt(at time.Duration, recent bool) time.Duration {
+// exactAt returns the exact sample p95 at at of the window's samples.
+func (tr *traffic) exactAt(at time.Duration) time.Duration {
 	e := tr.w.clock.epoch(t0.Add(at)) >> periodShift
 	var ds []time.Duration
-	if recent {
-		for _, s := range tr.held(at, recentRings) {
-			if s.recent {
-				ds = append(ds, s.d)
-			}
-		}
-	} else {
-		for _, s := range tr.held(at, rings<<periodShift) {
-			if s.period>>periodShift+rings > e {
-				ds = append(ds, s.d)
-			}
+	for _, s := range tr.held(at, rings<<periodShift) {
+		if s.period>>periodShift+rings > e {
+			ds = append(ds, s.d)
 		}
 	}
 	slices.Sort(ds)
@@ -319,7 +333,7 @@ func (tr *traffic) exactAt(at time.Duration, recent bool) time.Duration {
 
 // TestLatencyWindowFastFailuresDoNotPullItDown: at 200 calls a second, a
 // host whose every call fails at once (0.2ms) for 4s, and then calm again.
-// Recorded as failures, they leave the recent rings alone, and the
+// Recorded as failures, they leave the recent samples' quantile alone, and the
 // threshold holds at the calm's; recorded as answers (with Record), they
 // would have pulled it down to their speed.
 func TestLatencyWindowFastFailuresDoNotPullItDown(t *testing.T) {
@@ -359,7 +373,54 @@ func TestLatencyWindowRecentMinimum(t *testing.T) {
 		{LatencyConfig{Quantile: 2}, math.MaxUint64},
 	} {
 		if got := NewLatencyWindow(c.cfg, t0).recentMinimum; got != c.want {
-			t.Errorf("%+v: the recent rings need %d samples, want %d", c.cfg, got, c.want)
+			t.Errorf("%+v: the recent samples need to be %d, want %d", c.cfg, got, c.want)
 		}
 	}
 }
+
+// TestLatencyWindowConcurrentMarks races writers and readers across
+// periods and slices, the clock stepping 10ms at a time, 300 calls a
+// second: 20s at 40ms, then 20s at 3.8ms. The marks are taken by whichever
+// reader comes first and read only whole, so every warm answer is one of
+// the two latencies' bounds, the window's or the recent samples' (coarse),
+// and at the end, with the window still holding 40ms calls, the answer is
+// the recent samples' 3.8ms.
+func TestLatencyWindowConcurrentMarks(t *testing.T) {
+	const slow, fast = 40 * time.Millisecond, 3800 * time.Microsecond
+	coarse := func(d time.Duration) time.Duration { return bucketUpper(bucketIndex(d) | 1) }
+	valid := []time.Duration{up(slow), coarse(slow), up(fast), coarse(fast)}
+	w := NewLatencyWindow(LatencyConfig{}, t0)
+	at := func(k int64) time.Time { return t0.Add(time.Duration(k) * 10 * time.Millisecond) }
+	var tick atomic.Int64
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for {
+				k := tick.Add(1)
+				if k > 4000 {
+					return
+				}
+				d := slow
+				if k > 2000 {
+					d = fast
+				}
+				for range 3 {
+					w.Record(at(k), d)
+				}
+				// Every caller reads, as the transport's do: the marks
+				// are taken by the reads.
+				if thr, ok := w.Threshold(at(k)); ok && !slices.Contains(valid, thr) {
+					t.Errorf("at %v: threshold %v, want one of %v", at(k).Sub(t0), thr, valid)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if thr, _ := w.Threshold(at(4001)); thr != coarse(fast) {
+		t.Errorf("after 20s at %v: threshold %v, want the recent samples' %v (the window's is %v)",
+			fast, thr, coarse(fast), first(w.Quantile(at(4001), defaultQuantile)))
+	}
+}
+
+func first(d time.Duration, _ bool) time.Duration { return d }

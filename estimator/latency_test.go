@@ -388,8 +388,8 @@ func TestLatencyWindowAllocs(t *testing.T) {
 
 // TestLatencyWindowSize holds a window to the allocation size class it
 // is in, 4864 bytes (runtime/sizeclasses.go): the next is 5376, a
-// scope's every policy together must fit in 8 KB, and the recent rings
-// (three of 408 bytes) were sized to what this class leaves.
+// scope's every policy together must fit in 8 KB, and the marks
+// (three of 424 bytes) were sized to what this class leaves.
 func TestLatencyWindowSize(t *testing.T) {
 	size := unsafe.Sizeof(LatencyWindow{})
 	t.Logf("LatencyWindow: %d bytes", size)
