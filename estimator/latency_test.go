@@ -458,3 +458,25 @@ func BenchmarkLatencyWindowQuantileScan(b *testing.B) {
 		w.Quantile(now, 0.99)
 	}
 }
+
+// BenchmarkLatencyWindowThresholdRescan is the memo's refresh, once a
+// period: each op moves to the next period (and, every eighth, to a new
+// slice, whose ring Record clears), records a sample and reads Threshold,
+// which scans the window, takes the period's mark and reads the recent
+// samples against the mark of two periods before.
+func BenchmarkLatencyWindowThresholdRescan(b *testing.B) {
+	origin := time.Now() // callers pass time.Now(): a monotonic reading
+	w := NewLatencyWindow(LatencyConfig{MinSamples: -1}, origin)
+	period := time.Duration(w.clock.slice)
+	now := origin
+	for i, d := range benchDurations {
+		w.Record(origin.Add(time.Duration(i)*30*time.Millisecond), d) // all four rings
+		now = origin.Add(time.Duration(i) * 30 * time.Millisecond)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now = now.Add(period)
+		w.Record(now, benchDurations[i&1023])
+		w.Threshold(now)
+	}
+}
