@@ -41,20 +41,33 @@ const (
 // region is wider than 12.5% of its lower bound. The window is four rings of
 // those buckets, one per slice of Window/4, each stamped with the epoch it
 // holds (see the package doc): no timer or goroutine ever runs, and an idle
-// window reports nothing once its rings are stale. A window takes about
-// 3.3 KB, allocated once by [NewLatencyWindow].
+// window reports nothing once its rings are stale.
+//
+// Beside the window, three marks let [LatencyWindow.Threshold] tell the most
+// recent samples apart, and come down within seconds when the latency
+// falls instead of staying up until the window forgets (see Threshold).
+// The first Threshold of each period of Window/32 (under a second at the
+// default 30s window) copies the counts of the current slice's ring into a
+// mark, in coarser buckets (4 per octave, every pair of the window's
+// buckets in one, so that none is wider than 25% of its lower bound); the
+// counts since the mark of two periods before are that ring's now less the
+// mark, and the next slice's ring if a slice began since. Recording is
+// untouched: the marks cost the reader a copy once a period, and the
+// writer nothing. A window takes about 4.6 KB, allocated
+// once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
 // sample quantile (the smallest sample s such that at least ceil(q·n)
 // samples are ≤ s): never below it, and at most 12.5% above it, or one
-// linear bucket (1024 ns) above it in the linear region. Durations above
-// MaxDuration are clamped into the top bucket and counted by
-// [LatencyWindow.Clamped]; a quantile that lands there is reported as
-// MaxDuration, which is then an underestimate.
+// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns for
+// the recent samples). Durations above MaxDuration are clamped into the top
+// bucket and counted by [LatencyWindow.Clamped]; a quantile that lands there
+// is reported as MaxDuration, which is then an underestimate.
 //
-// Most callers want [LatencyWindow.Record] on every completed call and
+// Most callers want [LatencyWindow.Record] on every completed call
+// ([LatencyWindow.RecordFailure] for one that failed) and
 // [LatencyWindow.Threshold] for the configured quantile, which is memoized
-// for an eighth of a slice so that reading it costs one atomic load and a
+// for a period (Window/32) so that reading it costs one atomic load and a
 // comparison.
 //
 // A nil *LatencyWindow records nothing and reports nothing, so a scope that
@@ -67,18 +80,22 @@ const (
 // clearing of a ring at the start of a slice may be lost; see
 // [LatencyWindow.Record].
 type LatencyWindow struct {
-	clock    clock
-	quantile float64
-	minimum  uint64
+	// clock counts periods; a slice is 1<<periodShift of them.
+	clock         clock
+	quantile      float64
+	minimum       uint64
+	recentMinimum uint64
 
 	// memo is the configured quantile's answer: (period+1)<<8 | bucket,
-	// where period counts memoPeriods of memoClock, written only once the
-	// window holds at least minimum samples.
-	memoClock clock
-	memo      atomic.Uint64
-	clamped   atomic.Uint64
+	// written only once the window holds at least minimum samples.
+	memo    atomic.Uint64
+	clamped atomic.Uint64
+	// fast counts the failures RecordFailure kept out of the recent
+	// samples, over the life of the window.
+	fast atomic.Uint64
 
 	rings [rings]latencyRing
+	marks [marks]mark
 }
 
 // latencyRing is the histogram of one slice.
@@ -87,15 +104,52 @@ type latencyRing struct {
 	counts [numBuckets]atomic.Uint32
 }
 
+// mark is the counts of the current slice's ring at the start of a period,
+// coarse: its bucket i is the ring's buckets 2i and 2i+1.
+type mark struct {
+	// stamp is the period+1 of the mark, with busy while it is written; 0
+	// for none.
+	stamp atomic.Uint64
+	// ring is the stamp of the ring copied (its slice+1), 0 if the copy
+	// failed. A ring not yet claimed for the slice is copied as empty.
+	ring   atomic.Uint64
+	fast   atomic.Uint64 // LatencyWindow.fast when the mark was taken
+	counts [recentBuckets]atomic.Uint32
+}
+
 // memoShift is where the period starts in LatencyWindow.memo.
 const memoShift = 8
 
-// memoPeriods is how many memo periods a slice holds: the memoized
-// threshold is rescanned at most every slice/memoPeriods (under a second at
-// the default 30s window). A slice-long memo would let a brownout run for
-// up to 7.5s against the threshold of the calm before it, hedging nearly
-// every call; a rescan costs well under a microsecond, once per period.
-const memoPeriods = 8
+// periodShift sets the period, the unit of the memo and of the marks: a
+// slice holds 1<<periodShift periods, 8, so a period is Window/32
+// (under a second at the default 30s window). The memoized threshold is
+// rescanned at most once a period: a slice-long memo would let a brownout
+// run for up to 7.5s against the threshold of the calm before it, hedging
+// nearly every call; a rescan costs a couple of microseconds, once per
+// period.
+const periodShift = 3
+
+const (
+	// marks is how many marks are kept: the current period's and the two
+	// before it. The recent samples are those since the mark of two
+	// periods before (or, missing that, of the period before): read at
+	// the start of a period, about two periods of samples, under 2s at the
+	// default window. A fourth mark would take the window past its
+	// allocation size class (see TestLatencyWindowSize).
+	marks = 3
+
+	// recentBuckets is the number of buckets of a mark, one per pair of
+	// the window's: 4 per octave.
+	recentBuckets = numBuckets / 2
+
+	// recentTail is how many samples the recent samples must expect above
+	// the quantile before their answer is used: they must hold at least
+	// recentTail/(1 − Quantile) samples, 200 for the p95, 1000 for the
+	// p99. The sample p95 of 200 samples lies between the distribution's
+	// p92 and p97.5 in 92% of draws, and below the p92 in 7% (binomial
+	// tails of rank 190): an answer that comes down is rarely a chance low.
+	recentTail = 10
+)
 
 // NewLatencyWindow returns an empty window configured by cfg whose first
 // slice starts at now.
@@ -112,11 +166,25 @@ func NewLatencyWindow(cfg LatencyConfig, now time.Time) *LatencyWindow {
 		minimum = uint64(cfg.MinSamples)
 	}
 	return &LatencyWindow{
-		clock:     newClock(cfg.Window, now),
-		memoClock: newClock(orDefaultWindow(cfg.Window)/memoPeriods, now),
-		quantile:  q,
-		minimum:   minimum,
+		clock:         newClock(max(orDefaultWindow(cfg.Window)>>periodShift, 1), now),
+		quantile:      q,
+		minimum:       minimum,
+		recentMinimum: max(minimum, recentMinimumFor(q)),
 	}
+}
+
+// recentMinimumFor returns how many recent samples are needed before
+// their answer for quantile q is used: recentTail/(1 − q), rounded up; for
+// a q of 1 or more, the largest uint64, never reached.
+func recentMinimumFor(q float64) uint64 {
+	if !(q < 1) {
+		return math.MaxUint64
+	}
+	n := math.Ceil(recentTail / (1 - max(q, 0)))
+	if !(n < math.MaxInt64) { // q so near 1
+		return math.MaxUint64
+	}
+	return uint64(n)
 }
 
 // Record adds a latency d observed at now. A d of zero or less is counted
@@ -138,12 +206,32 @@ func (w *LatencyWindow) Record(now time.Time, d time.Duration) {
 	if uint64(d) >= topNanos {
 		w.clamped.Add(1)
 	}
-	e := w.clock.epoch(now)
+	e := w.clock.epoch(now) >> periodShift
 	r := &w.rings[e%rings]
 	if r.stamp.v.Load() != e+1 {
 		w.turn(r, e+1)
 	}
 	r.counts[i].Add(1)
+}
+
+// RecordFailure adds the latency d of a call that failed, observed at now.
+// It counts in the window as Record's does. If d is below the threshold
+// last answered, it is also counted (one more atomic add) as a failure
+// that the recent samples leave out, so that their quantile is taken as if
+// it had not been recorded: a failure that came back sooner than calls are
+// hedged at says nothing of how long an answer takes, and a burst of them
+// (a dependency refusing every call at once) would otherwise pull
+// Threshold down to its speed within seconds. A slower failure counts
+// everywhere: it is as slow as it looks. A failure that has a latency but
+// no answer, such as a timeout, is a lower bound, and counts the same way.
+func (w *LatencyWindow) RecordFailure(now time.Time, d time.Duration) {
+	if w == nil {
+		return
+	}
+	if m := w.memo.Load(); m != 0 && d < bucketUpper(int(m&(1<<memoShift-1))) {
+		w.fast.Add(1)
+	}
+	w.Record(now, d)
 }
 
 // turn claims r for the epoch want-1 and clears it, unless it is already
@@ -158,38 +246,63 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 	r.stamp.release(want)
 }
 
-// Threshold returns the configured quantile of the window at now, and
-// whether the window holds at least MinSamples samples. Without enough
-// samples the duration is the estimate from the samples there are (zero if
-// none) and should not be acted on.
+// Threshold returns the configured quantile at now, and whether the window
+// holds at least MinSamples samples. Without enough samples the duration
+// is the estimate from the samples there are (zero if none) and should not
+// be acted on.
 //
-// Once there are enough samples, the answer is memoized for an eighth of a
-// slice, and reading it costs one epoch computation, one atomic load and a
-// comparison. Below the
-// minimum it is recomputed on every call, so that a window turns warm as soon
-// as it has enough samples.
+// The answer is the window's quantile, or the recent samples' when there
+// are enough and they answer lower: at least recentTail/(1 − Quantile), 200
+// for the p95, and never fewer than MinSamples. So a threshold that a
+// brownout raised comes back down within about three periods of the
+// latency falling (under 3s at the default 30s window) on a host busy
+// enough to fill two periods (about 110 calls a second or more for
+// the p95 at the default window), instead of staying up until the window
+// forgets; on a quieter host, or while the recent samples are slower than
+// the window's, the answer is the window's alone. The rise is the
+// window's: the recent samples can lower the answer, never raise it.
+// Either way the answer is never below the sample quantile of the samples
+// it was taken from (see [LatencyWindow.RecordFailure] for the failures
+// the recent samples leave out). The recent samples need the marks that
+// Threshold takes: on a window read less than once a period, the answer
+// is the window's.
+//
+// Once there are enough samples, the answer is memoized for the rest of
+// the period, and reading it costs one epoch computation, one atomic load
+// and a comparison. Below the minimum it is recomputed on every call, so
+// that a window turns warm as soon as it has enough samples.
 func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
-	p := w.memoClock.epoch(now)
+	p := w.clock.epoch(now)
 	if m := w.memo.Load(); m>>memoShift == p+1 {
 		return bucketUpper(int(m & (1<<memoShift - 1))), true
 	}
-	return w.threshold(w.clock.epoch(now), p)
+	return w.threshold(p)
 }
 
 // threshold is the slow path of Threshold: scan, and memoize an answer
 // backed by enough samples.
-func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
+func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	var sum [numBuckets]uint64
-	n := w.snapshot(e, &sum)
+	n := w.snapshot(p>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
-	i := quantileBucket(&sum, n, w.quantile)
+	i := quantileBucket(sum[:], n, w.quantile)
 	if n < w.minimum {
 		return bucketUpper(i), false
+	}
+	w.takeMark(p)
+	var recent [recentBuckets]uint64
+	if k, fast, ok := w.sinceMark(p, &recent); ok && k-fast >= w.recentMinimum {
+		// Ranked as if the fast failures, all below the answer but for
+		// those that raced with the mark, had not been recorded (see
+		// RecordFailure): never below the quantile of the others. A
+		// recent bucket j ends where the window's 2j+1 does.
+		rank := rankOf(w.quantile, k-fast) + fast
+		i = min(i, 2*bucketOfRank(recent[:], rank)+1)
 	}
 	m := (p+1)<<memoShift | uint64(i)
 	for {
@@ -205,19 +318,19 @@ func (w *LatencyWindow) threshold(e, p uint64) (time.Duration, bool) {
 }
 
 // Quantile returns quantile q of the window at now, scanning the window
-// afresh, and whether the window holds at least MinSamples samples. The
-// answer is the same kind as Threshold's: never below the sample quantile,
-// at most 12.5% above it (or 1024 ns in the linear region).
+// afresh, and whether the window holds at least MinSamples samples. It
+// reads the window alone, not the recent samples: never below the sample
+// quantile, at most 12.5% above it (or 1024 ns in the linear region).
 func (w *LatencyWindow) Quantile(now time.Time, q float64) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
 	var sum [numBuckets]uint64
-	n := w.snapshot(w.clock.epoch(now), &sum)
+	n := w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
-	return bucketUpper(quantileBucket(&sum, n, q)), n >= w.minimum
+	return bucketUpper(quantileBucket(sum[:], n, q)), n >= w.minimum
 }
 
 // Count returns how many samples the window holds at now.
@@ -226,7 +339,7 @@ func (w *LatencyWindow) Count(now time.Time) uint64 {
 		return 0
 	}
 	var sum [numBuckets]uint64
-	return w.snapshot(w.clock.epoch(now), &sum)
+	return w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 }
 
 // Clamped returns how many durations Record has clamped because they were
@@ -264,10 +377,88 @@ func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64) uint64 {
 	return n
 }
 
+// takeMark takes the mark of period p, unless it is taken or being taken:
+// the counts, coarse, of the ring of p's slice (zero if the ring is not yet
+// claimed for it: it is cleared when it is).
+func (w *LatencyWindow) takeMark(p uint64) {
+	mk := &w.marks[p%marks]
+	v := mk.stamp.Load()
+	if v&busy != 0 || v >= p+1 || !mk.stamp.CompareAndSwap(v, (p+1)|busy) {
+		return
+	}
+	e := p >> periodShift
+	r := &w.rings[e%rings]
+	mk.fast.Store(w.fast.Load())
+	held := r.stamp.v.Load() == e+1
+	for j := range mk.counts {
+		var c uint32
+		if held {
+			c = r.counts[2*j].Load() + r.counts[2*j+1].Load()
+		}
+		mk.counts[j].Store(c)
+	}
+	ring := e + 1
+	if held && r.stamp.v.Load() != e+1 {
+		ring = 0 // turned over while copied: a now far behind other callers'
+	}
+	mk.ring.Store(ring)
+	mk.stamp.Store(p + 1)
+}
+
+// sinceMark adds into sum, coarse, the counts recorded since the mark of
+// period p-2 (or, missing that, p-1): the rings of its slice and of any
+// after it up to p's, less the mark. It returns their total and the fast
+// failures among them, and false if neither mark can be read.
+func (w *LatencyWindow) sinceMark(p uint64, sum *[recentBuckets]uint64) (n, fast uint64, ok bool) {
+	var part [recentBuckets]uint32
+	for back := uint64(2); back >= 1; back-- {
+		if p < back {
+			continue
+		}
+		q := p - back
+		mk := &w.marks[q%marks]
+		if mk.stamp.Load() != q+1 {
+			continue
+		}
+		ring, since := mk.ring.Load(), mk.fast.Load()
+		for j := range part {
+			part[j] = mk.counts[j].Load()
+		}
+		if mk.stamp.Load() != q+1 || ring == 0 {
+			continue
+		}
+		var now [recentBuckets]uint64
+		for e := ring - 1; e <= p>>periodShift; e++ {
+			r := &w.rings[e%rings]
+			if r.stamp.v.Load() != e+1 {
+				if e == ring-1 {
+					return 0, 0, false // the mark's ring turned over
+				}
+				continue // not yet claimed for its slice: empty
+			}
+			for j := range now {
+				now[j] += uint64(r.counts[2*j].Load()) + uint64(r.counts[2*j+1].Load())
+			}
+		}
+		for j, c := range now {
+			c -= min(c, uint64(part[j])) // records lost to a turnover after the mark
+			sum[j] = c
+			n += c
+		}
+		return n, min(w.fast.Load()-since, n), true
+	}
+	return 0, 0, false
+}
+
 // quantileBucket returns the bucket holding the sample of rank ceil(q·n)
 // (clamped into [1, n]) among the n samples counted in sum.
-func quantileBucket(sum *[numBuckets]uint64, n uint64, q float64) int {
-	rank := rankOf(q, n)
+func quantileBucket(sum []uint64, n uint64, q float64) int {
+	return bucketOfRank(sum, rankOf(q, n))
+}
+
+// bucketOfRank returns the bucket holding the sample of the given rank
+// among those counted in sum, the last if there are fewer.
+func bucketOfRank(sum []uint64, rank uint64) int {
 	var seen uint64
 	for i, c := range sum {
 		seen += c
@@ -275,7 +466,7 @@ func quantileBucket(sum *[numBuckets]uint64, n uint64, q float64) int {
 			return i
 		}
 	}
-	return numBuckets - 1
+	return len(sum) - 1
 }
 
 // rankOf returns ceil(q·n) clamped into [1, n], for n ≥ 1. A q that is not a

@@ -15,6 +15,24 @@ import (
 // 1 − Quantile instead of every call doubling. There is no fixed-delay
 // option, on purpose.
 //
+// The quantile is taken over Window, and rescanned every Window/32; it
+// rises as soon as Window's samples show the latency up. It comes down
+// when the last two or three Window/32 periods (about 2s at the default
+// 30s) hold at least 10/(1 − Quantile) latencies (200 for the p95: about
+// 110 calls a second at the defaults) and their quantile is lower: a
+// brownout's threshold is back at the calm's within about 3s of its end
+// instead of staying up until Window has forgotten it. On a quieter scope
+// it comes down as Window forgets. Attempts that failed faster than the
+// threshold are left out of the last periods' quantile, so a dependency
+// that fails every call at once cannot pull the threshold down to its
+// speed. Over loopback at 250 calls a second (calm 4 ms with 3% of calls
+// at 100 ms, an 8 s brownout at 35-45 ms), the threshold went from 46 ms
+// to 5-6 ms 3 s after the brownout, and the p99 of the calls 3-8 s after
+// it was 11.8-12.7 ms against a calm 11.1-11.7 ms (1.02-1.08 times) in 5
+// runs, with the brownout's extra wire calls at 3.4-3.6%:
+//
+//	RESILIX_HEDGE_RECOVERY=1 go test -count=1 -run '^TestHedgeRecovery$' -v ./transport
+//
 // Hedge follows Retry's rule for what may be sent twice: a plain POST is
 // never hedged (the exception Retry makes for an attempt that never reached
 // the server does not apply: a hedge is sent while the first leg may be
@@ -51,8 +69,9 @@ type Hedge struct {
 	// before any hedge is sent. If zero, 20 is used.
 	MinSamples int
 
-	// Window is how much latency history the quantile is taken over. If
-	// zero, 30s is used.
+	// Window is how much latency history the quantile is taken over, and
+	// how long a threshold a brownout raised stays up on a scope too quiet
+	// to bring it down sooner (see Hedge). If zero, 30s is used.
 	Window time.Duration
 
 	// SuppressAt stops hedging when the scope's error rate reaches this

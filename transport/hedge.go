@@ -567,7 +567,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// stay above the threshold, where they belong. A lost leg
 			// records nothing when it comes back, so this is its only
 			// sample.
-			r.h.Record(now, elapsed)
+			r.h.Record(now, elapsed, policy.Discarded)
 		}
 		d := &leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed}
 		if c.s.lanes != nil {

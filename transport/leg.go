@@ -293,7 +293,7 @@ func (c *call) send(l *leg) {
 		// bound); a refused connection's speed says nothing about how
 		// long the dependency takes to answer.
 		if resp != nil || timedOut {
-			s.hedge.Record(now, l.latency)
+			s.hedge.Record(now, l.latency, l.outcome)
 		}
 		s.hedge.Observe(now, l.outcome)
 	}

@@ -52,11 +52,23 @@ func New(h policy.Hedge, now time.Time) *State {
 // Config returns the Hedge with its defaults applied.
 func (h *State) Config() policy.Hedge { return h.cfg }
 
-// Record learns one attempt's latency, from dispatch to response headers.
-func (h *State) Record(now time.Time, d time.Duration) { h.lat.Record(now, d) }
+// Record learns one attempt's latency, from dispatch to response headers
+// (or a lower bound of it: a timeout, a losing leg cut short), and its
+// outcome: a Failure is recorded as one (see
+// estimator.LatencyWindow.RecordFailure), so that a dependency failing
+// fast cannot pull the threshold down to its speed.
+func (h *State) Record(now time.Time, d time.Duration, o policy.Outcome) {
+	if o == policy.Failure {
+		h.lat.RecordFailure(now, d)
+		return
+	}
+	h.lat.Record(now, d)
+}
 
 // Threshold returns the latency after which a call is hedged, and false
-// while the window holds fewer than MinSamples (the warming gate).
+// while the window holds fewer than MinSamples (the warming gate): the
+// window's quantile, or the last seconds' when they hold enough samples
+// and say the latency fell (see estimator.LatencyWindow.Threshold).
 func (h *State) Threshold(now time.Time) (time.Duration, bool) { return h.lat.Threshold(now) }
 
 // median returns the window's median latency, which the deadline gate

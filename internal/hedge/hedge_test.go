@@ -115,11 +115,11 @@ func TestHealthWithoutABreaker(t *testing.T) {
 func TestGateOrder(t *testing.T) {
 	warm := newState(policy.Hedge{MinSamples: 5}, t0)
 	for range 5 {
-		warm.Record(t0, 10*time.Millisecond)
+		warm.Record(t0, 10*time.Millisecond, policy.Success)
 	}
 	sick := newState(policy.Hedge{MinSamples: 5}, t0)
 	for range 20 {
-		sick.Record(t0, 10*time.Millisecond)
+		sick.Record(t0, 10*time.Millisecond, policy.Failure)
 		sick.Observe(t0, policy.Failure)
 	}
 	cold := newState(policy.Hedge{}, t0)
@@ -147,3 +147,32 @@ func TestGateOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestFastFailuresKeepTheThreshold: a scope at 200 calls a second, calm at
+// 4ms, then failing every call in 0.2ms for 4s. Failures never pull the
+// threshold below the calm's (they are recorded as failures); the same
+// latencies as successes would have pulled it down to theirs.
+func TestFastFailuresKeepTheThreshold(t *testing.T) {
+	for _, o := range []policy.Outcome{policy.Failure, policy.Success} {
+		h := newState(policy.Hedge{}, t0)
+		at := func(i int) time.Time { return t0.Add(time.Duration(i) * 5 * time.Millisecond) }
+		for i := range 4000 { // 20s
+			h.Record(at(i), 4*time.Millisecond, policy.Success)
+			h.Threshold(at(i))
+		}
+		calm, _ := h.Threshold(at(3999))
+		low := calm
+		for i := 4000; i < 4800; i++ { // 4s
+			h.Record(at(i), 200*time.Microsecond, o)
+			low = min(low, first(h.Threshold(at(i))))
+		}
+		switch {
+		case o == policy.Failure && low != calm:
+			t.Errorf("fast failures: threshold down to %v, want the calm's %v", low, calm)
+		case o == policy.Success && low >= calm:
+			t.Errorf("fast successes: threshold %v, want it below the calm's %v", low, calm)
+		}
+	}
+}
+
+func first(d time.Duration, _ bool) time.Duration { return d }
