@@ -9,25 +9,42 @@ FLAKY     ?= 1
 
 .PHONY: test demo bench lint fuzz soak flaky
 
-## test: gofmt check, go vet, and every test with the race detector.
+## test: gofmt check, then go vet and every test with the race detector,
+## in every module. The modules run side by side (three at a time), each
+## one's output kept together: the tests of redisrate and of
+## examples/prometheus spend most of their time waiting on a real server,
+## time the root module's CPU-bound tests fill.
 test:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-root test-redisrate test-prometheus test-benchmarks test-docs
+
+.PHONY: test-root test-redisrate test-prometheus test-benchmarks test-docs
+test-root:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
-	@# examples/prometheus is its own module, so that the Prometheus exporter
-	@# stays out of resilix's go.mod; ./... does not reach it. Its tests run
-	@# promtool and a real Prometheus on its dashboard and rules: they skip
-	@# where prometheus is not in PATH, and fail if CI=true (.ci/run installs it).
-	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	@# benchmarks/ is the comparison with peer libraries, also its own module;
-	@# its tests are the correctness facts (fast, in synctest).
-	cd benchmarks && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	@# redisrate, the shared rate limit on Redis, is its own module too, so
-	@# that the Redis client stays out of resilix's go.mod; its tests start
-	@# their own redis-server, which must be in PATH (.ci/run installs it).
+
+# redisrate, the shared rate limit on Redis, is its own module, so that
+# the Redis client stays out of resilix's go.mod (./... does not reach a
+# nested module); its tests start their own redis-server, which must be
+# in PATH (.ci/run installs it).
+test-redisrate:
 	cd redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	@# docs/ is its own module too: its test type-checks every Go snippet
-	@# of README.md and docs/*.md (otelhttp, go-redis stay out of go.mod).
+
+# examples/prometheus is its own module, so that the Prometheus exporter
+# stays out of resilix's go.mod. Its tests run promtool and a real
+# Prometheus on its dashboard and rules: they skip where prometheus is not
+# in PATH, and fail if CI=true (.ci/run installs it).
+test-prometheus:
+	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+# benchmarks/ is the comparison with peer libraries, also its own module;
+# its tests are the correctness facts (fast, in synctest).
+test-benchmarks:
+	cd benchmarks && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+# docs/ is its own module too: its test type-checks every Go snippet of
+# README.md and docs/*.md (otelhttp, go-redis stay out of go.mod).
+test-docs:
 	cd docs && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## soak: the transport's contract checks over loopback, randomized, for
