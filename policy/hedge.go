@@ -141,7 +141,11 @@ func (h Hedge) WithDefaults() Hedge {
 // SuppressReason says which gate stopped a hedge.
 type SuppressReason uint8
 
-// The hedging gates, in the order they are asked when a hedge timer fires.
+// The hedging gates. When a hedge timer fires they are asked in this
+// order: HedgeWarming to HedgeValue, then the admission gates
+// (HedgeRejected), then the body (HedgeBodyError, HedgeBodyPending,
+// HedgeBodyTooLarge), and the budget last (HedgeBudget), so that a token
+// is spent only on a hedge that starts.
 const (
 	// HedgeWarming: the latency window holds fewer than MinSamples,
 	// so there is no threshold yet. Counted once per round (each first
