@@ -219,19 +219,27 @@ func checkRoomyCrowd(t *testing.T, crowd *crowdTally, limit int) {
 // are refused for lack of it while the latency holds.
 func TestFlashCrowdIsAdmitted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var e events
-		h := crowdServer(t, 0, &e)
-		c := &http.Client{Transport: httptestutil.InMemory(h)}
-		var calm, crowd crowdTally
-		runCrowd(c, "http://svc.test/",
-			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
-			crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
-		)
-		synctest.Wait()
-		crowd.merge(&calm) // the calm callers are part of the crowd
+		crowd, e, h := roomyCrowd(t, policy.Limiter{})
 		t.Logf("limit %s", e.trace(16))
-		checkRoomyCrowd(t, &crowd, h.limiter.Limit())
+		checkRoomyCrowd(t, crowd, h.limiter.Limit())
 	})
+}
+
+// roomyCrowd runs TestFlashCrowdIsAdmitted's crowd, the calm callers
+// counted among it, against a handler whose limiter is configured by lim,
+// inside the caller's bubble.
+func roomyCrowd(t *testing.T, lim policy.Limiter) (*crowdTally, *events, *server) {
+	e := new(events)
+	h := crowdServerWith(t, 0, e, lim)
+	c := &http.Client{Transport: httptestutil.InMemory(h)}
+	var calm, crowd crowdTally
+	runCrowd(c, "http://svc.test/",
+		crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
+		crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
+	)
+	synctest.Wait()
+	crowd.merge(&calm) // the calm callers are part of the crowd
+	return &crowd, e, h
 }
 
 // TestFlashCrowdWithoutSlowStart is the control of TestFlashCrowdIsAdmitted:
@@ -240,16 +248,7 @@ func TestFlashCrowdIsAdmitted(t *testing.T) {
 // It is slow start, not the crowd's shape, that admits it.
 func TestFlashCrowdWithoutSlowStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var e events
-		h := crowdServerWith(t, 0, &e, policy.Limiter{SlowStartIdle: -1})
-		c := &http.Client{Transport: httptestutil.InMemory(h)}
-		var calm, crowd crowdTally
-		runCrowd(c, "http://svc.test/",
-			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
-			crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
-		)
-		synctest.Wait()
-		crowd.merge(&calm)
+		crowd, e, _ := roomyCrowd(t, policy.Limiter{SlowStartIdle: -1})
 		first, n := crowd.admitted(0, 2*time.Second)
 		second, m := crowd.admitted(time.Second, 2*time.Second)
 		t.Logf("slow start off: admitted %.3f of %d over the first 2 s, %.4f of %d over the second second; limit %s",
