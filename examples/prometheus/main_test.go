@@ -15,19 +15,27 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestScrape runs the example on a free loopback port, makes a few hundred
-// calls, scrapes /metrics once, and checks the families and labels the
-// exporter emits and the hedge win rate they give.
-func TestScrape(t *testing.T) {
+// startDemo starts the example on a free loopback port, closed when the
+// test and its subtests are done.
+func startDemo(t *testing.T) *demo {
+	t.Helper()
 	d, err := start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := d.close(); err != nil {
 			t.Error(err)
 		}
-	}()
+	})
+	return d
+}
+
+// TestScrape runs the example on a free loopback port, makes a few hundred
+// calls, scrapes /metrics once, and checks the families and labels the
+// exporter emits and the hedge win rate they give.
+func TestScrape(t *testing.T) {
+	d := startDemo(t)
 	const calls = 400
 	n, err := d.traffic(context.Background(), calls, 0, 8)
 	if err != nil {

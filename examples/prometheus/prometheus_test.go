@@ -232,15 +232,7 @@ func TestPrometheus(t *testing.T) {
 	records, ruleQueries := readRules(t)
 	_, dashQueries := readDashboard(t)
 
-	d, err := start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := d.close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	d := startDemo(t)
 	api := startPrometheus(t, bin, d.listener.Addr().String())
 
 	// Prometheus has scraped the example once before the scenario starts,
