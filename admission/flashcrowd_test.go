@@ -69,15 +69,6 @@ func (c *crowdTally) admitted(from, to time.Duration) (float64, int64) {
 	return float64(ok) / float64(max(all, 1)), all
 }
 
-// refusedAt returns the refused requests sent in [from, to).
-func (c *crowdTally) refusedAt(from, to time.Duration) int64 {
-	var n int64
-	for i := from / crowdSlot; i < to/crowdSlot; i++ {
-		n += c.refused[i].Load()
-	}
-	return n
-}
-
 // others returns the answers that were neither 200 nor a refusal.
 func (c *crowdTally) others() int64 {
 	var n int64
