@@ -113,3 +113,15 @@ REPLICAS ?= 1
 .PHONY: replicas
 replicas:
 	RESILIX_REPLICAS=$(REPLICAS) $(GO) test -count=1 -run '^TestReplicas$$' -v -timeout 6m ./transport/
+
+## scenarios: three loopback measurements checked against targets (about
+## 45s), each printing its table: the hedge threshold after an 8s
+## brownout (TestHedgeRecovery), a flash crowd on admission's slow start
+## (TestFlashCrowdLoopback), and a rate-limited API shared by Critical and
+## Bulk callers (TestPricingLoopback). No -race, for the reason given at
+## flaky. make test builds them under -race and skips them.
+.PHONY: scenarios
+scenarios:
+	RESILIX_HEDGE_RECOVERY=1 $(GO) test -count=1 -run '^TestHedgeRecovery$$' -v ./transport/
+	RESILIX_FLASHCROWD=1 $(GO) test -count=1 -run '^TestFlashCrowdLoopback$$' -v ./admission/
+	RESILIX_PRICING=1 $(GO) test -count=1 -run '^TestPricingLoopback$$' -v ./transport/
