@@ -198,8 +198,8 @@ type call struct {
 	timeout  time.Duration // per attempt; 0: none
 	mayRetry bool
 	mayHedge bool
-	repeat   bool    // made for a request that is itself a repeat: no deposit
-	deposit  float64 // the tokens the call's Deposit added to the budget
+	repeat   bool           // made for a request that is itself a repeat: no deposit
+	deposit  gate.Deposited // what the call's Deposit added to the budget
 
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.

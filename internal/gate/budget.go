@@ -72,39 +72,45 @@ func (b *Budget) accrue(now time.Time) {
 	}
 }
 
-// Deposit records one logical call, and returns the tokens it added:
-// Ratio, less what Max left no room for.
-func (b *Budget) Deposit(now time.Time) float64 {
+// Deposited is what one Deposit added to each of the budget's buckets:
+// Ratio to the tokens and Ratio/2 to the hedges' allowance, each less what
+// its cap left no room for.
+type Deposited struct{ Tokens, Hedges float64 }
+
+// Deposit records one logical call, and returns what it added.
+func (b *Budget) Deposit(now time.Time) Deposited {
 	if b == nil {
-		return 0
+		return Deposited{}
 	}
 	if b.full.Load() {
-		return 0
+		return Deposited{}
 	}
 	b.mu.Lock()
 	b.accrue(now)
-	before := b.tokens
+	tokens, hedges := b.tokens, b.hedges
 	b.tokens = min(b.max, b.tokens+b.ratio)
 	b.hedges = min(b.hedgeMax, b.hedges+b.hedgeRatio)
 	b.setFull()
-	added := b.tokens - before
+	d := Deposited{Tokens: b.tokens - tokens, Hedges: b.hedges - hedges}
 	b.mu.Unlock()
-	return added
+	return d
 }
 
 // setFull sets full from both buckets. The caller holds b.mu.
 func (b *Budget) setFull() { b.full.Store(b.tokens >= b.max && b.hedges >= b.hedgeMax) }
 
-// TakeBack removes tokens that a Deposit added, for a call that turned
-// out to be none (a request net/http refused to send): it earns its
-// retries nothing. The balance never goes below zero.
-func (b *Budget) TakeBack(tokens float64) {
-	if b == nil || tokens <= 0 {
+// TakeBack removes what a Deposit added, for a call that turned out to be
+// none (a request net/http refused to send): it earns its retries and
+// hedges nothing. Each bucket is taken back by what was added to it, since
+// only one may have had room (the floor refills the tokens, never the
+// hedges). The balance never goes below zero.
+func (b *Budget) TakeBack(d Deposited) {
+	if b == nil || d == (Deposited{}) {
 		return
 	}
 	b.mu.Lock()
-	b.tokens = max(0, b.tokens-tokens)
-	b.hedges = max(0, b.hedges-tokens/2)
+	b.tokens = max(0, b.tokens-d.Tokens)
+	b.hedges = max(0, b.hedges-d.Hedges)
 	b.setFull()
 	b.mu.Unlock()
 }

@@ -52,42 +52,42 @@ func TestBudgetSteps(t *testing.T) {
 // below zero.
 func TestBudgetTakeBack(t *testing.T) {
 	b := newBudget(policy.Budget{Ratio: 0.5, MinPerSecond: -1, Max: 2}, t0)
-	if added := b.Deposit(t0); added != 0 {
+	if added := b.Deposit(t0); added != (Deposited{}) {
 		t.Fatalf("a full budget's Deposit added %v", added)
 	}
-	b.TakeBack(0)
+	b.TakeBack(Deposited{})
 	if got := b.Balance(t0); got != 2 {
 		t.Fatalf("balance %v after taking back nothing, want 2", got)
 	}
 	b.Withdraw(t0)
 	b.Withdraw(t0)
 	added := b.Deposit(t0)
-	if added != 0.5 {
-		t.Fatalf("Deposit added %v, want Ratio (0.5)", added)
+	if added.Tokens != 0.5 {
+		t.Fatalf("Deposit added %v, want Ratio (0.5) tokens", added)
 	}
 	b.TakeBack(added)
 	if got := b.Balance(t0); got != 0 {
 		t.Fatalf("balance %v after taking the deposit back, want 0", got)
 	}
-	b.TakeBack(1)
+	b.TakeBack(Deposited{Tokens: 1, Hedges: 1})
 	if got := b.Balance(t0); got != 0 {
 		t.Fatalf("balance %v after taking back more than there is, want 0", got)
 	}
 	b.Deposit(t0)
 	b.Deposit(t0)
 	b.Deposit(t0)
-	if added := b.Deposit(t0); added != 0.5 {
-		t.Fatalf("Deposit to 2 added %v, want 0.5", added)
+	if added := b.Deposit(t0); added.Tokens != 0.5 {
+		t.Fatalf("Deposit to 2 added %v, want 0.5 tokens", added)
 	}
-	if added := b.Deposit(t0); added != 0 {
-		t.Fatalf("Deposit at Max added %v, want 0", added)
+	if added := b.Deposit(t0); added.Tokens != 0 {
+		t.Fatalf("Deposit at Max added %v, want no tokens", added)
 	}
-	b.TakeBack(0.5)
-	if added := b.Deposit(t0); added != 0.5 {
+	b.TakeBack(Deposited{Tokens: 0.5})
+	if added := b.Deposit(t0); added.Tokens != 0.5 {
 		t.Fatalf("Deposit after a take-back from Max added %v, want 0.5: the budget is not full", added)
 	}
 	var off *Budget
-	off.TakeBack(1)
+	off.TakeBack(Deposited{Tokens: 1})
 }
 
 func TestBudgetBoundsAmplification(t *testing.T) {
@@ -283,5 +283,22 @@ func TestBudgetHedgeAllowance(t *testing.T) {
 	// call + the floor's 10: 230.)
 	if hedges < 105 || hedges > 111 {
 		t.Fatalf("%d hedges over 1000 calls that all lose, want about 110: 10 held and half of Ratio a call", hedges)
+	}
+}
+
+// TestBudgetTakeBackEarnsNoHedges: a call taken back earns neither
+// retries nor hedges, also when only one of the two buckets had room for
+// its deposit (the floor refills the retries' tokens, never the hedges').
+func TestBudgetTakeBackEarnsNoHedges(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBudget(policy.Budget{Ratio: 0.2, MinPerSecond: 10, Max: 20}, now)
+	for b.WithdrawHedge(now) {
+	}
+	now = now.Add(2 * time.Second) // the floor refills the tokens, not the hedges
+	for range 20 {
+		b.TakeBack(b.Deposit(now))
+	}
+	if b.WithdrawHedge(now) {
+		t.Fatal("calls taken back earned a hedge")
 	}
 }
