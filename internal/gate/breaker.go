@@ -575,7 +575,9 @@ func (b *Breaker) shouldTrip(now time.Time) bool {
 	var sums [breakerCounters]uint64
 	b.win.Sums(now, sums[:])
 	calls, failures := sums[breakerCalls], sums[breakerFailures]
-	if b.consecutive == 0 && b.run >= b.runTrip(calls, failures) {
+	// runTrip is never below breakerRunMin: a shorter run is no trip
+	// whatever the rates, and needs no logarithm.
+	if b.consecutive == 0 && b.run >= breakerRunMin && b.run >= b.runTrip(calls, failures) {
 		return true
 	}
 	if calls < b.minCalls || failures < 2 {
