@@ -214,7 +214,10 @@ func isASCII(s string) bool {
 func TestParsePriorityQuotesABoundedValue(t *testing.T) {
 	huge := strings.Repeat("x", 1<<20)
 	_, err := ParsePriority(huge)
-	if err == nil || len(err.Error()) > 200 {
+	if err == nil {
+		t.Fatal("ParsePriority of 1 MiB: no error")
+	}
+	if len(err.Error()) > 200 {
 		t.Fatalf("ParsePriority of 1 MiB: error of %d bytes, want an error quoting at most 64 of them", len(err.Error()))
 	}
 	var before, after runtime.MemStats
