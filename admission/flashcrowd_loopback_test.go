@@ -30,24 +30,15 @@ func TestFlashCrowdLoopback(t *testing.T) {
 	}
 	t.Run("room-for-all", func(t *testing.T) {
 		h, e, c, url := serve(t, 0)
-		var calm, crowd crowdTally
-		runCrowd(c, url,
-			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
-			crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
-		)
-		crowd.merge(&calm)
+		crowd := runRoomy(c, url)
 		t.Logf("limit %s", e.trace(16))
-		checkRoomyCrowd(t, &crowd, h.limiter.Limit())
+		checkRoomyCrowd(t, crowd, h.limiter.Limit())
 	})
 	t.Run("capacity-20", func(t *testing.T) {
 		const capacity = 20
 		h, e, c, url := serve(t, capacity)
-		var critical, bulk crowdTally
-		runCrowd(c, url,
-			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &critical},
-			crowdGroup{callers: crowdSize - crowdCalm, prio: "bulk", tally: &bulk},
-		)
+		critical, bulk := runFixed(c, url)
 		t.Logf("limit %s", e.trace(16))
-		checkFixedCrowd(t, &critical, &bulk, capacity, h.limiter.Limit())
+		checkFixedCrowd(t, critical, bulk, capacity, h.limiter.Limit())
 	})
 }

@@ -222,15 +222,32 @@ func TestFlashCrowdIsAdmitted(t *testing.T) {
 func roomyCrowd(t *testing.T, lim policy.Limiter) (*crowdTally, *events, *server) {
 	e := new(events)
 	h := crowdServerWith(t, 0, e, lim)
-	c := &http.Client{Transport: httptestutil.InMemory(h)}
+	crowd := runRoomy(&http.Client{Transport: httptestutil.InMemory(h)}, "http://svc.test/")
+	synctest.Wait()
+	return crowd, e, h
+}
+
+// runRoomy runs the crowd of TestFlashCrowdIsAdmitted against url, all of
+// it Critical, and returns its tally, the calm callers counted among it.
+func runRoomy(c *http.Client, url string) *crowdTally {
 	var calm, crowd crowdTally
-	runCrowd(c, "http://svc.test/",
+	runCrowd(c, url,
 		crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &calm},
 		crowdGroup{callers: crowdSize - crowdCalm, prio: "critical", tally: &crowd},
 	)
-	synctest.Wait()
 	crowd.merge(&calm) // the calm callers are part of the crowd
-	return &crowd, e, h
+	return &crowd
+}
+
+// runFixed runs the crowd of TestFlashCrowdOnAFixedCapacity against url:
+// the calm callers Critical, the newcomers Bulk.
+func runFixed(c *http.Client, url string) (critical, bulk *crowdTally) {
+	critical, bulk = new(crowdTally), new(crowdTally)
+	runCrowd(c, url,
+		crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: critical},
+		crowdGroup{callers: crowdSize - crowdCalm, prio: "bulk", tally: bulk},
+	)
+	return critical, bulk
 }
 
 // TestFlashCrowdWithoutSlowStart is the control of TestFlashCrowdIsAdmitted:
@@ -287,14 +304,9 @@ func TestFlashCrowdOnAFixedCapacity(t *testing.T) {
 		const capacity = 20
 		var e events
 		h := crowdServer(t, capacity, &e)
-		c := &http.Client{Transport: httptestutil.InMemory(h)}
-		var critical, bulk crowdTally
-		runCrowd(c, "http://svc.test/",
-			crowdGroup{callers: crowdCalm, calm: true, prio: "critical", tally: &critical},
-			crowdGroup{callers: crowdSize - crowdCalm, prio: "bulk", tally: &bulk},
-		)
+		critical, bulk := runFixed(&http.Client{Transport: httptestutil.InMemory(h)}, "http://svc.test/")
 		synctest.Wait()
 		t.Logf("limit %s", e.trace(16))
-		checkFixedCrowd(t, &critical, &bulk, capacity, h.limiter.Limit())
+		checkFixedCrowd(t, critical, bulk, capacity, h.limiter.Limit())
 	})
 }
