@@ -28,9 +28,8 @@ import (
 // lease below for how. The store is asked from a goroutine that lives for
 // one ask, started by a call; there is never more than one per scope.
 //
-// AcquireFor is the method to call; Acquire is AcquireFor for a Critical
-// call. Neither allocates unless it waits (then one timer) or starts an
-// ask. A refusal is reported to the caller as ErrRateLimited with a
+// AcquireFor is the method to call. It does not allocate unless it waits
+// (then one timer) or starts an ask. A refusal is reported to the caller as ErrRateLimited with a
 // RetryAfter hint: the time until the bucket holds a token the call may
 // take, if nobody else takes it first, or until the store is asked again.
 //
@@ -416,11 +415,6 @@ func await(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
 		return false
 	}
 	return true
-}
-
-// decide is decideFor a Critical call.
-func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision {
-	return l.decideFor(now, waitUntil, fresh, shedding.Critical)
 }
 
 // decideFor takes a leased token for a call of priority p at now, or says

@@ -198,7 +198,7 @@ func TestLeasePrioritySteps(t *testing.T) {
 // call goes to the local bucket under its reserve, without waiting.
 func TestSharedFallbackPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := &failingStore{}
+		store := &fakeStore{down: true}
 		l := newShared(policy.RateLimit{PerSecond: 10, Burst: 5, MaxWait: time.Second, FailOpen: true}, store, nil)
 		ctx := context.Background()
 		l.AcquireFor(ctx, time.Now(), shedding.Bulk) // the first ask fails
@@ -218,13 +218,6 @@ func TestSharedFallbackPriority(t *testing.T) {
 		}
 		time.Sleep(time.Second) // the backoff's asks end
 	})
-}
-
-// failingStore fails every ask.
-type failingStore struct{}
-
-func (failingStore) Take(context.Context, string, int) (int, time.Duration, error) {
-	return 0, 0, context.DeadlineExceeded
 }
 
 func TestRateLimiterPriorityAllocs(t *testing.T) {

@@ -172,3 +172,8 @@ func TestRateLimiterAllocs(t *testing.T) {
 func (l *RateLimiter) Acquire(ctx context.Context, now time.Time) (ok bool, retryAfter time.Duration) {
 	return l.AcquireFor(ctx, now, shedding.Critical)
 }
+
+// decide is decideFor a Critical call, the tests' shorthand as Acquire is.
+func (l *RateLimiter) decide(now, waitUntil time.Time, fresh bool) leaseDecision {
+	return l.decideFor(now, waitUntil, fresh, shedding.Critical)
+}
