@@ -553,7 +553,15 @@ func (b *Breaker) relativeTrip() float64 {
 	if b.samples == 0 {
 		return WarmupTrip
 	}
-	return min(breakerTripCeiling, max(breakerTripFloor, breakerTripFactor*b.baseline))
+	return RelativeTrip(b.baseline)
+}
+
+// RelativeTrip is the relative trip point for a baseline failure rate:
+// breakerTripFactor times it, within [breakerTripFloor, breakerTripCeiling].
+// A key's lanes judge a lane by the same rule, the other lanes' rate as its
+// baseline.
+func RelativeTrip(baseline float64) float64 {
+	return min(breakerTripCeiling, max(breakerTripFloor, breakerTripFactor*baseline))
 }
 
 // tripPoint returns the lower of the relative trip point and FailureRatio

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -74,12 +75,6 @@ const (
 	// MinCalls is 20).
 	interval = 10 * time.Second
 	minCalls = 20
-	// The rate trip, the breaker's relative rule with the other lanes as
-	// the baseline: min(rateCeiling, max(rateFloor, rateFactor × theirs)).
-	rateFactor  = 3.0
-	rateFloor   = 0.2
-	rateCeiling = 0.9
-
 	// firstRetry is the wait after a failed or empty Endpoints answer,
 	// doubled after each one up to Refresh.
 	firstRetry = time.Second
@@ -670,7 +665,7 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 		oc, of := calls-l.calls, failures-l.failures
 		if l.calls >= minCalls && oc >= minCalls && !l.ejectedAt(t) {
 			theirs := float64(of) / float64(oc)
-			trip := min(rateCeiling, max(rateFloor, rateFactor*theirs))
+			trip := gate.RelativeTrip(theirs) // the breaker's rule, the other lanes as the baseline
 			if float64(l.failures)/float64(l.calls) >= trip {
 				outliers = append(outliers, l)
 			}
