@@ -263,6 +263,16 @@ func (r *round) hedge(now time.Time) {
 		return
 	}
 
+	// A body the first leg is still sending is waited for before any
+	// gate is asked: unadmit gives back a permit, not what admitting
+	// spent (a rate limit's token), and the hedge passes the gates when
+	// it is sent.
+	if r.bodyPending() {
+		if !r.awaitBody() {
+			c.suppress(policy.HedgeBodyPending)
+		}
+		return
+	}
 	l := new(leg)
 	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
 		c.suppress(policy.HedgeRejected)
@@ -271,9 +281,7 @@ func (r *round) hedge(now time.Time) {
 	body, why := r.body()
 	if why != 0 {
 		c.unadmit(l, now)
-		if why != policy.HedgeBodyPending || !r.awaitBody() {
-			c.suppress(why)
-		}
+		c.suppress(why)
 		return
 	}
 
@@ -328,11 +336,19 @@ func (r *round) hedge(now time.Time) {
 	}
 }
 
+// bodyPending reports whether the first leg is still sending a body
+// without GetBody that the hedge could replay once it is complete. Once
+// false it stays false.
+func (r *round) bodyPending() bool {
+	rb := r.c.rb
+	return r.getBody == nil && rb != nil && rb.Err() == nil && !rb.TooLarge() && !rb.Complete()
+}
+
 // body returns a hedge leg's body, or why it has none: GetBody failed, or
-// a body without GetBody is not yet, or cannot be, replayed from its copy.
-// A hedge never reads the caller's body itself: while the first leg is
-// still sending it (HedgeBodyPending), the hedge waits for it (see
-// awaitBody), and the first leg goes on.
+// a body without GetBody cannot be replayed from its copy. A hedge never
+// reads the caller's body itself: while the first leg is still sending it
+// (bodyPending), the hedge waits for it (see awaitBody), and the first leg
+// goes on.
 func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 	switch rb := r.c.rb; {
 	case r.getBody != nil:
@@ -348,6 +364,8 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 	case rb.TooLarge():
 		return nil, policy.HedgeBodyTooLarge
 	case !rb.Complete():
+		// Not after bodyPending said false: a body is never pending
+		// again once complete, failed or too large.
 		return nil, policy.HedgeBodyPending
 	}
 	// Complete: the hedge replays the copy alone, and never reads on

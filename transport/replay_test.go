@@ -434,6 +434,40 @@ func TestHedgeWaitsForTheBodyStillSending(t *testing.T) {
 	})
 }
 
+// TestHedgeWaitingForTheBodyTakesOneToken: a hedge that waits for the
+// body the first leg is still sending passes the gates once, when it is
+// sent: with a rate limit of exactly one token a wire call (30 warm-up
+// calls, the first leg and its hedge), the hedge is sent, not refused for
+// a token its wait spent.
+func TestHedgeWaitingForTheBodyTakesOneToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		payload := randomBytes(4 << 10)
+		base := &legBase{latency: func(i int) time.Duration {
+			if i == 30 {
+				return 300 * time.Millisecond
+			}
+			return 10 * time.Millisecond
+		}}
+		ev := &hedgeEvents{}
+		set := hedgeSet()
+		set.RateLimit = &policy.RateLimit{PerSecond: 0.0001, Burst: 32}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 30)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://up.test/", trickle(payload))
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v, %v", resp, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		synctest.Wait()
+		if started, _ := ev.counts(); started != 1 {
+			t.Fatalf("hedges started %d, suppressed as rejected %d; want 1 and 0: the wait for the body spent a token",
+				started, ev.reason(policy.HedgeRejected))
+		}
+	})
+}
+
 // TestHedgeWithTheBodyNeverComplete: a hedge that comes due while the
 // first leg is still sending a body without GetBody waits for the body,
 // and when the first leg answers before sending all of it (the server did
