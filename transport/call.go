@@ -420,31 +420,21 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	} else {
 		d = r.Backoff(c.retries, rand.Float64())
 	}
-	if resp != nil && r.MaxRetryAfter >= 0 && pushesBack(resp.StatusCode) {
-		if v := resp.Header.Get("Retry-After"); v != "" {
-			ra, ok := httpx.ParseRetryAfter(v, now)
-			switch {
-			case !ok:
-				c.t.malformed(c.ctx, c.s, "Retry-After", v)
-			case ra > r.MaxRetryAfter:
-				return 0, policy.SkipRetryAfter
-			default:
-				d = max(d, ra)
-			}
+	if v := httpx.PushbackValue(resp); v != "" && r.MaxRetryAfter >= 0 {
+		ra, ok := httpx.ParseRetryAfter(v, now)
+		switch {
+		case !ok:
+			c.t.malformed(c.ctx, c.s, "Retry-After", v)
+		case ra > r.MaxRetryAfter:
+			return 0, policy.SkipRetryAfter
+		default:
+			d = max(d, ra)
 		}
 	}
 	if dl, ok := c.ctx.Deadline(); ok && !now.Add(d).Before(dl) {
 		return 0, policy.SkipDeadline
 	}
 	return d, 0
-}
-
-// pushesBack reports whether a response's status is one whose
-// Retry-After a retry waits for: 429 Too Many Requests or 503 Service
-// Unavailable, the server asking to be called later, as the throttler
-// reads them. Any other status's Retry-After is not read.
-func pushesBack(code int) bool {
-	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
 }
 
 // buffers reports whether the call keeps a copy of the request's body as

@@ -94,10 +94,8 @@ func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Rep
 		now = timing.Since(l.took)
 	}
 	var hold time.Duration
-	if resp != nil && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
-		if vs := resp.Header["Retry-After"]; len(vs) > 0 {
-			hold, _ = httpx.ParseRetryAfter(vs[0], now)
-		}
+	if v := httpx.PushbackValue(resp); v != "" {
+		hold, _ = httpx.ParseRetryAfter(v, now)
 	}
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, hold)
 	l.lane = nil

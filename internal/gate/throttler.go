@@ -505,15 +505,11 @@ func (t *Throttler) Done(now time.Time, o policy.Outcome, accepted bool, resp *h
 	if u := t.held.Load(); u != 0 && accepted && o.Evidence() && t.offset(now) < u {
 		t.accepted(now)
 	}
-	if resp == nil || t.maxPush <= 0 ||
-		resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+	v := httpx.PushbackValue(resp)
+	if v == "" || t.maxPush <= 0 {
 		return Pushback{}
 	}
-	vs := resp.Header["Retry-After"]
-	if len(vs) == 0 {
-		return Pushback{}
-	}
-	ra, ok := httpx.ParseRetryAfter(vs[0], now)
+	ra, ok := httpx.ParseRetryAfter(v, now)
 	if !ok || ra <= 0 || ra > t.maxPush {
 		return Pushback{}
 	}

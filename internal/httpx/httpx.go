@@ -19,6 +19,21 @@ import (
 	"unicode/utf8"
 )
 
+// PushbackValue returns the Retry-After value of a response that asks to
+// be called later, a 429 Too Many Requests or a 503 Service Unavailable,
+// and "" for any other response or none. Every reader of pushback (the
+// throttler, a retry's backoff, a lane's hold) asks it, so that another
+// status's Retry-After is read by none.
+func PushbackValue(resp *http.Response) string {
+	if resp == nil || resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		return ""
+	}
+	if vs := resp.Header["Retry-After"]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
 // ParseRetryAfter returns the wait a Retry-After header value asks for, as
 // delta-seconds or an HTTP-date relative to now (RFC 9110 §10.2.3), and
 // whether the value was valid. A date in the past is a wait of zero. An

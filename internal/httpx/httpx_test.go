@@ -235,3 +235,29 @@ func TestReported(t *testing.T) {
 		}
 	}
 }
+
+func TestPushbackValue(t *testing.T) {
+	with := func(code int, vs ...string) *http.Response {
+		h := http.Header{}
+		for _, v := range vs {
+			h.Add("Retry-After", v)
+		}
+		return &http.Response{StatusCode: code, Header: h}
+	}
+	for _, c := range []struct {
+		name string
+		resp *http.Response
+		want string
+	}{
+		{"none", nil, ""},
+		{"429", with(429, "3"), "3"},
+		{"503, the first value", with(503, "7", "9"), "7"},
+		{"503 without", with(503), ""},
+		{"500", with(500, "3"), ""},
+		{"301", with(301, "3"), ""},
+	} {
+		if got := PushbackValue(c.resp); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
