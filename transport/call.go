@@ -79,7 +79,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	c.narrow(&o)
 	c.prio, c.named = t.priority(req, c.s)
-	if c.s.throttle != nil || c.s.limiter != nil {
+	if c.s.throttle != nil || c.s.limiter != nil || c.s.chain.propagate {
 		c.tenant = t.tenant(req)
 	}
 	resp, err := c.run()
@@ -191,7 +191,7 @@ type call struct {
 	start  time.Time
 	prio   shedding.Priority
 	named  bool   // prio is the context's or a header's, not the default
-	tenant string // read only when a gate is fair between tenants
+	tenant string // read only when a gate is fair between tenants, or for Propagate
 
 	// What the call may do: its key's set, as an Override narrows it.
 	attempts int           // wire attempts in all

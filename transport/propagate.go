@@ -31,7 +31,7 @@ func (c *call) stamp(l *leg) {
 		prio = c.prio.String()
 		n++
 	}
-	if v := t.tenant(c.req); v != "" { // c.tenant is read only for the gates
+	if v := c.tenant; v != "" {
 		if validHeaderValue(v) {
 			id = v
 			n++
