@@ -230,7 +230,6 @@ type Set[P any] struct {
 	mu        sync.Mutex
 	intervalT int64 // ns: the start of the current interval
 	draining  []*Lane[P]
-	resolved  bool // Endpoints has answered with a good set
 	backoff   time.Duration
 	ignored   int
 }

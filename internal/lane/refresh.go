@@ -72,7 +72,7 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	var kept, sum float64
 	for m := old.mask; m != 0; m &= m - 1 {
 		l := old.lanes[bits.TrailingZeros64(m)]
-		if s.resolved && slices.Contains(uniq, l.Addr) {
+		if slices.Contains(uniq, l.Addr) { // never the first lane, dialing the request's own address ("")
 			nv.lanes[l.Index] = l
 			nv.mask |= 1 << l.Index
 			kept++
@@ -91,7 +91,8 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 		est = sum / kept
 	}
 	for _, a := range uniq {
-		if s.resolved && slices.ContainsFunc(old.lanes[:], func(l *Lane[P]) bool { return l != nil && l.Addr == a && nv.lanes[l.Index] == l }) {
+		if slices.ContainsFunc(nv.lanes[:], func(l *Lane[P]) bool { return l != nil && l.Addr == a }) { // kept
+
 			continue
 		}
 		i := bits.TrailingZeros64(^nv.mask)
@@ -101,7 +102,6 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 		nv.mask |= 1 << i
 	}
 	nv.n = bits.OnesCount64(nv.mask)
-	s.resolved = true
 	s.view.Store(nv)
 	s.reblockLocked(t)
 	return drained
