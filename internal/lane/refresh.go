@@ -92,7 +92,6 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	}
 	for _, a := range uniq {
 		if slices.ContainsFunc(nv.lanes[:], func(l *Lane[P]) bool { return l != nil && l.Addr == a }) { // kept
-
 			continue
 		}
 		i := bits.TrailingZeros64(^nv.mask)
