@@ -1,6 +1,7 @@
 package transport_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -280,29 +281,36 @@ func (l flakyListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// flakyTable is one scenario's figures, logged as a fixed-width table.
-type flakyTable struct {
-	cols []string
-	rows [][]string
-	miss []string
+// figureTable is one scenario's figures, logged as a fixed-width table,
+// with notes under it and the targets missed.
+type figureTable struct {
+	// name and cell are the widths of the first column and of the
+	// others; zero is 28 and 10.
+	name, cell  int
+	cols        []string
+	rows        [][]string
+	miss, notes []string
 }
 
-func (tb *flakyTable) row(cells ...string) { tb.rows = append(tb.rows, cells) }
+func (tb *figureTable) row(cells ...string) { tb.rows = append(tb.rows, cells) }
 
 // check records a missed target: what was measured against what was asked.
-func (tb *flakyTable) check(ok bool, format string, args ...any) {
+func (tb *figureTable) check(ok bool, format string, args ...any) {
 	if !ok {
 		tb.miss = append(tb.miss, fmt.Sprintf(format, args...))
 	}
 }
 
-func (tb *flakyTable) log(t *testing.T, title string) {
+func (tb *figureTable) note(s string) { tb.notes = append(tb.notes, s) }
+
+func (tb *figureTable) log(t *testing.T, title string) {
 	t.Helper()
+	name, cell := cmp.Or(tb.name, 28), cmp.Or(tb.cell, 10)
 	line := func(cells []string) string {
 		var b strings.Builder
-		fmt.Fprintf(&b, "%-28s", cells[0])
+		fmt.Fprintf(&b, "%-*s", name, cells[0])
 		for _, c := range cells[1:] {
-			fmt.Fprintf(&b, " %10s", c)
+			fmt.Fprintf(&b, " %*s", cell, c)
 		}
 		return b.String()
 	}
@@ -310,6 +318,7 @@ func (tb *flakyTable) log(t *testing.T, title string) {
 	for _, r := range tb.rows {
 		out = append(out, line(r))
 	}
+	out = append(out, tb.notes...)
 	t.Logf("\n%s", strings.Join(out, "\n"))
 	for _, m := range tb.miss {
 		t.Error(m)
@@ -359,7 +368,7 @@ func flakyEnd(cancel context.CancelFunc, waits []func(), cs []*flakyClient, clos
 func flakySteadyScenario(t *testing.T, d time.Duration) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const rate = 2000
-	tb := &flakyTable{cols: []string{"20% failing, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "opens", "err rate", "trip"}}
+	tb := &figureTable{cols: []string{"20% failing, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "opens", "err rate", "trip"}}
 	for _, v := range []struct {
 		name  string
 		fault httptestutil.Fault
@@ -420,7 +429,7 @@ func flakyFreshResets(t *testing.T, d time.Duration) {
 	const rate = 2000
 	set := flakyDefault()
 	set.Hedge = &policy.Hedge{}
-	tb := &flakyTable{cols: []string{"fresh conns, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "hedges", "extra/call", "opens", "skipped"}}
+	tb := &figureTable{cols: []string{"fresh conns, " + d.String(), "calls/s", "success", "wire/call", "conns/call", "retries", "hedges", "extra/call", "opens", "skipped"}}
 	for _, v := range []struct {
 		name string
 		p    float64
@@ -515,7 +524,7 @@ func flakyOutage(t *testing.T) {
 		outage = 8 * time.Second
 		after  = 8 * time.Second
 	)
-	tb := &flakyTable{cols: []string{"8s outage", "success", "first ok", "wire/s", "calls", "opens"}}
+	tb := &figureTable{cols: []string{"8s outage", "success", "first ok", "wire/s", "calls", "opens"}}
 	for _, variant := range []string{"refused", "503"} {
 		cs := flakyClients(t, flakyDefault(), false)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -602,7 +611,7 @@ func flakyJump(t *testing.T) {
 		calm  = 16 * time.Second
 		storm = 4 * time.Second
 	)
-	tb := &flakyTable{cols: []string{"5% -> 60%", "calm ok", "storm ok", "calm opens", "err rate", "trip", "opened in"}}
+	tb := &figureTable{cols: []string{"5% -> 60%", "calm ok", "storm ok", "calm opens", "err rate", "trip", "opened in"}}
 	cs := flakyClients(t, flakyDefault(), false)
 	ctx, cancel := context.WithCancel(t.Context())
 	var waits []func()

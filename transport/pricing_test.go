@@ -225,7 +225,7 @@ func runPricing(t *testing.T, set policy.Set, base http.RoundTripper, url string
 // scenario with no RateLimit, and fails the test on each target f missed.
 func (f *pricingFigures) report(t *testing.T, title string, without *pricingFigures) {
 	t.Helper()
-	tb := &flakyTable{cols: []string{"figure", "RateLimit", "none", "target"}}
+	tb := &figureTable{cols: []string{"figure", "RateLimit", "none", "target"}}
 	row := func(name string, cell func(*pricingFigures) string, target string) {
 		tb.row(name, cell(f), cell(without), target)
 	}

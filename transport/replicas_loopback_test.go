@@ -103,12 +103,12 @@ type replCase struct {
 	check    replChk // the targets of the Replicas row
 }
 
-type replChk func(tb *replTable, r replResult, ref time.Duration, haveRef bool)
+type replChk func(tb *figureTable, r replResult, ref time.Duration, haveRef bool)
 
 func replCases() []replCase {
 	return []replCase{
 		{name: "1-none-degraded"},
-		{name: "2-slow", slow: true, check: func(tb *replTable, r replResult, ref time.Duration, haveRef bool) {
+		{name: "2-slow", slow: true, check: func(tb *figureTable, r replResult, ref time.Duration, haveRef bool) {
 			tb.check(r.degShare() <= 0.02, "slow replica: it answered %.2f%% of the replicas' answers, target <= 2%%", 100*r.degShare())
 			if haveRef {
 				tb.check(float64(r.p99) <= 1.5*float64(ref), "slow replica: p99 %v, target <= 1.5 × case 1's %v = %v", replMS(r.p99), replMS(ref), replMS(time.Duration(1.5*float64(ref))))
@@ -117,12 +117,12 @@ func replCases() []replCase {
 			}
 			tb.check(r.wirePerCall() <= 1.15, "slow replica: %.3f wire calls per call, target <= 1.15", r.wirePerCall())
 		}},
-		{name: "3-half-503", failHalf: true, check: func(tb *replTable, r replResult, _ time.Duration, _ bool) {
-			tb.check(r.success() >= 0.995, "half-503 replica: %s of calls succeeded, target >= 99.5%%", replPct(r.oks, r.calls))
+		{name: "3-half-503", failHalf: true, check: func(tb *figureTable, r replResult, _ time.Duration, _ bool) {
+			tb.check(r.success() >= 0.995, "half-503 replica: %s of calls succeeded, target >= 99.5%%", pct(r.oks, r.calls))
 			tb.check(r.opens() == 0, "half-503 replica: the key's breaker opened %d times (per client %v), target 0", r.opens(), r.opensPer)
 			tb.check(r.wirePerCall() <= 1.2, "half-503 replica: %.3f wire calls per call, target <= 1.2", r.wirePerCall())
 		}},
-		{name: "4-all-503", failAll: true, check: func(tb *replTable, r replResult, _ time.Duration, _ bool) {
+		{name: "4-all-503", failAll: true, check: func(tb *figureTable, r replResult, _ time.Duration, _ bool) {
 			tb.check(!slices.Contains(r.opensPer, 0), "all failing: the key's breaker opened in %d of %d clients (openings per client %v), target every one", replCountNonZero(r.opensPer), len(r.opensPer), r.opensPer)
 		}},
 	}
@@ -258,7 +258,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 		}
 	}
 
-	tb := &replTable{cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "conns", "retries", "hedges", "opens", "ejections", "lanes"}}
+	tb := &figureTable{name: 24, cell: 9, cols: []string{path + " " + proto + ", " + d.String(), "calls/s", "success", "p50", "p99", "degraded", "wire/call", "conns", "retries", "hedges", "opens", "ejections", "lanes"}}
 	for i, r := range rows {
 		res := r.load.result(r.reps, r.fleet)
 		refKey := path + "/" + proto + "/" + replRows[i]
@@ -274,7 +274,7 @@ func replRun(t *testing.T, path, proto string, c replCase, d time.Duration, ref 
 			retries, hedges = fmt.Sprint(res.retries), fmt.Sprint(res.hedges)
 			opens, ejections = fmt.Sprint(res.opens()), fmt.Sprint(res.ejections)
 		}
-		tb.row(replRows[i], fmt.Sprintf("%.0f", float64(res.calls)/took), replPct(res.oks, res.calls),
+		tb.row(replRows[i], fmt.Sprintf("%.0f", float64(res.calls)/took), pct(res.oks, res.calls),
 			replMS(res.p50), replMS(res.p99), fmt.Sprintf("%.2f%%", 100*res.degShare()),
 			fmt.Sprintf("%.3f", res.wirePerCall()), fmt.Sprint(res.conns), retries, hedges, opens, ejections, lanes[i])
 	}
@@ -683,9 +683,9 @@ func (l *replLoad) result(reps []*replReplica, fleet []*replClient) replResult {
 	return r
 }
 
-func (r replResult) success() float64     { return replRatio(r.oks, r.calls) }
-func (r replResult) wirePerCall() float64 { return replRatio(r.wire, r.calls) }
-func (r replResult) degShare() float64    { return replRatio(r.deg, r.answered) }
+func (r replResult) success() float64     { return ratio(r.oks, r.calls) }
+func (r replResult) wirePerCall() float64 { return ratio(r.wire, r.calls) }
+func (r replResult) degShare() float64    { return ratio(r.deg, r.answered) }
 
 func (r replResult) opens() int64 {
 	var n int64
@@ -704,20 +704,6 @@ func replQuantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-func replRatio(n, of int64) float64 {
-	if of == 0 {
-		return 0
-	}
-	return float64(n) / float64(of)
-}
-
-func replPct(n, of int64) string {
-	if of == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f%%", 100*float64(n)/float64(of))
-}
-
 func replMS(d time.Duration) string {
 	return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 }
@@ -730,44 +716,4 @@ func replCountNonZero(ns []int64) int {
 		}
 	}
 	return k
-}
-
-// replTable is one case's figures, logged as a fixed-width table, with the
-// targets missed.
-type replTable struct {
-	cols        []string
-	rows        [][]string
-	miss, notes []string
-}
-
-func (tb *replTable) row(cells ...string) { tb.rows = append(tb.rows, cells) }
-
-// check records a missed target: what was measured against what was asked.
-func (tb *replTable) check(ok bool, format string, args ...any) {
-	if !ok {
-		tb.miss = append(tb.miss, fmt.Sprintf(format, args...))
-	}
-}
-
-func (tb *replTable) note(s string) { tb.notes = append(tb.notes, s) }
-
-func (tb *replTable) log(t *testing.T, title string) {
-	t.Helper()
-	line := func(cells []string) string {
-		var b strings.Builder
-		fmt.Fprintf(&b, "%-24s", cells[0])
-		for _, c := range cells[1:] {
-			fmt.Fprintf(&b, " %9s", c)
-		}
-		return b.String()
-	}
-	out := []string{title, line(tb.cols)}
-	for _, r := range tb.rows {
-		out = append(out, line(r))
-	}
-	out = append(out, tb.notes...)
-	t.Logf("\n%s", strings.Join(out, "\n"))
-	for _, m := range tb.miss {
-		t.Error(m)
-	}
 }
