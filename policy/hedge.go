@@ -142,10 +142,13 @@ func (h Hedge) WithDefaults() Hedge {
 type SuppressReason uint8
 
 // The hedging gates. When a hedge timer fires they are asked in this
-// order: HedgeWarming to HedgeValue, then the admission gates
-// (HedgeRejected), then the body (HedgeBodyError, HedgeBodyPending,
-// HedgeBodyTooLarge), and the budget last (HedgeBudget), so that a token
-// is spent only on a hedge that starts.
+// order: HedgeWarming to HedgeValue; a body still being sent is waited
+// for (HedgeBodyPending if the first leg answers first); a budget with no
+// token refuses (HedgeBudget) before the admission gates are asked
+// (HedgeRejected), since what admitting spends (a rate limit's token) is
+// not given back; then the body (HedgeBodyError, HedgeBodyTooLarge); and
+// the budget is charged last, so that its token is spent only on a hedge
+// that starts.
 const (
 	// HedgeWarming: the latency window holds fewer than MinSamples,
 	// so there is no threshold yet. Counted once per round (each first

@@ -317,3 +317,42 @@ func TestNoRefundForATokenNotWithdrawn(t *testing.T) {
 		}
 	})
 }
+
+// TestBudgetRefusedHedgesSpendNoRateLimit: a hedge the budget refuses is
+// not sent, and spends none of the rate limit's tokens, however many times
+// its round asks again. The budget holds one hedge, which the first slow
+// call's losing hedge spends; the second slow call's hedges are all
+// refused; the rate limit has exactly a token for each wire call (30
+// warm-up calls, two legs, one, one), so the third call is admitted only
+// if the refused hedges took none.
+func TestBudgetRefusedHedgesSpendNoRateLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &legBase{latency: func(i int) time.Duration {
+			switch i {
+			case 30:
+				return 20 * time.Millisecond // the first slow call's first leg, which wins
+			case 31, 32:
+				return 300 * time.Millisecond // its hedge, which loses; the second slow call
+			}
+			return 10 * time.Millisecond
+		}}
+		ev := &hedgeEvents{}
+		set := hedgeSet()
+		set.Budget = policy.Budget{Ratio: 0.0001, MinPerSecond: -1, Max: 1}
+		set.RateLimit = &policy.RateLimit{PerSecond: 0.0001, Burst: 34}
+		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
+		warm(t, tr, 30)
+		for i := range 3 {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://up.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatalf("call %d after the warm-up: %v (hedges suppressed for the budget %d)", i+1, err, ev.reason(policy.HedgeBudget))
+			}
+			resp.Body.Close()
+			synctest.Wait()
+		}
+		if started, _ := ev.counts(); started != 1 || ev.reason(policy.HedgeBudget) == 0 {
+			t.Fatalf("hedges started %d, suppressed for the budget %d; want 1 and some", started, ev.reason(policy.HedgeBudget))
+		}
+	})
+}

@@ -273,6 +273,19 @@ func (r *round) hedge(now time.Time) {
 		}
 		return
 	}
+	// A hedge the budget would refuse is refused before the gates are
+	// asked, for the same reason: what admitting spends is not all given
+	// back. The budget is charged below, once the leg is sure to start.
+	if !c.s.budget.CanHedge(now) {
+		r.mu.Lock()
+		ended := r.budgetRefusedLocked(now)
+		firing = firing && ended
+		r.mu.Unlock()
+		if !ended {
+			c.suppress(policy.HedgeBudget)
+		}
+		return
+	}
 	l := new(leg)
 	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
 		c.suppress(policy.HedgeRejected)
@@ -294,17 +307,9 @@ func (r *round) hedge(now time.Time) {
 	// threshold later, three times, then backing off (two, four, ...), so
 	// that the timer work of a round whose budget stays empty is bounded.
 	r.mu.Lock()
-	ended := r.over || r.live >= r.max || c.wire >= c.attempts
-	if ended || !c.s.budget.WithdrawHedge(now) {
-		if !ended {
-			// Done deciding before the timer can fire again, so that
-			// the next fire's decision is the one the round waits for.
-			r.firing, firing = false, false
-			r.cond.Broadcast()
-			r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
-			r.refused++
-			r.armLocked(now)
-		}
+	if r.ended() || !c.s.budget.WithdrawHedge(now) {
+		ended := r.budgetRefusedLocked(now)
+		firing = firing && ended
 		r.mu.Unlock()
 		closeBody(body)
 		c.unadmit(l, now)
@@ -334,6 +339,29 @@ func (r *round) hedge(now time.Time) {
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
 		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
 	}
+}
+
+// ended reports whether the round can send no more legs: it is over, or
+// at MaxConcurrent legs, or the call's Attempts are spent. r.mu is held.
+func (r *round) ended() bool {
+	return r.over || r.live >= r.max || r.c.wire >= r.c.attempts
+}
+
+// budgetRefusedLocked ends a hedge's decision for a budget with no token:
+// unless the round has ended, it asks again one threshold later (three
+// times, then backing off), done deciding before the timer can fire
+// again, so that the next fire's decision is the one the round waits for.
+// It reports whether the round had ended. r.mu is held.
+func (r *round) budgetRefusedLocked(now time.Time) (ended bool) {
+	if r.ended() {
+		return true
+	}
+	r.firing = false
+	r.cond.Broadcast()
+	r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
+	r.refused++
+	r.armLocked(now)
+	return false
 }
 
 // bodyPending reports whether the first leg is still sending a body

@@ -302,3 +302,25 @@ func TestBudgetTakeBackEarnsNoHedges(t *testing.T) {
 		t.Fatal("calls taken back earned a hedge")
 	}
 }
+
+// TestBudgetCanHedge: CanHedge answers what WithdrawHedge would, and
+// takes nothing.
+func TestBudgetCanHedge(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBudget(policy.Budget{Ratio: 0.2, MinPerSecond: -1, Max: 2}, now)
+	for range 3 {
+		if !b.CanHedge(now) {
+			t.Fatal("a full budget cannot hedge")
+		}
+	}
+	if !b.WithdrawHedge(now) {
+		t.Fatal("a full budget refused a hedge")
+	}
+	if b.CanHedge(now) || b.WithdrawHedge(now) {
+		t.Fatal("a budget whose one hedge is spent can hedge")
+	}
+	var off *Budget
+	if !off.CanHedge(now) {
+		t.Fatal("no budget refuses a hedge")
+	}
+}
