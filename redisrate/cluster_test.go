@@ -361,21 +361,7 @@ func testClusterMasterFails(t *testing.T, hang bool) {
 	var wg sync.WaitGroup
 	for _, d := range drivers {
 		wg.Go(func() {
-			tick := time.NewTicker(time.Millisecond)
-			defer tick.Stop()
-			for {
-				start := time.Now()
-				ok, limited, err := getOn(d.tr, d.host)
-				if !ok && !limited {
-					t.Errorf("a call failed otherwise than rate limited: %v", err)
-				}
-				d.calls = append(d.calls, call{start, time.Since(start), ok, limited})
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-			}
+			d.calls = drive(t, stop, func() (bool, bool, error) { return getOn(d.tr, d.host) })
 		})
 	}
 
@@ -483,15 +469,7 @@ func (d *clusterDriver) check(t *testing.T, start, failed, over time.Time, share
 		t.Errorf("%s: a call took %v, want at most StoreTimeout (%v)", name, longest, timeout)
 	}
 
-	rate := func(from, to time.Time) (float64, int) {
-		n := 0
-		for _, c := range d.calls {
-			if c.admitted && !c.at.Before(from) && c.at.Before(to) {
-				n++
-			}
-		}
-		return float64(n) / to.Sub(from).Seconds(), n
-	}
+	rate := func(from, to time.Time) (float64, int) { return admittedRate(d.calls, from, to) }
 	settle := 200 * time.Millisecond
 	before, _ := rate(start.Add(settle), failed)
 	during, inDown := rate(down.at.Add(settle), minTime(over, up.at))

@@ -20,6 +20,39 @@ type call struct {
 	rateLimited bool
 }
 
+// drive calls get every millisecond until stop is closed, and returns the
+// calls it made; a call neither admitted nor rate limited fails t.
+func drive(t *testing.T, stop <-chan struct{}, get func() (ok, limited bool, err error)) []call {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	var calls []call
+	for {
+		start := time.Now()
+		ok, limited, err := get()
+		if !ok && !limited {
+			t.Errorf("a call failed otherwise than rate limited: %v", err)
+		}
+		calls = append(calls, call{start, time.Since(start), ok, limited})
+		select {
+		case <-stop:
+			return calls
+		case <-tick.C:
+		}
+	}
+}
+
+// admittedRate returns the admitted calls a second among those started in
+// [from, to), and how many they are.
+func admittedRate(calls []call, from, to time.Time) (float64, int) {
+	n := 0
+	for _, c := range calls {
+		if c.admitted && !c.at.Before(from) && c.at.Before(to) {
+			n++
+		}
+	}
+	return float64(n) / to.Sub(from).Seconds(), n
+}
+
 // move is one store transition as the Observer heard it.
 type move struct {
 	at       time.Time
@@ -80,21 +113,7 @@ func testFailover(t *testing.T, failOpen, hang bool) {
 	driven := make(chan struct{})
 	go func() {
 		defer close(driven)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			start := time.Now()
-			ok, limited, err := roundTrip(tr)
-			if !ok && !limited {
-				t.Errorf("a call failed otherwise than rate limited: %v", err)
-			}
-			calls = append(calls, call{start, time.Since(start), ok, limited})
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-		}
+		calls = drive(t, stop, func() (bool, bool, error) { return roundTrip(tr) })
 	}()
 
 	start := time.Now()
@@ -161,15 +180,7 @@ func testFailover(t *testing.T, failOpen, hang bool) {
 	// Rates: the shared limit before the failure and after its return,
 	// the local one (or none) in between. Each span leaves out the first
 	// 200ms after a change.
-	rate := func(from, to time.Time) (float64, int) {
-		n := 0
-		for _, c := range calls {
-			if c.admitted && !c.at.Before(from) && c.at.Before(to) {
-				n++
-			}
-		}
-		return float64(n) / to.Sub(from).Seconds(), n
-	}
+	rate := func(from, to time.Time) (float64, int) { return admittedRate(calls, from, to) }
 	settle := 200 * time.Millisecond
 	before, _ := rate(start.Add(settle), failed)
 	// Redis may answer before restart returns: the span ends at whichever
