@@ -166,7 +166,7 @@ func runClient(env clientEnv) error {
 				rec.add(r)
 			},
 		}
-		t, err := transport.New(transport.Config{
+		tr, err := transport.New(transport.Config{
 			Policies: policy.Set{
 				Attempts: 3,
 				Retry:    &policy.Retry{},
@@ -180,9 +180,9 @@ func runClient(env clientEnv) error {
 		if err != nil {
 			return err
 		}
-		defer t.CloseIdleConnections()
-		rt = t
-		measured = func() int { return t.Measured(env.key).Lanes }
+		defer tr.CloseIdleConnections()
+		rt = tr
+		measured = func() int { return tr.Measured(env.key).Lanes }
 	default:
 		return fmt.Errorf("FLEETOPS_ROLE %q: want nethttp or resilix", env.role)
 	}

@@ -373,11 +373,13 @@ func (f *fleet) start(r *replica) time.Time {
 
 // stop stops the replica gracefully (SIGQUIT: nginx closes its listener
 // and idle keep-alive connections, finishes its requests and exits) and
-// waits for it, at most 10 s before it is killed.
+// waits for it, at most 10 s before it is killed. It may be called from
+// any goroutine.
 func (f *fleet) stop(r *replica) {
 	f.t.Helper()
 	if err := r.proc.signal(syscall.SIGQUIT); err != nil {
-		f.t.Fatal(err)
+		f.t.Errorf("SIGQUIT to nginx %s: %v", r.ip, err)
+		return
 	}
 	if !r.proc.wait(10 * time.Second) {
 		f.t.Logf("nginx %s still running 10s after SIGQUIT: killed", r.ip)
