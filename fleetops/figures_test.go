@@ -170,7 +170,11 @@ func errClass(msg string) string {
 		}
 	}
 	if i := strings.Index(msg, "resilix: "); i >= 0 {
-		return msg[i:min(len(msg), i+60)]
+		msg = msg[i:]
+		if j := strings.Index(msg, " ("); j >= 0 {
+			msg = msg[:j]
+		}
+		return msg
 	}
 	if i := strings.LastIndex(msg, ": "); i >= 0 {
 		msg = msg[i+2:]

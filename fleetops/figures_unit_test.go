@@ -2,7 +2,6 @@ package fleetops
 
 import (
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -89,8 +88,12 @@ func TestTally(t *testing.T) {
 	if got := quantile(tl.lats, 0.99); got != 9*time.Millisecond {
 		t.Errorf("p99 = %v, want 9ms", got)
 	}
-	if got := countsText(tl.errs); !strings.Contains(got, "refused 1") || !strings.Contains(got, "status 503 1") {
-		t.Errorf("errors %q, want refused 1 and status 503 1", got)
+	if got := countsText(tl.errs); got != "refused 1, status 503 1" {
+		t.Errorf("errors %q, want refused 1, status 503 1", got)
+	}
+	two := map[string]int{`Get "http://x/": dial tcp 127.0.0.2:80: connect: connection refused`: 1, `Post "http://x/": dial tcp 127.0.0.3:80: connect: connection refused`: 2, "context deadline exceeded": 1}
+	if got := countsText(two); got != "refused 3, deadline 1" {
+		t.Errorf("errors %q, want refused 3, deadline 1 (by class)", got)
 	}
 	if d, ok := firstAnswer(recs, "127.0.0.3", t0.Add(500*time.Millisecond)); !ok || d != 507*time.Millisecond {
 		t.Errorf("first answer of 127.0.0.3 = %v, %v; want 507ms", d, ok)
@@ -120,7 +123,7 @@ func TestErrClass(t *testing.T) {
 		`Get "http://svc.fleet.test:3000/": dial tcp 127.0.0.2:3000: connect: connection refused`:                 "refused",
 		`Post "http://svc.fleet.test:3000/": context deadline exceeded`:                                           "deadline",
 		`Get "http://svc.fleet.test:3000/": read tcp 127.0.0.1:5->127.0.0.2:3000: read: connection reset by peer`: "reset",
-		`Get "http://x/": resilix: circuit open (key x)`:                                                          "resilix: circuit open (key x)",
+		`Get "http://x/": resilix: circuit open (key "x", priority critical)`:                                     "resilix: circuit open",
 		`Get "http://x/": something else`:                                                                         "something else",
 	} {
 		if got := errClass(msg); got != want {

@@ -343,15 +343,21 @@ func (r *run) table(sc scenario) *table {
 
 func (r *run) since(sc scenario) map[string]time.Time { return sc.since(r) }
 
+// countsText names the errors of m (counts by error) by class, the most
+// frequent first.
 func countsText(m map[string]int) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
+	by := map[string]int{}
+	for k, n := range m {
+		by[errClass(k)] += n
+	}
+	keys := make([]string, 0, len(by))
+	for k := range by {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b string) int { return m[b] - m[a] })
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(by[b]-by[a], strings.Compare(a, b)) })
 	var parts []string
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %d", errClass(k), m[k]))
+		parts = append(parts, fmt.Sprintf("%s %d", k, by[k]))
 	}
 	return strings.Join(parts, ", ")
 }
