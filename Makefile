@@ -122,11 +122,12 @@ replicas:
 ## in, a slow replica and the clients' own stalls, each 10s measured after
 ## a 2s warm-up, then make replicas' TestReplicas; one table per run,
 ## checked against the issue's targets. FLEETOPS is all, or a list
-## (FLEETOPS=crash,freeze); FLEETOPS_RUNS the runs of each (default 3;
-## about 25 minutes in all). Installs nginx-light, libnginx-mod-http-echo,
-## dnsmasq and haproxy with apt-get as root, and skips otherwise. No
-## -race, for the reason given at flaky. make test builds it under -race
-## and skips it. Not piped through grep, so that a missed target fails make.
+## (FLEETOPS=crash,freeze); FLEETOPS_RUNS the runs of each (default 3:
+## about 18 minutes, 10 of them make replicas' runs). Installs
+## nginx-light, libnginx-mod-http-echo, dnsmasq and haproxy with apt-get
+## as root, and skips otherwise. No -race, for the reason given at flaky.
+## make test builds it under -race and skips it. Not piped through grep,
+## so that a missed target fails make.
 FLEETOPS ?= all
 FLEETOPS_RUNS ?= 3
 .PHONY: fleet-ops
