@@ -2,6 +2,8 @@ package fleetops
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -40,6 +42,7 @@ type clientEnv struct {
 	out     string
 	seed    uint64
 	idStamp string // the prefix of each call's X-Fleet-Id
+	ca      string // the replicas' certificate, "" in the clear
 }
 
 func clientEnvFrom() (clientEnv, error) {
@@ -65,6 +68,7 @@ func clientEnvFrom() (clientEnv, error) {
 		out:     os.Getenv("FLEETOPS_OUT"),
 		seed:    seed,
 		idStamp: os.Getenv("FLEETOPS_ID"),
+		ca:      os.Getenv("FLEETOPS_CA"),
 	}, nil
 }
 
@@ -144,9 +148,22 @@ func runClient(env clientEnv) error {
 	var rec recorder
 	var rt http.RoundTripper
 	var measured func() int
+	// base is go-cleanhttp's pooled transport, trusting the replicas'
+	// certificate over TLS (HTTP/2, as ForceAttemptHTTP2 asks).
+	base := cleanhttp.DefaultPooledTransport()
+	if env.ca != "" {
+		pem, err := os.ReadFile(env.ca)
+		if err != nil {
+			return err
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("FLEETOPS_CA %s: no certificate", env.ca)
+		}
+		base.TLSClientConfig = &tls.Config{RootCAs: roots}
+	}
 	switch env.role {
 	case "nethttp":
-		base := cleanhttp.DefaultPooledTransport()
 		base.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Resolver: res}).DialContext
 		rt = base
 	case "resilix":
@@ -167,6 +184,7 @@ func runClient(env clientEnv) error {
 			},
 		}
 		tr, err := transport.New(transport.Config{
+			Base: base,
 			Policies: policy.Set{
 				Attempts: 3,
 				Retry:    &policy.Retry{},
@@ -264,6 +282,7 @@ func call(client *http.Client, url, kind, id string) record {
 		resp.Body.Close()
 		r.Status = resp.StatusCode
 		r.Replica = resp.Header.Get("X-Replica")
+		r.Proto = resp.Proto
 	}
 	r.Lat = int64(time.Since(start))
 	if err != nil {

@@ -34,6 +34,7 @@ type record struct {
 	Lat int64 `json:"lat,omitempty"`
 	// N is the count of lanes of a "lanes" record.
 	N      int    `json:"n,omitempty"`
+	Proto  string `json:"proto,omitempty"` // a call's response's
 	Reason string `json:"reason,omitempty"`
 }
 

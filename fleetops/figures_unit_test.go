@@ -88,11 +88,11 @@ func TestTally(t *testing.T) {
 	if got := quantile(tl.lats, 0.99); got != 9*time.Millisecond {
 		t.Errorf("p99 = %v, want 9ms", got)
 	}
-	if got := countsText(tl.errs); got != "refused 1, status 503 1" {
+	if got := countsText(tl.errs, errClass); got != "refused 1, status 503 1" {
 		t.Errorf("errors %q, want refused 1, status 503 1", got)
 	}
 	two := map[string]int{`Get "http://x/": dial tcp 127.0.0.2:80: connect: connection refused`: 1, `Post "http://x/": dial tcp 127.0.0.3:80: connect: connection refused`: 2, "context deadline exceeded": 1}
-	if got := countsText(two); got != "refused 3, deadline 1" {
+	if got := countsText(two, errClass); got != "refused 3, deadline 1" {
 		t.Errorf("errors %q, want refused 3, deadline 1 (by class)", got)
 	}
 	if d, ok := firstAnswer(recs, "127.0.0.3", t0.Add(500*time.Millisecond)); !ok || d != 507*time.Millisecond {

@@ -2,8 +2,15 @@ package fleetops
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -185,6 +192,10 @@ type fleet struct {
 	mu             sync.Mutex // guards replicas' procs
 	replicas       []*replica
 	resolver       *net.Resolver
+	// cert and key are the PEM files of the replicas' certificate (for
+	// serviceName, its own root) when the fleet speaks HTTP/2 over TLS;
+	// "" for HTTP/1.1 in the clear.
+	cert, key string
 }
 
 // A replica is one nginx, on its own loopback address.
@@ -195,12 +206,19 @@ type replica struct {
 	proc  *proc
 }
 
-// newFleet makes n replicas' configs (on 127.0.0.2 and up) and starts
-// dnsmasq naming none of them yet.
-func newFleet(t *testing.T, nginx, dnsmasq string, n int) *fleet {
+// newFleet makes n replicas' configs (on 127.0.0.2 and up), speaking
+// HTTP/2 over TLS when h2 is true, and starts dnsmasq naming none of them
+// yet.
+func newFleet(t *testing.T, nginx, dnsmasq string, n int, h2 bool) *fleet {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fleet{t: t, dir: dir, nginx: nginx, dnsmasq: dnsmasq}
+	if h2 {
+		f.cert, f.key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+		if err := writeCert(f.cert, f.key); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := range n {
 		ip := netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + i)}).String()
 		f.replicas = append(f.replicas, &replica{ip: ip, dir: filepath.Join(dir, "replica-"+ip), delay: 5 * time.Millisecond})
@@ -234,7 +252,43 @@ func (f *fleet) ips(rs ...*replica) []string {
 }
 
 func (f *fleet) url() string {
-	return "http://" + net.JoinHostPort(serviceName, strconv.Itoa(f.port)) + "/"
+	scheme := "http://"
+	if f.cert != "" {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(serviceName, strconv.Itoa(f.port)) + "/"
+}
+
+// writeCert writes a self-signed certificate for serviceName, valid for a
+// day, and its key, as PEM files.
+func writeCert(certPath, keyPath string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: serviceName},
+		DNSNames:              []string{serviceName},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(crand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
 }
 
 // freePort returns a port free for TCP (and UDP) on every one of ips.
@@ -309,8 +363,13 @@ func (f *fleet) name(rs ...*replica) time.Time {
 
 // nginxConf is a replica's config: one worker, the fleet log format (see
 // accessLine), X-Replica on every answer, and every request (GET or
-// POST, its body read) answered "ok" after the replica's delay.
-func nginxConf(r *replica, port int) string {
+// POST, its body read) answered "ok" after the replica's delay; over TLS
+// with HTTP/2 when cert is not "".
+func nginxConf(r *replica, port int, cert, key string) string {
+	listen := fmt.Sprintf("listen %s:%d;", r.ip, port)
+	if cert != "" {
+		listen = fmt.Sprintf("listen %s:%d ssl http2;\n\t\tssl_certificate %s;\n\t\tssl_certificate_key %s;", r.ip, port, cert, key)
+	}
 	return fmt.Sprintf(`load_module %s;
 daemon off;
 worker_processes 1;
@@ -327,7 +386,7 @@ http {
 	scgi_temp_path tmp_scgi;
 	keepalive_requests 100000;
 	server {
-		listen %s:%d;
+		%s
 		location / {
 			add_header X-Replica $server_addr always;
 			echo_read_request_body;
@@ -336,7 +395,7 @@ http {
 		}
 	}
 }
-`, echoModule, r.ip, port, r.delay.Seconds())
+`, echoModule, listen, r.delay.Seconds())
 }
 
 // start starts the replica's nginx and returns when it accepts
@@ -346,7 +405,7 @@ func (f *fleet) start(r *replica) time.Time {
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		f.t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(r.dir, "nginx.conf"), []byte(nginxConf(r, f.port)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(r.dir, "nginx.conf"), []byte(nginxConf(r, f.port, f.cert, f.key)), 0o644); err != nil {
 		f.t.Fatal(err)
 	}
 	p := startProc(f.t, "nginx "+r.ip, filepath.Join(r.dir, "stderr.log"),
@@ -435,6 +494,7 @@ func (f *fleet) startClient(role string, run int, start time.Time, length time.D
 		"FLEETOPS_OUT="+c.out,
 		"FLEETOPS_SEED="+strconv.Itoa(run+1),
 		"FLEETOPS_ID="+role[:1]+strconv.Itoa(run),
+		"FLEETOPS_CA="+f.cert,
 	)
 	c.proc = startProc(f.t, role, filepath.Join(f.dir, role+".log"), cmd)
 	return c

@@ -80,7 +80,9 @@ var refresh = policy.Replicas{}.WithDefaults().Refresh
 // It runs only when FLEETOPS is set: to 1 or all for every scenario, or
 // to a comma-separated list of them (steady, restart, crash, freeze,
 // scaleout, scalein, scalein-conns, slow, stall, replicas); FLEETOPS_RUNS
-// is the runs of each (default 3). As root it installs what it is
+// is the runs of each (default 3); FLEETOPS_PROTO=h2 runs them over TLS
+// with HTTP/2 (a certificate of the harness's own), where the default is
+// HTTP/1.1 in the clear. As root it installs what it is
 // missing with apt-get (nginx-light, libnginx-mod-http-echo, dnsmasq,
 // haproxy), and skips otherwise; it never touches the machine's
 // resolv.conf, hosts file or nginx config, and every process it starts
@@ -102,6 +104,14 @@ func TestFleetOps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var h2 bool
+	switch p := os.Getenv("FLEETOPS_PROTO"); p {
+	case "", "h1":
+	case "h2":
+		h2 = true
+	default:
+		t.Fatalf("FLEETOPS_PROTO=%q: want h1 (HTTP/1.1 in the clear, the default) or h2 (HTTP/2 over TLS)", p)
+	}
 	nginx, dnsmasq := tools(t, slices.ContainsFunc(chosen, func(sc scenario) bool { return sc.name == "replicas" }))
 	var steady []*run // the steady runs, which slow's p99 is relative to
 	for _, sc := range chosen {
@@ -111,12 +121,12 @@ func TestFleetOps(t *testing.T) {
 				return
 			}
 			if sc.name == "slow" && len(steady) == 0 {
-				steady = append(steady, runOnce(t, nginx, dnsmasq, scenarioNamed("steady"), 0))
+				steady = append(steady, runOnce(t, nginx, dnsmasq, scenarioNamed("steady"), 0, h2))
 			}
 			var done []*run
 			for i := range runs {
 				t.Run("run"+strconv.Itoa(i+1), func(t *testing.T) {
-					r := runOnce(t, nginx, dnsmasq, sc, i)
+					r := runOnce(t, nginx, dnsmasq, sc, i, h2)
 					tb := r.table(sc)
 					vs := sc.judge(r)
 					vs = append(vs, atMostOnce(r))
@@ -234,10 +244,11 @@ func (r *run) calls(recs []record, from, to time.Time) tally {
 
 func (r *run) ejections(from, to time.Time) []record { return of(r.resil, "eject", from, to) }
 
-// runOnce runs sc once on a fleet of its own.
-func runOnce(t *testing.T, nginx, dnsmasq string, sc scenario, i int) *run {
+// runOnce runs sc once on a fleet of its own, over HTTP/2 and TLS when
+// h2 is true.
+func runOnce(t *testing.T, nginx, dnsmasq string, sc scenario, i int, h2 bool) *run {
 	t.Helper()
-	f := newFleet(t, nginx, dnsmasq, sc.size)
+	f := newFleet(t, nginx, dnsmasq, sc.size, h2)
 	if sc.slow {
 		f.replicas[0].delay = 20 * f.replicas[0].delay
 	}
@@ -301,10 +312,17 @@ func (r *run) table(sc scenario) *table {
 			ms(quantile(tl.lats, 0.5)), ms(quantile(tl.lats, 0.99)), ms(quantile(tl.lats, 0.999)),
 			strings.Join(shares, "/"), ej, cmp.Or(strings.Join(firsts, " "), "-"))
 		if len(tl.errs) > 0 {
-			tb.note("%s errors: %s", c.name, countsText(tl.errs))
+			tb.note("%s errors: %s", c.name, countsText(tl.errs, errClass))
 		}
+		protos := map[string]int{}
+		for _, rec := range of(c.recs, "call", r.from, r.to) {
+			if rec.Proto != "" {
+				protos[rec.Proto]++
+			}
+		}
+		tb.note("%s answers by protocol: %s", c.name, countsText(protos, nil))
 		if warm := r.calls(c.recs, r.from.Add(-warmUp), r.from); warm.failures() > 0 {
-			tb.note("%s warm-up (not measured): %d of %d calls failed: %s", c.name, warm.failures(), warm.calls, countsText(warm.errs))
+			tb.note("%s warm-up (not measured): %d of %d calls failed: %s", c.name, warm.failures(), warm.calls, countsText(warm.errs, errClass))
 		}
 	}
 	if att := of(r.resil, "attempt", r.from, r.to); len(att) > 0 {
@@ -343,12 +361,15 @@ func (r *run) table(sc scenario) *table {
 
 func (r *run) since(sc scenario) map[string]time.Time { return sc.since(r) }
 
-// countsText names the errors of m (counts by error) by class, the most
-// frequent first.
-func countsText(m map[string]int) string {
+// countsText writes the counts of m, merged by class (nil: as they are),
+// the most frequent first.
+func countsText(m map[string]int, class func(string) string) string {
 	by := map[string]int{}
 	for k, n := range m {
-		by[errClass(k)] += n
+		if class != nil {
+			k = class(k)
+		}
+		by[k] += n
 	}
 	keys := make([]string, 0, len(by))
 	for k := range by {
