@@ -123,7 +123,8 @@ replicas:
 ## a 2s warm-up, then make replicas' TestReplicas; one table per run,
 ## checked against the issue's targets. FLEETOPS is all, or a list
 ## (FLEETOPS=crash,freeze); FLEETOPS_RUNS the runs of each (default 3:
-## about 18 minutes, 10 of them make replicas' runs). Installs
+## about 18 minutes, 10 of them make replicas' runs); FLEETOPS_PROTO=h2
+## for HTTP/2 over TLS in place of HTTP/1.1 in the clear. Installs
 ## nginx-light, libnginx-mod-http-echo, dnsmasq and haproxy with apt-get
 ## as root, and skips otherwise. No -race, for the reason given at flaky.
 ## make test builds it under -race and skips it. Not piped through grep,
