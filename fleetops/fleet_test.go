@@ -291,11 +291,13 @@ func writeCert(certPath, keyPath string) error {
 	return os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
 }
 
-// freePort returns a port free for TCP (and UDP) on every one of ips.
+// freePort returns a port free for TCP (and UDP) on every one of ips,
+// below Linux's ephemeral ports (32768 and up), so that no connection's
+// own end takes it while a replica restarts.
 func freePort(t *testing.T, ips ...string) int {
 	t.Helper()
 	for range 100 {
-		port := 20000 + rand.IntN(30000)
+		port := 20000 + rand.IntN(12000)
 		ok := true
 		var held []interface{ Close() error }
 		for _, ip := range ips {

@@ -178,18 +178,18 @@ func scenarioNamed(name string) scenario {
 // A scenario is what happens to the fleet in a run, and its targets.
 type scenario struct {
 	name, title string
-	// size is the replicas of the fleet, running the first running,
+	// size is the replicas of the fleet, all started before the clients,
 	// named in DNS the first named.
-	size, running, named int
-	slow                 bool          // the first replica answers 20× slower
-	extra                time.Duration // the clients call this long past the window
+	size, named int
+	slow        bool          // the first replica answers 20× slower
+	extra       time.Duration // the clients call this long past the window
 	// act does what happens to the fleet, from the window's start on.
 	act func(r *run)
 	// since gives, for each replica whose first answer matters, the
 	// moment it is counted from.
 	since func(r *run) map[string]time.Time
-	// judge checks a run's targets, across those that compare the sums
-	// of the runs.
+	// judge checks a run's targets; across, those that compare sums
+	// over the runs.
 	judge  func(r *run) []verdict
 	across func(rs []*run) []verdict
 }
@@ -238,7 +238,8 @@ func (r *run) event(what, ip string) (time.Time, bool) {
 // sleepTo sleeps until the window's start plus d.
 func (r *run) sleepTo(d time.Duration) { time.Sleep(time.Until(r.from.Add(d))) }
 
-func (r *run) calls(recs []record, from, to time.Time) tally {
+// callsIn tallies the calls of recs started in [from, to).
+func callsIn(recs []record, from, to time.Time) tally {
 	return tallyCalls(of(recs, "call", from, to))
 }
 
@@ -253,7 +254,7 @@ func runOnce(t *testing.T, nginx, dnsmasq string, sc scenario, i int, h2 bool) *
 		f.replicas[0].delay = 20 * f.replicas[0].delay
 	}
 	r := &run{f: f}
-	for _, rep := range f.replicas[:sc.running] {
+	for _, rep := range f.replicas {
 		r.mark("listen", rep.ip, f.start(rep))
 	}
 	f.name(f.replicas[:sc.named]...)
@@ -285,13 +286,13 @@ func (r *run) table(sc scenario) *table {
 	tb := &table{cols: []string{"client", "calls", "failed GET/POST/keyed", "p50", "p99", "p99.9", "share % " + strings.Join(names, "/"), "ejections", "first answer"}}
 	var since map[string]time.Time
 	if sc.since != nil {
-		since = r.since(sc)
+		since = sc.since(r)
 	}
 	for _, c := range []struct {
 		name string
 		recs []record
 	}{{"net/http", r.nethttp}, {"resilix", r.resil}} {
-		tl := r.calls(c.recs, r.from, r.to)
+		tl := callsIn(c.recs, r.from, r.to)
 		var shares []string
 		for _, rep := range reps {
 			shares = append(shares, strconv.Itoa(int(100*tl.share(rep.ip)+0.5)))
@@ -321,7 +322,7 @@ func (r *run) table(sc scenario) *table {
 			}
 		}
 		tb.note("%s answers by protocol: %s", c.name, countsText(protos, nil))
-		if warm := r.calls(c.recs, r.from.Add(-warmUp), r.from); warm.failures() > 0 {
+		if warm := callsIn(c.recs, r.from.Add(-warmUp), r.from); warm.failures() > 0 {
 			tb.note("%s warm-up (not measured): %d of %d calls failed: %s", c.name, warm.failures(), warm.calls, countsText(warm.errs, errClass))
 		}
 	}
@@ -358,8 +359,6 @@ func (r *run) table(sc scenario) *table {
 	}
 	return tb
 }
-
-func (r *run) since(sc scenario) map[string]time.Time { return sc.since(r) }
 
 // countsText writes the counts of m, merged by class (nil: as they are),
 // the most frequent first.
@@ -426,7 +425,7 @@ func atMostOnce(r *run) verdict {
 func sumFailed(rs []*run, kinds ...string) (nethttp, resil int) {
 	for _, r := range rs {
 		for i, recs := range [][]record{r.nethttp, r.resil} {
-			tl := r.calls(recs, r.from, r.to)
+			tl := callsIn(recs, r.from, r.to)
 			n := tl.failures()
 			if len(kinds) > 0 {
 				n = 0
@@ -445,7 +444,7 @@ func sumFailed(rs []*run, kinds ...string) (nethttp, resil int) {
 }
 
 func noneFailed(r *run, kinds ...string) verdict {
-	tl := r.calls(r.resil, r.from, r.to)
+	tl := callsIn(r.resil, r.from, r.to)
 	n := 0
 	var got []string
 	for _, k := range kinds {
@@ -478,12 +477,12 @@ func scenarios() []scenario {
 	return []scenario{
 		{
 			name: "steady", title: "steady: three replicas, 5 ms each",
-			size: 3, running: 3, named: 3,
+			size: 3, named: 3,
 			judge: func(r *run) []verdict { return []verdict{noEjection(r, r.from.Add(-warmUp))} },
 		},
 		{
 			name: "restart", title: "rolling graceful restart: each replica SIGQUIT, waited for and started again, 2.1 s apart, from +0.5s",
-			size: 3, running: 3, named: 3,
+			size: 3, named: 3,
 			act: func(r *run) {
 				for i, rep := range r.f.replicas {
 					r.sleepTo(500*time.Millisecond + time.Duration(i)*2100*time.Millisecond)
@@ -495,7 +494,7 @@ func scenarios() []scenario {
 			since: func(r *run) map[string]time.Time { return r.sinceEvent("listening again") },
 			judge: func(r *run) []verdict {
 				vs := []verdict{noneFailed(r, "get", "keyed")}
-				last := r.calls(r.resil, r.to.Add(-lastStretch), r.to)
+				last := callsIn(r.resil, r.to.Add(-lastStretch), r.to)
 				for _, rep := range r.f.replicas {
 					at, _ := r.event("listening again", rep.ip)
 					d, ok := firstAnswer(r.resil, rep.ip, at)
@@ -513,7 +512,7 @@ func scenarios() []scenario {
 		},
 		{
 			name: "crash", title: "crash: the first replica SIGKILLed at +2s, left in DNS",
-			size: 3, running: 3, named: 3,
+			size: 3, named: 3,
 			act: func(r *run) {
 				r.sleepTo(2 * time.Second)
 				rep := r.f.replicas[0]
@@ -531,7 +530,7 @@ func scenarios() []scenario {
 		},
 		{
 			name: "freeze", title: "freeze: the first replica SIGSTOPped at +2s for 5s (its kernel still accepts)",
-			size: 3, running: 3, named: 3,
+			size: 3, named: 3,
 			act: func(r *run) {
 				rep := r.f.replicas[0]
 				r.sleepTo(2 * time.Second)
@@ -554,7 +553,7 @@ func scenarios() []scenario {
 		},
 		{
 			name: "scaleout", title: fmt.Sprintf("scale out 3 -> 6 in DNS at +1s (Refresh %v)", refresh),
-			size: 6, running: 6, named: 3,
+			size: 6, named: 3,
 			act: func(r *run) {
 				r.sleepTo(time.Second)
 				at := r.f.name(r.f.replicas...)
@@ -565,7 +564,7 @@ func scenarios() []scenario {
 			since: func(r *run) map[string]time.Time { return r.sinceEvent("named") },
 			judge: func(r *run) []verdict {
 				var vs []verdict
-				last := r.calls(r.resil, r.to.Add(-lastStretch), r.to)
+				last := callsIn(r.resil, r.to.Add(-lastStretch), r.to)
 				share := 0.0
 				for _, rep := range r.f.replicas[3:] {
 					at, _ := r.event("named", rep.ip)
@@ -578,7 +577,7 @@ func scenarios() []scenario {
 		},
 		{
 			name: "scalein", title: "scale in 6 -> 3 in DNS at +2s, the removed replicas SIGQUIT 1s later",
-			size: 6, running: 6, named: 6,
+			size: 6, named: 6,
 			act: func(r *run) {
 				r.sleepTo(2 * time.Second)
 				at := r.f.name(r.f.replicas[:3]...)
@@ -602,7 +601,7 @@ func scenarios() []scenario {
 		},
 		{
 			name: "scalein-conns", title: fmt.Sprintf("scale in 6 -> 3 in DNS at +1s, the removed replicas left running for Refresh + 5s (%v)", refresh+5*time.Second),
-			size: 6, running: 6, named: 6,
+			size: 6, named: 6,
 			extra: max(0, time.Second+refresh+5*time.Second-window),
 			act: func(r *run) {
 				r.sleepTo(time.Second)
@@ -634,16 +633,16 @@ func scenarios() []scenario {
 		},
 		{
 			name: "slow", title: "slow replica: the first replica answers after 100 ms (20x)",
-			size: 3, running: 3, named: 3, slow: true,
+			size: 3, named: 3, slow: true,
 			judge: func(r *run) []verdict {
-				tl := r.calls(r.resil, r.from, r.to)
+				tl := callsIn(r.resil, r.from, r.to)
 				share := tl.share(r.f.replicas[0].ip)
 				return []verdict{check(share <= 0.02, "the slow replica's share <= 2%", "%.1f%%", 100*share)}
 			},
 		},
 		{
 			name: "stall", title: "stalled client: both client processes SIGSTOPped 200 ms of every 500 ms for 2s from +1s",
-			size: 3, running: 3, named: 3,
+			size: 3, named: 3,
 			act: func(r *run) {
 				for i := range 4 {
 					r.sleepTo(time.Second + time.Duration(i)*500*time.Millisecond)
@@ -659,7 +658,7 @@ func scenarios() []scenario {
 			},
 			judge: func(r *run) []verdict {
 				vs := []verdict{noEjection(r, r.from.Add(-warmUp))}
-				after := r.calls(r.resil, r.from.Add(3*time.Second), r.to)
+				after := callsIn(r.resil, r.from.Add(3*time.Second), r.to)
 				for _, rep := range r.f.replicas {
 					share := after.share(rep.ip)
 					vs = append(vs, check(share >= 0.5/3, rep.ip+" holds >= half its fair share (16.7%) after the stalls", "%.1f%%", 100*share))
@@ -738,10 +737,10 @@ func connsClosed(r *run) verdict {
 func slowP99(r *run, steady []*run) verdict {
 	var ref time.Duration
 	for _, s := range steady {
-		ref += quantile(s.calls(s.resil, s.from, s.to).lats, 0.99)
+		ref += quantile(callsIn(s.resil, s.from, s.to).lats, 0.99)
 	}
 	ref /= time.Duration(max(len(steady), 1))
-	p99 := quantile(r.calls(r.resil, r.from, r.to).lats, 0.99)
+	p99 := quantile(callsIn(r.resil, r.from, r.to).lats, 0.99)
 	return check(p99 <= ref*3/2, fmt.Sprintf("p99 <= 1.5x the steady p99 (%s, mean of %d steady runs)", ms(ref), len(steady)), "%s", ms(p99))
 }
 
