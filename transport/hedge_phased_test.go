@@ -2,7 +2,9 @@ package transport
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,3 +87,74 @@ func TestHedgedShareFollowsAPhasedLatency(t *testing.T) {
 // measuredKey marks, in a call's context, a call the test counts, with
 // whether it has been hedged.
 type measuredKey struct{}
+
+// TestHedgeThresholdComesDownAfterABrownout is TestHedgeRecovery in
+// virtual time, over an in-memory upstream: 250 calls a second, a calm of
+// 10s (97% of calls 4ms, 3% 100ms), a brownout of 8s (35-45ms), and the
+// calm again. The threshold the brownout raised must come down, so that
+// the p99 of the calls that start 3-8s after the brownout is at most 1.5×
+// the calm's (the last 2s before it), where a threshold kept up would
+// leave the 3% at the brownout's threshold plus a fast call.
+func TestHedgeThresholdComesDownAfterABrownout(t *testing.T) {
+	const (
+		rate     = 250
+		calm     = 10 * time.Second
+		brownout = 8 * time.Second
+		after    = 8 * time.Second
+		end      = calm + brownout
+	)
+	synctest.Test(t, func(t *testing.T) {
+		begin := time.Now()
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(3, 4))
+		base := &slowRT{latency: func(int64, *http.Request) (time.Duration, int) {
+			mu.Lock()
+			defer mu.Unlock()
+			if at := time.Since(begin); at >= calm && at < end {
+				return 35*time.Millisecond + time.Duration(rng.Int64N(int64(10*time.Millisecond))), 200
+			}
+			if rng.IntN(100) < 3 {
+				return 100 * time.Millisecond, 200
+			}
+			return 4 * time.Millisecond, 200
+		}}
+		tr := mustNew(t, Config{Base: base, Policies: policy.Set{Hedge: &policy.Hedge{}}})
+		var (
+			wg                 sync.WaitGroup
+			before, afterwards []time.Duration
+		)
+		for i := 0; ; i++ {
+			at := time.Duration(i) * time.Second / rate
+			if at >= end+after {
+				break
+			}
+			time.Sleep(time.Until(begin.Add(at)))
+			wg.Go(func() {
+				start := time.Now()
+				if _, err := do(t, t.Context(), tr); err != nil {
+					t.Error(err)
+					return
+				}
+				d := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case at >= calm-2*time.Second && at < calm:
+					before = append(before, d)
+				case at >= end+3*time.Second:
+					afterwards = append(afterwards, d)
+				}
+			})
+		}
+		wg.Wait()
+		p99 := func(ds []time.Duration) time.Duration {
+			slices.Sort(ds)
+			return ds[len(ds)*99/100]
+		}
+		calmP99, afterP99 := p99(before), p99(afterwards)
+		t.Logf("p99: calm %v, 3-8s after the brownout %v (%.2f×); threshold now %v", calmP99, afterP99, float64(afterP99)/float64(calmP99), tr.Measured("up.test").HedgeThreshold)
+		if afterP99 > calmP99*3/2 {
+			t.Errorf("p99 3-8s after the brownout %v, want at most 1.5× the calm's %v", afterP99, calmP99)
+		}
+	})
+}
