@@ -531,3 +531,55 @@ func TestLatencyWindowRiseEndsALoweredAnswer(t *testing.T) {
 		t.Errorf("%.2f%% of calls slower than the answer read before them, want at most %.1f%%", 100*share, 150*(1-defaultQuantile))
 	}
 }
+
+// TestLatencyWindowConcurrentRise races writers and readers as
+// TestLatencyWindowConcurrentMarks does, 300 calls a second: 20s at 40ms,
+// 20s at 3.8ms, which the recent samples lower the threshold to, then
+// 40ms again for 0.3s, within the period that began at 39.375s. Whichever
+// writer counts the last record above the lowered answer ends it, every
+// warm answer is one of the two latencies' bounds, and 0.3s into the rise
+// the answer is at least 40ms.
+func TestLatencyWindowConcurrentRise(t *testing.T) {
+	const slow, fast = 40 * time.Millisecond, 3800 * time.Microsecond
+	coarse := func(d time.Duration) time.Duration { return bucketUpper(bucketIndex(d) | 1) }
+	valid := []time.Duration{up(slow), coarse(slow), up(fast), coarse(fast)}
+	w := NewLatencyWindow(LatencyConfig{}, t0)
+	at := func(k int64) time.Time { return t0.Add(time.Duration(k) * 10 * time.Millisecond) }
+	var (
+		tick    atomic.Int64
+		lowered atomic.Bool // a read in the last 5s at 3.8ms answered below 40ms
+		wg      sync.WaitGroup
+	)
+	for range 6 {
+		wg.Go(func() {
+			for {
+				k := tick.Add(1)
+				if k > 4030 {
+					return
+				}
+				d := slow
+				if k > 2000 && k <= 4000 {
+					d = fast
+				}
+				for range 3 {
+					w.Record(at(k), d)
+				}
+				thr, ok := w.Threshold(at(k))
+				if ok && !slices.Contains(valid, thr) {
+					t.Errorf("at %v: threshold %v, want one of %v", at(k).Sub(t0), thr, valid)
+					return
+				}
+				if k > 3500 && k <= 4000 && thr < slow {
+					lowered.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if !lowered.Load() {
+		t.Fatalf("the recent samples never lowered the threshold: the test tests nothing")
+	}
+	if thr, _ := w.Threshold(at(4030)); thr < slow {
+		t.Errorf("0.3s into the rise to %v: threshold %v, want at least %v", slow, thr, slow)
+	}
+}
