@@ -167,15 +167,16 @@ const (
 	// samples' quantile must be below the window's before it is used: the
 	// answer is the bucket of their upper confidence bound (see
 	// upperRankOf), and it is used only if that bucket is below the
-	// window's. At 1, a steady host's recent samples answer below the
-	// window's by chance in at most one period in six (the bound below
-	// the true quantile, and a bucket edge between them); measured, 14 of
-	// 256 periods where the lower of the two point estimates was lowered
-	// in 78 (TestLatencyWindowSteadyIsNotLowered). It is no more because
-	// the samples are few: with 470 of them (250 calls a second), a calm
-	// whose slow tail is 3% of calls sits 2 standard deviations from the
-	// p95's 5%, and a larger z would keep a brownout's threshold up in
-	// one period after it in four (at 1.5) instead of one in ten.
+	// window's. At 1, the bound lies below the true quantile in about one
+	// draw in six, and lowers the answer only when a bucket edge lies
+	// between them too: on a steady bimodal host, 14 periods of 256 were
+	// lowered, where the lower of the two point estimates was lowered in
+	// 78 (TestLatencyWindowSteadyIsNotLowered). It is no more because the
+	// recent samples are few: 470 at 250 calls a second, where a calm
+	// whose slow tail is 3% of calls has that tail 2 standard deviations
+	// (4.7 samples each) from the p95's 5%; at 2 the bound would land in
+	// the tail about half the time, and a brownout's threshold would stay
+	// up after it in as many periods.
 	noiseZ = 1
 )
 
