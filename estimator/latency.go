@@ -298,10 +298,10 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 // are enough and they answer lower by more than their own noise: at least
 // recentTail/(1 − Quantile), 200 for the p95, and never fewer than
 // MinSamples, and the bucket of an upper confidence bound on their
-// quantile (one standard deviation of its rank above it; see noiseZ)
+// quantile (one standard deviation of its rank above it)
 // below the window's bucket. The lower of two estimates of one quantile
-// would be biased low; a bound that must clear the window's is lowered
-// by chance rarely, and when it is, by a bucket at most. So a threshold
+// would be biased low; a bound that must fall below the window's bucket
+// does so by chance rarely. So a threshold
 // that a brownout raised comes back down within about three periods of
 // the latency falling (under 3s at the default 30s window) on a host busy
 // enough to fill two periods (about 110 calls a second or more for the

@@ -24,7 +24,7 @@ import (
 // deviation of its rank above, lies in a lower bucket): a brownout's
 // threshold is back at the calm's within about 3s of its end instead of
 // staying up until Window has forgotten it, while on steady traffic the
-// last seconds, which say the same as Window, do not pull the threshold
+// last seconds, which say the same as Window, rarely pull the threshold
 // below it by chance. A threshold lowered that way ends early when the
 // latency steps up again: once enough attempts have been slower than it
 // to move its bound, it is rescanned, a few dozen calls after the step
