@@ -51,9 +51,10 @@ const (
 // mark, in coarser buckets (4 per octave, every pair of the window's
 // buckets in one, so that none is wider than 25% of its lower bound); the
 // counts since the mark of two periods before are that ring's now less the
-// mark, and the next slice's ring if a slice began since. Recording is
-// untouched: the marks cost the reader a copy once a period, and the
-// writer nothing. A window takes about 4.6 KB, allocated
+// mark, and the next slice's ring if a slice began since. The marks cost
+// the reader a copy once a period, and the writer nothing; a threshold the
+// recent samples lowered costs each record above it one more atomic add,
+// so that a rise ends it early. A window takes about 4.6 KB, allocated
 // once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
@@ -67,8 +68,8 @@ const (
 // Most callers want [LatencyWindow.Record] on every completed call
 // ([LatencyWindow.RecordFailure] for one that failed) and
 // [LatencyWindow.Threshold] for the configured quantile, which is memoized
-// for a period (Window/32) so that reading it costs one atomic load and a
-// comparison.
+// for a period (Window/32), or until a rise ends a lowered answer, so that
+// reading it costs one atomic load and a comparison.
 //
 // A nil *LatencyWindow records nothing and reports nothing, so a scope that
 // neither hedges nor limits needs none. NewLatencyWindow is the only way to
@@ -86,9 +87,15 @@ type LatencyWindow struct {
 	minimum       uint64
 	recentMinimum uint64
 
-	// memo is the configured quantile's answer: (period+1)<<8 | bucket,
-	// written only once the window holds at least minimum samples.
-	memo    atomic.Uint64
+	// memo is the configured quantile's answer: (period+1)<<memoShift |
+	// lowered | bucket, written only once the window holds at least
+	// minimum samples; lowered when it is the recent samples' answer,
+	// below the window's. A lowered memo that risen ends keeps its bucket
+	// alone, which no period matches.
+	memo atomic.Uint64
+	// risen counts the records above a lowered memo's bucket since it was
+	// taken (low 32 bits), against how many end it (high 32 bits).
+	risen   atomic.Uint64
 	clamped atomic.Uint64
 	// fast counts the failures RecordFailure kept out of the recent
 	// samples, over the life of the window.
@@ -117,16 +124,22 @@ type mark struct {
 	counts [recentBuckets]atomic.Uint32
 }
 
-// memoShift is where the period starts in LatencyWindow.memo.
-const memoShift = 8
+// The fields of LatencyWindow.memo: the bucket in the low 8 bits, then
+// the lowered flag, then the period+1 from memoShift.
+const (
+	memoBucket = 1<<8 - 1
+	lowered    = 1 << 8
+	memoShift  = 9
+)
 
 // periodShift sets the period, the unit of the memo and of the marks: a
 // slice holds 1<<periodShift periods, 8, so a period is Window/32
 // (under a second at the default 30s window). The memoized threshold is
-// rescanned at most once a period: a slice-long memo would let a brownout
-// run for up to 7.5s against the threshold of the calm before it, hedging
-// nearly every call; a rescan costs a couple of microseconds, once per
-// period.
+// rescanned once a period, and sooner only when a rise ends an answer the
+// recent samples lowered (see LatencyWindow.Threshold): a slice-long memo
+// would let a brownout run for up to 7.5s against the threshold of the
+// calm before it, hedging nearly every call; a rescan costs a couple of
+// microseconds.
 const periodShift = 3
 
 const (
@@ -149,6 +162,22 @@ const (
 	// p92 and p97.5 in 92% of draws, and below the p92 in 7% (binomial
 	// tails of rank 190): an answer that comes down is rarely a chance low.
 	recentTail = 10
+
+	// noiseZ is how many standard deviations of its own noise the recent
+	// samples' quantile must be below the window's before it is used: the
+	// answer is the bucket of their upper confidence bound (see
+	// upperRankOf), and it is used only if that bucket is below the
+	// window's. At 1, the bound lies below the true quantile in about one
+	// draw in six, and lowers the answer only when a bucket edge lies
+	// between them too: on a steady bimodal host, 14 periods of 256 were
+	// lowered, where the lower of the two point estimates was lowered in
+	// 78 (TestLatencyWindowSteadyIsNotLowered). It is no more because the
+	// recent samples are few: 470 at 250 calls a second, where a calm
+	// whose slow tail is 3% of calls has that tail 2 standard deviations
+	// (4.7 samples each) from the p95's 5%; at 2 the bound would land in
+	// the tail about half the time, and a brownout's threshold would stay
+	// up after it in as many periods.
+	noiseZ = 1
 )
 
 // NewLatencyWindow returns an empty window configured by cfg whose first
@@ -192,7 +221,10 @@ func recentMinimumFor(q float64) uint64 {
 // of range cases (d < 0 and d ≥ MaxDuration) are also counted by Clamped.
 //
 // Record does not allocate: it computes the epoch and the bucket (no
-// division, no floating point) and makes one atomic add. The first Record of
+// division, no floating point), makes one atomic add and loads the memoized
+// threshold. A record above a threshold that the recent samples lowered
+// (see Threshold) makes one more atomic add, and the one that ends that
+// threshold early a compare-and-swap. The first Record of
 // a slice also claims that slice's ring and clears it. Records of the same
 // slice that run while the ring is being cleared are not held up, and those
 // that land in a bucket before the clear reaches it are lost: a loss bounded
@@ -212,6 +244,17 @@ func (w *LatencyWindow) Record(now time.Time, d time.Duration) {
 		w.turn(r, e+1)
 	}
 	r.counts[i].Add(1)
+	if m := w.memo.Load(); m&lowered != 0 && uint64(i) > m&memoBucket {
+		w.rise(m)
+	}
+}
+
+// rise counts a record above the lowered memo m, and ends m once as many
+// have come as its answer had room for (see LatencyWindow.threshold).
+func (w *LatencyWindow) rise(m uint64) {
+	if v := w.risen.Add(1); uint32(v) >= uint32(v>>32) {
+		w.memo.CompareAndSwap(m, m&memoBucket)
+	}
 }
 
 // RecordFailure adds the latency d of a call that failed, observed at now.
@@ -228,7 +271,7 @@ func (w *LatencyWindow) RecordFailure(now time.Time, d time.Duration) {
 	if w == nil {
 		return
 	}
-	if m := w.memo.Load(); m != 0 && d < bucketUpper(int(m&(1<<memoShift-1))) {
+	if m := w.memo.Load(); m != 0 && d < bucketUpper(int(m&memoBucket)) {
 		w.fast.Add(1)
 	}
 	w.Record(now, d)
@@ -252,15 +295,20 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 // be acted on.
 //
 // The answer is the window's quantile, or the recent samples' when there
-// are enough and they answer lower: at least recentTail/(1 − Quantile), 200
-// for the p95, and never fewer than MinSamples. So a threshold that a
-// brownout raised comes back down within about three periods of the
-// latency falling (under 3s at the default 30s window) on a host busy
-// enough to fill two periods (about 110 calls a second or more for
-// the p95 at the default window), instead of staying up until the window
-// forgets; on a quieter host, or while the recent samples are slower than
-// the window's, the answer is the window's alone. The rise is the
-// window's: the recent samples can lower the answer, never raise it.
+// are enough and they answer lower by more than their own noise: at least
+// recentTail/(1 − Quantile), 200 for the p95, and never fewer than
+// MinSamples, and the bucket of an upper confidence bound on their
+// quantile (one standard deviation of its rank above it)
+// below the window's bucket. The lower of two estimates of one quantile
+// would be biased low; a bound that must fall below the window's bucket
+// does so by chance rarely. So a threshold
+// that a brownout raised comes back down within about three periods of
+// the latency falling (under 3s at the default 30s window) on a host busy
+// enough to fill two periods (about 110 calls a second or more for the
+// p95 at the default window), instead of staying up until the window
+// forgets; on a quieter host, or while the recent samples are not clearly
+// faster than the window's, the answer is the window's alone. The rise is
+// the window's: the recent samples can lower the answer, never raise it.
 // Either way the answer is never below the sample quantile of the samples
 // it was taken from (see [LatencyWindow.RecordFailure] for the failures
 // the recent samples leave out). The recent samples need the marks that
@@ -270,20 +318,27 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 // Once there are enough samples, the answer is memoized for the rest of
 // the period, and reading it costs one epoch computation, one atomic load
 // and a comparison. Below the minimum it is recomputed on every call, so
-// that a window turns warm as soon as it has enough samples.
+// that a window turns warm as soon as it has enough samples. A lowered
+// answer (the recent samples') ends sooner if the latency rises: Record
+// counts the records above it, and the record that makes them as many as
+// could still leave the recent samples' bound in its bucket ends the memo,
+// so that the next Threshold scans again. A step up in latency is hedged
+// for a few calls, not for the rest of the period; a window's own answer
+// rises at the next period, as the window does.
 func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
 	}
 	p := w.clock.epoch(now)
 	if m := w.memo.Load(); m>>memoShift == p+1 {
-		return bucketUpper(int(m & (1<<memoShift - 1))), true
+		return bucketUpper(int(m & memoBucket)), true
 	}
 	return w.threshold(p)
 }
 
 // threshold is the slow path of Threshold: scan, and memoize an answer
-// backed by enough samples.
+// backed by enough samples, with, for a lowered one, how many records
+// above it can end it.
 func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	var sum [numBuckets]uint64
 	n := w.snapshot(p>>periodShift, &sum)
@@ -295,16 +350,34 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 		return bucketUpper(i), false
 	}
 	w.takeMark(p)
-	var recent [recentBuckets]uint64
+	var (
+		recent [recentBuckets]uint64
+		flag   uint64
+		room   uint64 // records above a lowered answer before it may rise
+	)
 	if k, fast, ok := w.sinceMark(p, &recent); ok && k-fast >= w.recentMinimum {
 		// Ranked as if the fast failures, all below the answer but for
 		// those that raced with the mark, had not been recorded (see
 		// RecordFailure): never below the quantile of the others. A
 		// recent bucket j ends where the window's 2j+1 does.
-		rank := rankOf(w.quantile, k-fast) + fast
-		i = min(i, 2*bucketOfRank(recent[:], rank)+1)
+		rank := upperRankOf(w.quantile, k-fast) + fast
+		if j := bucketOfRank(recent[:], rank); 2*j+1 < i {
+			// Each record raises the bound's rank by one at most, and
+			// only a record above the answer does not raise held too:
+			// the bound stays in bucket j until more records above it
+			// have come than held exceeds rank by.
+			i, flag = 2*j+1, lowered
+			var held uint64
+			for _, c := range recent[:j+1] {
+				held += c
+			}
+			room = held - rank + 1
+		}
 	}
-	m := (p+1)<<memoShift | uint64(i)
+	if flag != 0 {
+		w.risen.Store(min(room, math.MaxUint32) << 32)
+	}
+	m := (p+1)<<memoShift | flag | uint64(i)
 	for {
 		old := w.memo.Load()
 		if old>>memoShift >= p+1 { // as new or newer than ours
@@ -448,6 +521,27 @@ func (w *LatencyWindow) sinceMark(p uint64, sum *[recentBuckets]uint64) (n, fast
 		return n, min(w.fast.Load()-since, n), true
 	}
 	return 0, 0, false
+}
+
+// upperRankOf returns the rank, among n samples, of an upper confidence
+// bound on the quantile q of the distribution they were drawn from:
+// ceil(q·n + z·sqrt(n·q·(1−q))) with z = noiseZ (the normal approximation
+// of the binomial count of samples at or below the quantile), clamped into
+// [1, n], for n ≥ 1. A q that is not a number counts as 0.
+func upperRankOf(q float64, n uint64) uint64 {
+	if !(q > 0) {
+		q = 0
+	}
+	q = min(q, 1)
+	x := float64(n)
+	r := math.Ceil(q*x + noiseZ*math.Sqrt(x*q*(1-q)))
+	if !(r >= 1) {
+		return 1
+	}
+	if r >= x {
+		return n
+	}
+	return uint64(r)
 }
 
 // quantileBucket returns the bucket holding the sample of rank ceil(q·n)

@@ -15,21 +15,33 @@ import (
 // 1 − Quantile instead of every call doubling. There is no fixed-delay
 // option, on purpose.
 //
-// The quantile is taken over Window, and rescanned every Window/32; it
-// rises as soon as Window's samples show the latency up. It comes down
+// The quantile is taken over Window, and rescanned every Window/32;
+// it rises as soon as Window's samples show the latency up. It comes down
 // when the last two or three Window/32 periods (about 2s at the default
 // 30s) hold at least 10/(1 − Quantile) latencies (200 for the p95: about
-// 110 calls a second at the defaults) and their quantile is lower: a
-// brownout's threshold is back at the calm's within about 3s of its end
-// instead of staying up until Window has forgotten it. On a quieter scope
-// it comes down as Window forgets. Attempts that failed faster than the
-// threshold are left out of the last periods' quantile, so a dependency
-// that fails every call at once cannot pull the threshold down to its
-// speed. Over loopback at 250 calls a second (calm 4 ms with 3% of calls
-// at 100 ms, an 8 s brownout at 35-45 ms), the threshold went from 46 ms
-// to 5-6 ms 3 s after the brownout, and the p99 of the calls 3-8 s after
-// it was 11.8-12.7 ms against a calm 11.1-11.7 ms (1.02-1.08 times) in 5
-// runs, with the brownout's extra wire calls at 3.4-3.6%:
+// 110 calls a second at the defaults) and their quantile is lower by more
+// than its own noise (an upper confidence bound on it, one standard
+// deviation of its rank above, lies in a lower bucket): a brownout's
+// threshold is back at the calm's within about 3s of its end instead of
+// staying up until Window has forgotten it, while on steady traffic the
+// last seconds, which say the same as Window, rarely pull the threshold
+// below it by chance. A threshold lowered that way ends early when the
+// latency steps up again: once enough attempts have been slower than it
+// to move its bound, it is rescanned, a few dozen calls after the step
+// rather than at the end of its period. On a quieter scope it comes down
+// as Window forgets. Attempts that failed faster than the threshold are
+// left out of the last periods' quantile, so a dependency that fails
+// every call at once cannot pull the threshold down to its speed. In
+// virtual time over an in-memory upstream at 250 calls a second, an
+// upstream at 1 ms for 3 s and 4 ms for 1 s, over and over, has 2.6% of
+// calls hedged at the p95 with the budget off, and after an 8 s brownout
+// (calm 4 ms with 3% of calls at 100 ms; brownout 35-45 ms) the p99 of
+// the calls 3-8 s after it equals the calm's (8.2 ms):
+//
+//	go test -count=1 -run 'TestHedgedShareFollowsAPhasedLatency|TestHedgeThresholdComesDownAfterABrownout' -v ./transport
+//
+// The same brownout over loopback, whose figures move with the machine's
+// load (see docs/performance.md):
 //
 //	RESILIX_HEDGE_RECOVERY=1 go test -count=1 -run '^TestHedgeRecovery$' -v ./transport
 //
