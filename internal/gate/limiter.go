@@ -422,14 +422,22 @@ type Limiter struct {
 	// limit reached.
 	slow bool
 	busy time.Time
+	// seq counts admissions; at is the instant of the last one, and
+	// atSeq the seq of the first admitted at that instant. While a shrink
+	// is on trial, or in slow start, a round counts only calls whose seq
+	// is above countFrom: those admitted after the limit last changed, and
+	// in slow start, once the changed limit has been reached (filled), from
+	// the instant it was.
+	seq, atSeq, countFrom uint64
+	at                    time.Time
+	filled                bool
 	// A shrink on trial: its verdict is the next round of calls admitted
-	// after it (epoch counts shrinks). trialFrom is the limit before it;
+	// after it. trialFrom is the limit before it;
 	// causeMean, causePeak and causeConc are the mean latency, the peak
 	// in-flight and the mean in-flight at admission of the round that
 	// caused it; trialPeak is the most in flight when a
 	// call of the trial round was admitted; bound records whether the
 	// lower limit held back an arrival the old one would have let in.
-	epoch     uint64
 	trial     bool
 	trialFrom float64
 	causeMean float64 // seconds
@@ -462,9 +470,9 @@ func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 // Release exactly once. It is a small value; the zero LimiterPermit holds
 // nothing and Release ignores it.
 type LimiterPermit struct {
-	held  bool
-	conc  int32  // in flight when it was admitted, itself included
-	epoch uint64 // the limiter's epoch when it was admitted
+	held bool
+	conc int32  // in flight when it was admitted, itself included
+	seq  uint64 // its admission's number (Limiter.seq)
 }
 
 // LimiterReason says why Acquire refused a call.
@@ -525,7 +533,7 @@ func (c LimitChange) Changed() bool { return c.From != c.To }
 type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
-	epoch      uint64  // the limiter's epoch when it was handed a slot
+	seq        uint64  // its admission's number, when it was handed a slot
 	conc       int32   // in flight when it was handed a slot, itself included
 	ready      chan bool
 	prev, next *waiter
@@ -554,11 +562,11 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mix.Add(now, int(prio), 1)
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
-		l.take()
-		if 2*l.inflight >= l.current() {
+		if 2*(l.inflight+1) >= l.current() {
 			l.markBusy(now)
 		}
-		p := LimiterPermit{held: true, conc: int32(l.inflight), epoch: l.epoch}
+		l.take(now)
+		p := LimiterPermit{held: true, conc: int32(l.inflight), seq: l.seq}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.tracker(now).Add(now, tenantID)
@@ -627,7 +635,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		if <-w.ready {
 			l.mu.Lock()
 			l.inflight--
-			l.dispatch()
+			l.dispatch(now)
 			l.mu.Unlock()
 		}
 		refuse.Reason = LimiterCanceled
@@ -636,15 +644,15 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.tracker(now).Add(now, tenantID)
 	}
-	return LimiterPermit{held: true, conc: w.conc, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, conc: w.conc, seq: w.seq}, LimiterDecision{OK: true, waited: true}
 }
 
 // markBusy records that the limit is in use at now, and starts slow start
 // again if it had been idle, unused for longer than idleRestart. l.mu is
 // held.
 func (l *Limiter) markBusy(now time.Time) {
-	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart {
-		l.slow = true
+	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart && !l.slow {
+		l.slow, l.filled = true, false
 	}
 	l.busy = now
 }
@@ -693,15 +701,16 @@ func (l *Limiter) Release(p LimiterPermit, now time.Time, latency time.Duration,
 	if o.Evidence() && latency > 0 {
 		c = l.sample(now, latency.Seconds(), o, p)
 	}
-	l.dispatch()
+	l.dispatch(now)
 	return c
 }
 
 // sample adds the latency x (seconds) of the call p admitted to the round
-// and ends the round when it is complete. While a shrink is on trial, only
-// calls admitted after it count. l.mu is held.
+// and ends the round when it is complete. While a shrink is on trial, or in
+// slow start, only calls admitted under the current limit count. l.mu is
+// held.
 func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPermit) LimitChange {
-	if l.trial && p.epoch != l.epoch {
+	if (l.trial || l.slow) && p.seq <= l.countFrom {
 		return LimitChange{}
 	}
 	if o == policy.Failure {
@@ -727,6 +736,9 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 		l.update(now, short, conc, used)
 	}
 	l.roundN, l.roundSum, l.roundConc, l.roundFail, l.peak = 0, 0, 0, 0, l.inflight
+	if l.current() != from {
+		l.countFrom, l.filled = l.seq, false
+	}
 	return LimitChange{From: from, To: l.current()}
 }
 
@@ -744,10 +756,9 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	reached := l.slow && l.peak >= l.current()
 	switch {
 	case reached && short < limSlowStartExit*l.baseline && float64(l.roundFail) <= limSlowStartLoss*float64(l.roundN):
-		next += l.limit // gradient is 1
+		next += min(l.limit, math.Round(l.limit*l.baseline/short)) // gradient is 1
 	case reached:
-		l.slow = false
-		fallthrough
+		l.slow = false // and no headroom: the doubling overshot
 	case used:
 		next += math.Sqrt(l.limit)
 	}
@@ -760,7 +771,6 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 		l.learn(now, short)
 	}
 	if l.current() < int(from) {
-		l.epoch++
 		l.trial, l.trialFrom, l.bound = true, from, false
 		l.causeMean, l.causePeak, l.causeConc, l.trialPeak = short, l.peak, conc, 0
 	}
@@ -832,23 +842,32 @@ func (l *Limiter) places() int {
 	return int(math.Ceil(l.queueFactor * float64(l.current())))
 }
 
-// take admits one call. l.mu is held.
-func (l *Limiter) take() {
+// take admits one call at now. In slow start, the first call that
+// reaches a limit since it changed starts the round afresh, with the calls
+// admitted from that instant on. l.mu is held.
+func (l *Limiter) take(now time.Time) {
 	l.inflight++
+	l.seq++
+	if !now.Equal(l.at) {
+		l.at, l.atSeq = now, l.seq
+	}
 	l.peak = max(l.peak, l.inflight)
 	if l.trial {
 		l.trialPeak = max(l.trialPeak, l.inflight)
+	} else if l.slow && !l.filled && l.inflight >= l.current() {
+		l.filled, l.countFrom = true, l.atSeq-1
+		l.roundN, l.roundSum, l.roundConc, l.roundFail = 0, 0, 0, 0
 	}
 }
 
-// dispatch hands free slots to waiters, highest priority first, and trims
-// the queue to its size. l.mu is held.
-func (l *Limiter) dispatch() {
+// dispatch hands free slots to waiters at now, highest priority first, and
+// trims the queue to its size. l.mu is held.
+func (l *Limiter) dispatch(now time.Time) {
 	for l.waiting > 0 && l.inflight < l.current() {
 		w := l.first()
 		l.unlink(w)
-		l.take()
-		w.epoch, w.conc = l.epoch, int32(l.inflight)
+		l.take(now)
+		w.seq, w.conc = l.seq, int32(l.inflight)
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {
