@@ -61,8 +61,9 @@ const (
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
 // kept within [MinLimit, MaxLimit], except in slow start, where a round
-// that reached the limit at the baseline's latency doubles it (below). A
-// limit that goes down is on trial (below). The choices, and why:
+// of calls admitted at the limit, at the baseline's latency, doubles it
+// (below). A limit that goes down is on trial (below). The choices, and
+// why:
 //
 //   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
 //     steps the limit by log10 amounts per sample and needs a no-load RTT
@@ -107,22 +108,55 @@ const (
 // its first 2 s and 97% over the second second with slow start off
 // (TestFlashCrowdWithoutSlowStart in admission). So the limiter starts in
 // slow start, as a TCP connection
-// does (RFC 5681, section 3.1): in slow start, a round that reached the
-// limit (in flight at the limit at some point: calls waited or were
-// refused for lack of it), with its mean latency below 1.25 × the baseline
-// and no more than a tenth of its calls failed, doubles the limit, within
-// MaxLimit:
+// does (RFC 5681, section 3.1). In slow start a round is judged on the
+// calls admitted under the limit it judges: those admitted after the limit
+// last changed, and once in-flight has reached it (calls waited or were
+// refused for lack of it), only those admitted from the instant it did,
+// the round starting afresh there. A round that reached the limit, with
+// its mean latency short below 1.25 × the baseline and no more than a tenth
+// of its calls failed, doubles the limit, less the share its latency rose,
+// within MaxLimit:
 //
-//	limit = 2 × limit
+//	limit = limit + min(limit, round(limit × baseline / short))
 //
-// The crowd then has 91 to 93% of its requests admitted over the first
-// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted), the limit at 20, 24, 48, 97,
-// 195, 391, 783. The first round that reached the limit and fails the
-// test ends slow start, and is an ordinary round: the gradient and the
-// headroom of sqrt(limit). Slow start starts again once the limit has been idle for
-// policy.Limiter.SlowStartIdle (1 s by default): no call admitted with
-// half the limit or more in flight (the tether's measure of use) and none
-// that found it reached. The choices, and why, and where TCP differs:
+// The crowd then has 88.6 to 89.3% of its requests admitted over the first
+// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted),
+// the limit at 20, 24, 48, 96, 192, 384, 768. The first round that reached
+// the limit and fails the test ends slow start, and is an ordinary round
+// with no headroom: the gradient alone. Slow start starts again once the
+// limit has been idle for policy.Limiter.SlowStartIdle (1 s by default): no
+// call admitted with half the limit or more in flight (the tether's measure
+// of use) and none that found it reached. The choices, and why, and where
+// TCP differs:
+//
+//   - Judged on the doubled limit's calls: TCP grows its window on the
+//     acknowledgements of the window it sent, which was in flight whole.
+//     A round of whatever calls completed next mostly held calls admitted
+//     under the old limit, at the old concurrency: 400 callers on 50
+//     workers at 20 ms behind a FIFO doubled 97 to 195, 3.9 times the
+//     workers. Counted from the limit's change, the first calls to complete
+//     were those admitted as in-flight climbed to it, which find the
+//     dependency's queue as the old limit left it: still 3.9 times. Counted
+//     from the instant the limit is reached, the round is of calls admitted
+//     at it (a burst admitted at that instant is at it together).
+//   - Less the rise: a FIFO of C workers at L calls in flight answers in
+//     L/C times its work (Little's law), so a round at 1.2 × the baseline
+//     says C is about L/1.2, and the doubling adds that, not L. The first
+//     round of a new limit also sees the queue build, below where it
+//     settles: on 37 workers, 48 calls measured 1.23 × the baseline where
+//     L/C is 1.30, and a whole doubling went to 2.6 times the workers. A
+//     flat latency doubles the limit whole.
+//   - No headroom on the exit: the round that ends slow start is one past
+//     the capacity, so the gradient takes the limit down and nothing is
+//     added (on 50 workers the headroom took 96 to 101).
+//
+// On 50 FIFO workers at 20 ms, the crowd (10 callers for a second, then
+// 400) takes the limit to 96, 1.9 times the workers, and it settles at 85;
+// on 25 to 60 workers, it peaks at most at 2.35 times them
+// (TestLimiterSlowStartOnAFIFO, TestLimiterSlowStartAcrossCapacities: a
+// doubling goes on only below 1.25 × the baseline, from a limit of at most
+// about 1.25 times the workers, and adds about what they serve without a
+// queue). The other choices:
 //
 //   - Reached, not used: only a round that reached the limit doubles it,
 //     so that the limit stays within twice the calls in flight, where the
@@ -150,9 +184,10 @@ const (
 //     and the gradient, applied to the same round, takes the limit down by
 //     as much as the latency rose, on trial as any shrink. On a handler
 //     that serves 20 at a time (TestFlashCrowdOnAFixedCapacity) the limit
-//     goes 20, 24, 48, then down to where it settles without slow start,
-//     36; a flood on a FIFO (TestLimiterHoldsAFloodNearTheKnee) is
-//     unchanged, its first round at the limit already slow.
+//     goes 20, 24, 47 (2.35 times the capacity), then down to where it
+//     settles without slow start, 35 to 38; a flood on a FIFO
+//     (TestLimiterHoldsAFloodNearTheKnee) is unchanged, its first round at
+//     the limit already slow.
 //   - After idle, only the doubling restarts. RFC 5681 (section 4.1)
 //     restarts slow start from the initial window after an idle period
 //     longer than the retransmission timeout (1 s at least, RFC 6298), as
