@@ -310,7 +310,7 @@ func (c *crowdSim) run(from, to time.Time, n int, each func(now time.Time)) {
 	}
 }
 
-// crowdOnAFIFO runs 10 callers for a second, then 390 more for 3 s, on
+// crowdOnAFIFO runs 10 callers for a second, then 390 more for 2 s, on
 // workers at work a call with a default Limiter, and returns the highest
 // limit and every limit it took, in order.
 func crowdOnAFIFO(workers int, work time.Duration) (hi int, trace []int) {
@@ -324,7 +324,7 @@ func crowdOnAFIFO(workers int, work time.Duration) (hi int, trace []int) {
 	}
 	step := lmStart.Add(time.Second)
 	c.run(lmStart, step, 10, note)
-	c.run(step, step.Add(3*time.Second), 390, note)
+	c.run(step, step.Add(2*time.Second), 390, note)
 	return hi, trace
 }
 
