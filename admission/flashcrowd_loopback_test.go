@@ -39,6 +39,6 @@ func TestFlashCrowdLoopback(t *testing.T) {
 		h, e, c, url := serve(t, capacity)
 		critical, bulk := runFixed(c, url)
 		t.Logf("limit %s", e.trace(16))
-		checkFixedCrowd(t, critical, bulk, capacity, h.limiter.Limit())
+		checkFixedCrowd(t, critical, bulk, capacity, h.limiter.Limit(), e.highest())
 	})
 }

@@ -24,9 +24,15 @@ import (
 //   - A failure rate over the window that is, with 99.87% confidence (the
 //     lower Wilson bound at z = 3), above a trip point relative to the
 //     dependency's baseline failure rate, min(0.9, max(0.2, 3 × baseline)),
-//     or 0.5 until a baseline has been learned; or, when FailureRatio is
-//     set, at or above it. A rate is judged only with MinCalls outcomes,
-//     two of them failures: one unlucky call is never a trend.
+//     or 0.5 until a baseline has been learned, judged only with MinCalls
+//     outcomes, two of them failures: one unlucky call is never a trend.
+//     Or, when FailureRatio is set, a failure rate at or above it, read as
+//     written once the window holds MinCalls outcomes, with no confidence
+//     bound and no least number of failures: FailureRatio 0.5 with MinCalls
+//     4 trips on a host failing every call at its fourth call, and
+//     FailureRatio 0.05 with MinCalls 20 at 1 failure in 20. The guards
+//     against chance are for the trip point the breaker derives, not for a
+//     number the caller named.
 //
 // The baseline is learned continuously while closed, from every slice of
 // the window (Window/4) that holds MinCalls outcomes, as a moving average
@@ -60,14 +66,16 @@ type Breaker struct {
 	// run of failures trips it; only a rate does.
 	ConsecutiveFailures int
 
-	// FailureRatio, when positive, trips the breaker when the windowed
-	// failure rate is, with confidence, at or above it, in (0, 1]: an
-	// absolute ceiling on top of the relative trip, which is always on. If
-	// zero, only the relative rules apply.
+	// FailureRatio, when positive, trips the breaker at a failure that
+	// puts the windowed failure rate (failures / outcomes) at or above it,
+	// in (0, 1], once the window holds MinCalls outcomes: an absolute
+	// ceiling, read exactly as written, on top of the relative trip, which
+	// is always on. If zero, only the relative rules apply.
 	FailureRatio float64
 
 	// MinCalls is the number of outcomes the window must hold before a
-	// rate is judged (and at least two of them must be failures). It is
+	// rate is judged (and, against the relative trip point, at least two
+	// of them must be failures). It is
 	// also the fewest outcomes a slice needs to count towards the
 	// baseline. If zero, 20 is used.
 	MinCalls int

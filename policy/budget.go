@@ -30,7 +30,9 @@ import (
 // hedge loses; the allowance holds that to 10% of calls, and a burst of
 // hedges (a stall of the caller's machine makes every call in flight late
 // at once) never takes more than half of the bucket from the retries that
-// follow it.
+// follow it. So with Max below 2, where half the bucket is less than a
+// token, the budget sends no hedges at all: a bucket that small is the
+// retries'.
 //
 // With the defaults, a host that fails a random 20% of attempts is retried
 // through: the 0.24 retries a call that takes (0.2 + 0.2²) withdraw, and
@@ -57,7 +59,8 @@ type Budget struct {
 	// the burst of retries and hedges it allows at once, and the most a
 	// full outage costs beyond the ratio and the floor. If zero, two
 	// seconds of the floor are used, 2 × MinPerSecond (20 with the default
-	// floor), and no less than 10. Otherwise it must be at least 1.
+	// floor), and no less than 10. Otherwise it must be at least 1; below 2
+	// it holds retries only (see the hedges' allowance above).
 	Max float64
 }
 

@@ -338,7 +338,7 @@ func TestBudgetRefusedHedgesSpendNoRateLimit(t *testing.T) {
 		}}
 		ev := &hedgeEvents{}
 		set := hedgeSet()
-		set.Budget = policy.Budget{Ratio: 0.0001, MinPerSecond: -1, Max: 1}
+		set.Budget = policy.Budget{Ratio: 0.0001, MinPerSecond: -1, Max: 2} // one hedge
 		set.RateLimit = &policy.RateLimit{PerSecond: 0.0001, Burst: 34}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 30)

@@ -237,8 +237,8 @@ func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 	}
 }
 
-// TestHedgeRefusedByTheBudgetIsTriedAgain: the budget holds one token and
-// earns one every 10ms. Two slow calls come due at once; the first takes
+// TestHedgeRefusedByTheBudgetIsTriedAgain: the budget's hedge allowance
+// holds one token (Max 2). Two slow calls come due at once; the first takes
 // the token, the second is refused. A refused hedge is not given up: the
 // round asks again one threshold later, and the second call is hedged once
 // the budget has earned a token.
@@ -255,12 +255,12 @@ func TestHedgeRefusedByTheBudgetIsTriedAgain(t *testing.T) {
 		var ev hedgeEvents
 		set := policy.Set{
 			Hedge:  &policy.Hedge{MinSamples: 5},
-			Budget: policy.Budget{Max: 1, Ratio: 1e-9, MinPerSecond: 100},
+			Budget: policy.Budget{Max: 2, Ratio: 1e-9, MinPerSecond: 100},
 		}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 5)
 		th := tr.Measured("up.test").HedgeThreshold
-		time.Sleep(time.Second) // the budget is full: one token
+		time.Sleep(time.Second) // the budget is full: one hedge
 		var wg sync.WaitGroup
 		took := make([]time.Duration, 2)
 		for i := range took {
@@ -298,7 +298,7 @@ func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
 		base := fakeRT(func(r *http.Request) (*http.Response, error) {
 			d := 10 * time.Millisecond
 			switch n.Add(1) {
-			case 6: // a slow call, whose hedge takes the budget's one token and loses
+			case 6: // a slow call, whose hedge takes the allowance's one token and loses
 				d = th + time.Millisecond
 			case 8: // the slow call measured
 				d = 20 * th
@@ -308,7 +308,7 @@ func TestHedgeRefusedByAnEmptyBudgetBacksOff(t *testing.T) {
 		var ev hedgeEvents
 		set := policy.Set{
 			Hedge:  &policy.Hedge{MinSamples: 5},
-			Budget: policy.Budget{Max: 1, Ratio: 1e-9, MinPerSecond: -1},
+			Budget: policy.Budget{Max: 2, Ratio: 1e-9, MinPerSecond: -1}, // one hedge
 		}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 5)

@@ -123,8 +123,8 @@ const (
 //
 //   - a run of failures: ConsecutiveFailures in a row when that is set;
 //     with the zero value, the run rule below;
-//   - the window's failure rate is, with confidence, at or above
-//     FailureRatio, when that is set;
+//   - the window's failure rate is at or above FailureRatio, when that is
+//     set, as written;
 //   - the window's failure rate is, with confidence, above the relative
 //     trip point.
 //
@@ -143,8 +143,12 @@ const (
 // An explicit ConsecutiveFailures counts plain failures in a row, as it
 // always has.
 //
-// A rate is judged only when the window holds at least MinCalls outcomes,
-// at least two of them failures, and then by its lower Wilson bound
+// A rate is judged only when the window holds at least MinCalls outcomes.
+// Against FailureRatio it is the bare rate, failures / outcomes, as the
+// caller wrote it: FailureRatio 0.5 with MinCalls 4 trips a host failing
+// every call at its fourth call. Against the relative trip point, which
+// the breaker derives, it needs at least two failures and is judged by its
+// lower Wilson bound
 // (https://en.wikipedia.org/wiki/Binomial_proportion_confidence_interval#Wilson_score_interval)
 // at z = 3: with 20 calls a host steadily failing 35% would need 17
 // failures to pass 0.5 (about once in a million windows), and a dead host
@@ -588,11 +592,18 @@ func (b *Breaker) shouldTrip(now time.Time) bool {
 	if b.consecutive == 0 && b.run >= breakerRunMin && b.run >= b.runTrip(calls, failures) {
 		return true
 	}
-	if calls < b.minCalls || failures < 2 {
+	if calls < b.minCalls {
 		return false
 	}
-	lower := wilsonLower(float64(failures), float64(calls), breakerConfidence)
-	return (b.ratio > 0 && lower >= b.ratio) || lower > b.relativeTrip()
+	// A FailureRatio the user named is read as written; the bounds guard
+	// only the trip point the breaker derives.
+	if b.ratio > 0 && float64(failures)/float64(calls) >= b.ratio {
+		return true
+	}
+	if failures < 2 {
+		return false
+	}
+	return wilsonLower(float64(failures), float64(calls), breakerConfidence) > b.relativeTrip()
 }
 
 // runTrip returns the length of a run of failures that trips the breaker

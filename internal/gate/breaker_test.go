@@ -296,11 +296,37 @@ func TestBreakerRateRules(t *testing.T) {
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 1},
 		steps: append(calls(0, repeat("F", 9)), tripAt(calls(9*bkS, "F"))...),
 	}, {
-		// Half the calls failing, against FailureRatio 0.25: 14 of 28 is
-		// the first count whose lower bound (0.253) reaches it.
+		// An explicit FailureRatio is read as written, with no confidence
+		// bound: half the calls failing trips FailureRatio 0.25 at the
+		// first failure with MinCalls in, 4 of 8 (the warm-up trip point's
+		// bound would take 14 of 28 to pass 0.25).
 		name:  "FailureRatio",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 8, FailureRatio: 0.25},
-		steps: tripAt(calls(0, repeat("SF", 14))),
+		steps: tripAt(calls(0, repeat("SF", 4))),
+	}, {
+		// A host failing every call trips FailureRatio 0.5 at MinCalls, 4
+		// of 4 (whose lower bound at z = 3 is 0.31).
+		name:  "FailureRatio at MinCalls",
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5},
+		steps: append(calls(0, "FFF"), tripAt(calls(3*bkS, "F"))...),
+	}, {
+		// Below it, no trip: 1 of 4, then 2 of 5; 3 of 6 is at it.
+		name:  "FailureRatio, not reached",
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4, FailureRatio: 0.5},
+		steps: append(calls(0, "SSSFF"), tripAt(calls(5*bkS, "F"))...),
+	}, {
+		// No two-failure floor either: FailureRatio 0.05 against MinCalls
+		// 20 trips at 1 of 20, as named.
+		name:  "FailureRatio, one failure",
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 20, FailureRatio: 0.05},
+		steps: append(calls(0, repeat("S", 19)), tripAt(calls(19*bkS, "F"))...),
+	}, {
+		// The derived trip point keeps its bounds beside an explicit
+		// FailureRatio above it: 9 of 10 is past the warm-up 0.5 bare,
+		// not with confidence (a lower bound of 0.43), and below 0.95.
+		name:  "FailureRatio above the relative trip",
+		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 10, FailureRatio: 0.95},
+		steps: calls(0, "SFFFFFFFFF"),
 	}, {
 		name:  "consecutive off",
 		cfg:   policy.Breaker{ConsecutiveFailures: -1, MinCalls: 100},
@@ -427,14 +453,22 @@ func TestBreakerRateReport(t *testing.T) {
 	if got.Judged() || got.Reached(0.5) {
 		t.Fatalf("one failure: Judged = %v, Reached(0.5) = %v, want false", got.Judged(), got.Reached(0.5))
 	}
-	// Failures until the rate is at FailureRatio with confidence.
+	// The next failure puts the rate at FailureRatio, 2 of 5, and trips.
+	p, _ := b.Allow(now)
+	if c := b.Done(now, p, policy.Failure); c != bkTrip {
+		t.Fatalf("2 of 5 failed against FailureRatio 0.4: change %+v, want a trip", c)
+	}
+	// Without FailureRatio, the rate is judged from two failures on, and
+	// reaches the trip point (0.5 while warming up) before the breaker,
+	// which waits for the rate's lower bound to pass it, trips.
+	b = newBreaker(policy.Breaker{ConsecutiveFailures: -1, MinCalls: 4}, bkStart, 1)
 	for b.State(now) == policy.BreakerClosed {
 		got = b.Rate(now)
 		p, _ := b.Allow(now)
 		b.Done(now, p, policy.Failure)
 	}
-	if !got.Judged() || !got.Reached(1) || got.Failures < 10 {
-		t.Fatalf("Rate before the trip = %+v: want judged, reached, and more than the bare 2 of 5", got)
+	if !got.Judged() || !got.Reached(1) || got.Failures < 5 {
+		t.Fatalf("Rate before the trip = %+v: want judged, reached, and more than the bare 2 of 2", got)
 	}
 }
 

@@ -17,7 +17,10 @@ import (
 //
 // A hedge also needs a token of the hedges' allowance, a second bucket
 // inside the first: each call adds half of Ratio to it, it holds half of
-// Max, at most 10 (and at least one), and it has no floor. Hedges buy
+// Max, at most 10, and it has no floor. So hedges that all lose take at
+// most half of the bucket at once, never the retries' half: below a Max of
+// 2 the allowance holds less than a token and no hedge goes (with Max 1, one
+// losing hedge would leave the next 503 no token for its retry). Hedges buy
 // latency, not answers: in a brownout's first moments, before the latency
 // quantile has caught up, nearly every call comes due for a hedge and
 // nearly every hedge loses, and the allowance holds that to half of Ratio
@@ -52,7 +55,7 @@ func NewBudget(b policy.Budget, now time.Time) *Budget {
 		max:       b.Max,
 		last:      now,
 	}
-	bb.hedgeRatio, bb.hedgeMax = b.Ratio/2, max(min(b.Max/2, 10), 1)
+	bb.hedgeRatio, bb.hedgeMax = b.Ratio/2, min(b.Max/2, 10)
 	bb.tokens, bb.hedges = bb.max, bb.hedgeMax
 	bb.full.Store(true)
 	return bb
@@ -119,8 +122,11 @@ func (b *Budget) TakeBack(d Deposited) {
 // hedges' allowance at now, without taking them, so that a hedge the
 // budget would refuse is refused before anything else is spent on it.
 func (b *Budget) CanHedge(now time.Time) bool {
-	if b == nil || b.full.Load() {
+	if b == nil {
 		return true
+	}
+	if b.full.Load() {
+		return b.hedgeMax >= 1
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

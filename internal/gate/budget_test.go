@@ -324,3 +324,45 @@ func TestBudgetCanHedge(t *testing.T) {
 		t.Fatal("no budget refuses a hedge")
 	}
 }
+
+// TestBudgetHedgesLeaveTheRetriesHalf: whatever Max, a burst of hedges
+// that all lose, from a full bucket, takes at most half of it, so the retry
+// after them still goes. Below a Max of 2 the allowance holds less than a
+// token and no hedge draws from it: with Max 1, one losing hedge would
+// take the one token the next 503's retry needs. From a Max of 2 at least
+// one hedge goes. CanHedge answers the same.
+func TestBudgetHedgesLeaveTheRetriesHalf(t *testing.T) {
+	for _, max := range []float64{1, 1.5, 1.99, 2, 2.5, 3, 5, 20, 21, 40, 100} {
+		b := newBudget(policy.Budget{Max: max, MinPerSecond: -1}, t0)
+		hedges := 0
+		for b.CanHedge(t0) {
+			if !b.WithdrawHedge(t0) {
+				t.Fatalf("Max %v: CanHedge true, WithdrawHedge refused", max)
+			}
+			hedges++
+		}
+		if b.WithdrawHedge(t0) {
+			t.Fatalf("Max %v: CanHedge false, WithdrawHedge took a token", max)
+		}
+		if float64(hedges) > max/2 {
+			t.Errorf("Max %v: %d hedges from a full bucket, want at most %v (half of it)", max, hedges, max/2)
+		}
+		if want := max >= 2; (hedges > 0) != want {
+			t.Errorf("Max %v: %d hedges from a full bucket, want some %v", max, hedges, want)
+		}
+		if !b.Withdraw(t0) {
+			t.Errorf("Max %v: the retry after %d hedges refused", max, hedges)
+		}
+		// However many calls deposit, a Max below 2 never lets a hedge
+		// through.
+		if max < 2 {
+			b = newBudget(policy.Budget{Max: max, Ratio: 1, MinPerSecond: -1}, t0)
+			for range 100 {
+				b.Deposit(t0)
+				if b.WithdrawHedge(t0) {
+					t.Fatalf("Max %v: a hedge drew from the allowance", max)
+				}
+			}
+		}
+	}
+}

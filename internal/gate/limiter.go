@@ -61,8 +61,9 @@ const (
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
 // kept within [MinLimit, MaxLimit], except in slow start, where a round
-// that reached the limit at the baseline's latency doubles it (below). A
-// limit that goes down is on trial (below). The choices, and why:
+// of calls admitted at the limit, at the baseline's latency, doubles it
+// (below). A limit that goes down is on trial (below). The choices, and
+// why:
 //
 //   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
 //     steps the limit by log10 amounts per sample and needs a no-load RTT
@@ -107,22 +108,55 @@ const (
 // its first 2 s and 97% over the second second with slow start off
 // (TestFlashCrowdWithoutSlowStart in admission). So the limiter starts in
 // slow start, as a TCP connection
-// does (RFC 5681, section 3.1): in slow start, a round that reached the
-// limit (in flight at the limit at some point: calls waited or were
-// refused for lack of it), with its mean latency below 1.25 × the baseline
-// and no more than a tenth of its calls failed, doubles the limit, within
-// MaxLimit:
+// does (RFC 5681, section 3.1). In slow start a round is judged on the
+// calls admitted under the limit it judges: those admitted after the limit
+// last changed, and once in-flight has reached it (calls waited or were
+// refused for lack of it), only those admitted from the instant it did,
+// the round starting afresh there. A round that reached the limit, with
+// its mean latency short below 1.25 × the baseline and no more than a tenth
+// of its calls failed, doubles the limit, less the share its latency rose,
+// within MaxLimit:
 //
-//	limit = 2 × limit
+//	limit = limit + min(limit, round(limit × baseline / short))
 //
-// The crowd then has 91 to 93% of its requests admitted over the first
-// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted), the limit at 20, 24, 48, 97,
-// 195, 391, 783. The first round that reached the limit and fails the
-// test ends slow start, and is an ordinary round: the gradient and the
-// headroom of sqrt(limit). Slow start starts again once the limit has been idle for
-// policy.Limiter.SlowStartIdle (1 s by default): no call admitted with
-// half the limit or more in flight (the tether's measure of use) and none
-// that found it reached. The choices, and why, and where TCP differs:
+// The crowd then has 88.6 to 89.3% of its requests admitted over the first
+// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted),
+// the limit at 20, 24, 48, 96, 192, 384, 768. The first round that reached
+// the limit and fails the test ends slow start, and is an ordinary round
+// with no headroom: the gradient alone. Slow start starts again once the
+// limit has been idle for policy.Limiter.SlowStartIdle (1 s by default): no
+// call admitted with half the limit or more in flight (the tether's measure
+// of use) and none that found it reached. The choices, and why, and where
+// TCP differs:
+//
+//   - Judged on the doubled limit's calls: TCP grows its window on the
+//     acknowledgements of the window it sent, which was in flight whole.
+//     A round of whatever calls completed next mostly held calls admitted
+//     under the old limit, at the old concurrency: 400 callers on 50
+//     workers at 20 ms behind a FIFO doubled 97 to 195, 3.9 times the
+//     workers. Counted from the limit's change, the first calls to complete
+//     were those admitted as in-flight climbed to it, which find the
+//     dependency's queue as the old limit left it: still 3.9 times. Counted
+//     from the instant the limit is reached, the round is of calls admitted
+//     at it (a burst admitted at that instant is at it together).
+//   - Less the rise: a FIFO of C workers at L calls in flight answers in
+//     L/C times its work (Little's law), so a round at 1.2 × the baseline
+//     says C is about L/1.2, and the doubling adds that, not L. The first
+//     round of a new limit also sees the queue build, below where it
+//     settles: on 37 workers, 48 calls measured 1.23 × the baseline where
+//     L/C is 1.30, and a whole doubling went to 2.6 times the workers. A
+//     flat latency doubles the limit whole.
+//   - No headroom on the exit: the round that ends slow start is one past
+//     the capacity, so the gradient takes the limit down and nothing is
+//     added (on 50 workers the headroom took 96 to 101).
+//
+// On 50 FIFO workers at 20 ms, the crowd (10 callers for a second, then
+// 400) takes the limit to 96, 1.9 times the workers, and it settles at 85;
+// on 25 to 60 workers, it peaks at most at 2.35 times them
+// (TestLimiterSlowStartOnAFIFO, TestLimiterSlowStartAcrossCapacities: a
+// doubling goes on only below 1.25 × the baseline, from a limit of at most
+// about 1.25 times the workers, and adds about what they serve without a
+// queue). The other choices:
 //
 //   - Reached, not used: only a round that reached the limit doubles it,
 //     so that the limit stays within twice the calls in flight, where the
@@ -150,9 +184,10 @@ const (
 //     and the gradient, applied to the same round, takes the limit down by
 //     as much as the latency rose, on trial as any shrink. On a handler
 //     that serves 20 at a time (TestFlashCrowdOnAFixedCapacity) the limit
-//     goes 20, 24, 48, then down to where it settles without slow start,
-//     36; a flood on a FIFO (TestLimiterHoldsAFloodNearTheKnee) is
-//     unchanged, its first round at the limit already slow.
+//     goes 20, 24, 47 (2.35 times the capacity), then down to where it
+//     settles without slow start, 35 to 38; a flood on a FIFO
+//     (TestLimiterHoldsAFloodNearTheKnee) is unchanged, its first round at
+//     the limit already slow.
 //   - After idle, only the doubling restarts. RFC 5681 (section 4.1)
 //     restarts slow start from the initial window after an idle period
 //     longer than the retransmission timeout (1 s at least, RFC 6298), as
@@ -422,14 +457,22 @@ type Limiter struct {
 	// limit reached.
 	slow bool
 	busy time.Time
+	// seq counts admissions; at is the instant of the last one, and
+	// atSeq the seq of the first admitted at that instant. While a shrink
+	// is on trial, or in slow start, a round counts only calls whose seq
+	// is above countFrom: those admitted after the limit last changed, and
+	// in slow start, once the changed limit has been reached (filled), from
+	// the instant it was.
+	seq, atSeq, countFrom uint64
+	at                    time.Time
+	filled                bool
 	// A shrink on trial: its verdict is the next round of calls admitted
-	// after it (epoch counts shrinks). trialFrom is the limit before it;
+	// after it. trialFrom is the limit before it;
 	// causeMean, causePeak and causeConc are the mean latency, the peak
 	// in-flight and the mean in-flight at admission of the round that
 	// caused it; trialPeak is the most in flight when a
 	// call of the trial round was admitted; bound records whether the
 	// lower limit held back an arrival the old one would have let in.
-	epoch     uint64
 	trial     bool
 	trialFrom float64
 	causeMean float64 // seconds
@@ -462,9 +505,9 @@ func NewLimiter(cfg policy.Limiter, now time.Time, tenants *Tenants) *Limiter {
 // Release exactly once. It is a small value; the zero LimiterPermit holds
 // nothing and Release ignores it.
 type LimiterPermit struct {
-	held  bool
-	conc  int32  // in flight when it was admitted, itself included
-	epoch uint64 // the limiter's epoch when it was admitted
+	held bool
+	conc int32  // in flight when it was admitted, itself included
+	seq  uint64 // its admission's number (Limiter.seq)
 }
 
 // LimiterReason says why Acquire refused a call.
@@ -525,7 +568,7 @@ func (c LimitChange) Changed() bool { return c.From != c.To }
 type waiter struct {
 	prio       shedding.Priority
 	excess     float64 // its tenant's, when it started waiting
-	epoch      uint64  // the limiter's epoch when it was handed a slot
+	seq        uint64  // its admission's number, when it was handed a slot
 	conc       int32   // in flight when it was handed a slot, itself included
 	ready      chan bool
 	prev, next *waiter
@@ -554,11 +597,11 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 	l.mix.Add(now, int(prio), 1)
 	l.mu.Lock()
 	if l.waiting == 0 && l.inflight < l.current() {
-		l.take()
-		if 2*l.inflight >= l.current() {
+		if 2*(l.inflight+1) >= l.current() {
 			l.markBusy(now)
 		}
-		p := LimiterPermit{held: true, conc: int32(l.inflight), epoch: l.epoch}
+		l.take(now)
+		p := LimiterPermit{held: true, conc: int32(l.inflight), seq: l.seq}
 		l.mu.Unlock()
 		if tenantID != "" {
 			l.tenants.tracker(now).Add(now, tenantID)
@@ -627,7 +670,7 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 		if <-w.ready {
 			l.mu.Lock()
 			l.inflight--
-			l.dispatch()
+			l.dispatch(now)
 			l.mu.Unlock()
 		}
 		refuse.Reason = LimiterCanceled
@@ -636,15 +679,15 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	if tenantID != "" {
 		l.tenants.tracker(now).Add(now, tenantID)
 	}
-	return LimiterPermit{held: true, conc: w.conc, epoch: w.epoch}, LimiterDecision{OK: true, waited: true}
+	return LimiterPermit{held: true, conc: w.conc, seq: w.seq}, LimiterDecision{OK: true, waited: true}
 }
 
 // markBusy records that the limit is in use at now, and starts slow start
 // again if it had been idle, unused for longer than idleRestart. l.mu is
 // held.
 func (l *Limiter) markBusy(now time.Time) {
-	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart {
-		l.slow = true
+	if l.idleRestart >= 0 && now.Sub(l.busy) > l.idleRestart && !l.slow {
+		l.slow, l.filled = true, false
 	}
 	l.busy = now
 }
@@ -693,15 +736,16 @@ func (l *Limiter) Release(p LimiterPermit, now time.Time, latency time.Duration,
 	if o.Evidence() && latency > 0 {
 		c = l.sample(now, latency.Seconds(), o, p)
 	}
-	l.dispatch()
+	l.dispatch(now)
 	return c
 }
 
 // sample adds the latency x (seconds) of the call p admitted to the round
-// and ends the round when it is complete. While a shrink is on trial, only
-// calls admitted after it count. l.mu is held.
+// and ends the round when it is complete. While a shrink is on trial, or in
+// slow start, only calls admitted under the current limit count. l.mu is
+// held.
 func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPermit) LimitChange {
-	if l.trial && p.epoch != l.epoch {
+	if (l.trial || l.slow) && p.seq <= l.countFrom {
 		return LimitChange{}
 	}
 	if o == policy.Failure {
@@ -727,6 +771,9 @@ func (l *Limiter) sample(now time.Time, x float64, o policy.Outcome, p LimiterPe
 		l.update(now, short, conc, used)
 	}
 	l.roundN, l.roundSum, l.roundConc, l.roundFail, l.peak = 0, 0, 0, 0, l.inflight
+	if l.current() != from {
+		l.countFrom, l.filled = l.seq, false
+	}
 	return LimitChange{From: from, To: l.current()}
 }
 
@@ -744,10 +791,9 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	reached := l.slow && l.peak >= l.current()
 	switch {
 	case reached && short < limSlowStartExit*l.baseline && float64(l.roundFail) <= limSlowStartLoss*float64(l.roundN):
-		next += l.limit // gradient is 1
+		next += min(l.limit, math.Round(l.limit*l.baseline/short)) // gradient is 1
 	case reached:
-		l.slow = false
-		fallthrough
+		l.slow = false // and no headroom: the doubling overshot
 	case used:
 		next += math.Sqrt(l.limit)
 	}
@@ -760,7 +806,6 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 		l.learn(now, short)
 	}
 	if l.current() < int(from) {
-		l.epoch++
 		l.trial, l.trialFrom, l.bound = true, from, false
 		l.causeMean, l.causePeak, l.causeConc, l.trialPeak = short, l.peak, conc, 0
 	}
@@ -832,23 +877,32 @@ func (l *Limiter) places() int {
 	return int(math.Ceil(l.queueFactor * float64(l.current())))
 }
 
-// take admits one call. l.mu is held.
-func (l *Limiter) take() {
+// take admits one call at now. In slow start, the first call that
+// reaches a limit since it changed starts the round afresh, with the calls
+// admitted from that instant on. l.mu is held.
+func (l *Limiter) take(now time.Time) {
 	l.inflight++
+	l.seq++
+	if !now.Equal(l.at) {
+		l.at, l.atSeq = now, l.seq
+	}
 	l.peak = max(l.peak, l.inflight)
 	if l.trial {
 		l.trialPeak = max(l.trialPeak, l.inflight)
+	} else if l.slow && !l.filled && l.inflight >= l.current() {
+		l.filled, l.countFrom = true, l.atSeq-1
+		l.roundN, l.roundSum, l.roundConc, l.roundFail = 0, 0, 0, 0
 	}
 }
 
-// dispatch hands free slots to waiters, highest priority first, and trims
-// the queue to its size. l.mu is held.
-func (l *Limiter) dispatch() {
+// dispatch hands free slots to waiters at now, highest priority first, and
+// trims the queue to its size. l.mu is held.
+func (l *Limiter) dispatch(now time.Time) {
 	for l.waiting > 0 && l.inflight < l.current() {
 		w := l.first()
 		l.unlink(w)
-		l.take()
-		w.epoch, w.conc = l.epoch, int32(l.inflight)
+		l.take(now)
+		w.seq, w.conc = l.seq, int32(l.inflight)
 		w.ready <- true
 	}
 	for places := l.places(); l.waiting > places; {

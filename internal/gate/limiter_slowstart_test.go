@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"testing"
@@ -85,7 +86,7 @@ func TestLimiterSlowStartEndsOnFailures(t *testing.T) {
 		every int // one call in every fails
 		want  []LimitChange
 	}{
-		{20, []LimitChange{{20, 40}, {40, 80}, {80, 160}}},
+		{20, []LimitChange{{20, 40}, {40, 80}, {80, 160}, {160, 320}}},
 		{5, []LimitChange{{20, 24}, {24, 29}, {29, 34}}},
 	} {
 		t.Run(fmt.Sprint("failing=1/", tt.every), func(t *testing.T) {
@@ -95,7 +96,7 @@ func TestLimiterSlowStartEndsOnFailures(t *testing.T) {
 			cancel()
 			now := lmStart
 			var all []LimitChange
-			for range 5 { // failures before the baseline are not samples
+			for range 6 { // failures before the baseline are not samples
 				var permits []LimiterPermit
 				for range 5000 {
 					if p, d := l.Acquire(done, now, shedding.Critical, ""); d.OK {
@@ -194,7 +195,7 @@ func TestLimiterSlowStartsAgainAfterIdle(t *testing.T) {
 			}
 			from := l.Limit()
 			_, c := lmRounds(t, l, now, 2, 5000, flat)
-			doubled := len(c) > 0 && c[0] == LimitChange{from, 2 * from}
+			doubled := len(c) > 0 && c[0].From == from && c[0].To >= 2*from
 			if doubled != tt.want {
 				t.Errorf("after the lull at %d: changes %v, want doubling %v", from, c, tt.want)
 			}
@@ -235,4 +236,127 @@ func TestLimiterSlowStartDoesNotAllocate(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations a wave", allocs)
 	}
+}
+
+// crowdSim is the Limiter doc's flash crowd in virtual time, in front of a
+// fifoServer: closed-loop callers, each calling again as soon as its call
+// ends, or crowdSimPause after a refusal (no caller waits in the
+// limiter's queue). A call's latency, from admission to its end, is the
+// work the FIFO holds ahead of it.
+type crowdSim struct {
+	l      *Limiter
+	s      *fifoServer
+	events crowdEvents
+	seq    int
+}
+
+const crowdSimPause = 50 * time.Millisecond
+
+// crowdEvent is a caller's next try (held false) or the end of its call.
+type crowdEvent struct {
+	at    time.Time
+	seq   int // ties in order of scheduling
+	held  bool
+	p     LimiterPermit
+	start time.Time
+}
+
+// crowdEvents is a min-heap of events by (at, seq).
+type crowdEvents []crowdEvent
+
+func (h crowdEvents) Len() int { return len(h) }
+func (h crowdEvents) Less(i, j int) bool {
+	return h[i].at.Before(h[j].at) || h[i].at.Equal(h[j].at) && h[i].seq < h[j].seq
+}
+func (h crowdEvents) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *crowdEvents) Push(x any)   { *h = append(*h, x.(crowdEvent)) }
+func (h *crowdEvents) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func (c *crowdSim) schedule(e crowdEvent) {
+	c.seq++
+	e.seq = c.seq
+	heap.Push(&c.events, e)
+}
+
+// run starts n callers at from and plays every event before to, calling
+// each after every event with the instant it happened at.
+func (c *crowdSim) run(from, to time.Time, n int, each func(now time.Time)) {
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range n {
+		c.schedule(crowdEvent{at: from})
+	}
+	for len(c.events) > 0 && c.events[0].at.Before(to) {
+		e := heap.Pop(&c.events).(crowdEvent)
+		now := e.at
+		if e.held {
+			c.l.Release(e.p, now, now.Sub(e.start), policy.Success)
+		} else if p, d := c.l.Acquire(done, now, shedding.Critical, ""); d.OK {
+			c.schedule(crowdEvent{at: c.s.admit(now), held: true, p: p, start: now})
+			continue
+		} else {
+			c.schedule(crowdEvent{at: now.Add(crowdSimPause)})
+			continue
+		}
+		c.schedule(crowdEvent{at: now}) // the caller calls again
+		if each != nil {
+			each(now)
+		}
+	}
+}
+
+// crowdOnAFIFO runs 10 callers for a second, then 390 more for 2 s, on
+// workers at work a call with a default Limiter, and returns the highest
+// limit and every limit it took, in order.
+func crowdOnAFIFO(workers int, work time.Duration) (hi int, trace []int) {
+	l := newLimiter(policy.Limiter{}, lmStart)
+	c := &crowdSim{l: l, s: &fifoServer{work: work, free: make([]time.Time, workers)}}
+	note := func(time.Time) {
+		if n := l.Limit(); len(trace) == 0 || trace[len(trace)-1] != n {
+			trace = append(trace, n)
+			hi = max(hi, n)
+		}
+	}
+	step := lmStart.Add(time.Second)
+	c.run(lmStart, step, 10, note)
+	c.run(step, step.Add(2*time.Second), 390, note)
+	return hi, trace
+}
+
+// TestLimiterSlowStartOnAFIFO: the flash crowd of 400 callers on 50
+// workers at 20 ms behind a FIFO. Each doubling must be judged on calls
+// admitted under the doubled limit: a round that counted whatever
+// completed, most of it admitted under the old limit, doubled 80 to 160
+// at the baseline's latency, 3.2 times the workers. The limit must stay
+// within 2 times the workers.
+func TestLimiterSlowStartOnAFIFO(t *testing.T) {
+	const workers = 50
+	hi, trace := crowdOnAFIFO(workers, 20*time.Millisecond)
+	t.Logf("%d workers: limit up to %d: %v", workers, hi, trace)
+	if hi > 2*workers {
+		t.Errorf("limit up to %d on %d workers, want <= %d (limit %v)", hi, workers, 2*workers, trace)
+	}
+}
+
+// TestLimiterSlowStartAcrossCapacities: the same crowd on 25 to 60
+// workers. A doubling goes on only while a round of the doubled limit's
+// calls is within 1.25 times the baseline, so a limit L that doubles is at
+// most 1.25 times the workers and its double 2.5 times: the limit must
+// never pass 2.5 times the workers.
+func TestLimiterSlowStartAcrossCapacities(t *testing.T) {
+	worst := 0.0
+	for workers := 25; workers <= 60; workers++ {
+		hi, trace := crowdOnAFIFO(workers, 20*time.Millisecond)
+		r := float64(hi) / float64(workers)
+		worst = max(worst, r)
+		if r > 2.5 {
+			t.Errorf("%d workers: limit up to %d, %.2f times, want <= 2.5 (limit %v)", workers, hi, r, trace)
+		}
+	}
+	t.Logf("the highest limit, at most %.2f times the workers", worst)
 }

@@ -257,7 +257,7 @@ func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 // tell a flat latency from noise, so nothing is learned; but every shrink
 // is undone, and the limit dips every other round instead of going down.
 func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
-	l := newLimiter(policy.Limiter{InitialLimit: 16, MaxLimit: 16}, lmStart)
+	l := newLimiter(policy.Limiter{InitialLimit: 16, MaxLimit: 16, SlowStartIdle: -1}, lmStart)
 	now := lmStart
 	calm := func(int) time.Duration { return 10 * time.Millisecond }
 	slow := func(int) time.Duration { return 30 * time.Millisecond }
@@ -351,9 +351,13 @@ func TestLimiterFailuresAndNonEvidence(t *testing.T) {
 		}
 	}
 	now, _ = lmWave(t, l, now, 20, 10*time.Millisecond, policy.Success) // baseline
-	// Fast failures: as the baseline, flat: growth, by sqrt(limit) (a
-	// round of failures ends slow start).
+	// Fast failures: as the baseline, flat: growth, by sqrt(limit), once
+	// a round of them has ended slow start (with no headroom).
 	now, c := lmWave(t, l, now, 20, time.Microsecond, policy.Failure)
+	if len(c) != 0 || l.slow {
+		t.Errorf("fast failures in slow start: %v, slow start %v; want no change, and slow start ended", c, l.slow)
+	}
+	now, c = lmWave(t, l, now, 20, time.Microsecond, policy.Failure)
 	if len(c) != 1 || c[0] != (LimitChange{20, 24}) {
 		t.Errorf("fast failures: %v, want {20 24}", c)
 	}
