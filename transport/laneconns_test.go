@@ -1,0 +1,412 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// connReplica is an HTTP/2 server over TLS on a loopback address of its
+// own (127.0.0.n), which counts its connections as they open and close.
+// GET /stream sends its headers once its batch has arrived (see
+// streamBatch) and its body when released; any other path answers status
+// (200 if zero).
+type connReplica struct {
+	srv      *httptest.Server
+	batch    *streamBatch
+	open     atomic.Int64 // connections open now
+	accepted atomic.Int64 // connections ever accepted
+	hits     atomic.Int64 // requests other than /stream
+	status   atomic.Int64
+
+	mu      sync.Mutex
+	streams int           // /stream bodies not yet sent
+	release chan struct{} // closed to send them
+}
+
+func newConnReplica(t *testing.T, batch *streamBatch, n int) *connReplica {
+	t.Helper()
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:0", n))
+	if err != nil {
+		t.Skipf("no loopback address 127.0.0.%d: %v", n, err)
+	}
+	r := &connReplica{batch: batch, release: make(chan struct{})}
+	r.srv = httptest.NewUnstartedServer(r)
+	r.srv.Listener.Close()
+	r.srv.Listener = l
+	r.srv.EnableHTTP2 = true
+	r.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			r.open.Add(1)
+			r.accepted.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			r.open.Add(-1)
+		}
+	}
+	r.srv.StartTLS()
+	t.Cleanup(r.srv.Close)
+	t.Cleanup(r.finish) // first: Close waits for the handlers
+	return r
+}
+
+func (r *connReplica) addr() string { return r.srv.Listener.Addr().String() }
+
+func (r *connReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != "/stream" {
+		r.hits.Add(1)
+		if s := int(r.status.Load()); s != 0 {
+			w.WriteHeader(s)
+		}
+		io.WriteString(w, "ok")
+		return
+	}
+	r.mu.Lock()
+	r.streams++
+	release := r.release
+	r.mu.Unlock()
+	r.batch.arrive(req.Context())
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+	select {
+	case <-release:
+		io.WriteString(w, "streamed")
+	case <-req.Context().Done():
+	}
+}
+
+// streaming returns how many /stream bodies r holds.
+func (r *connReplica) streaming() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.streams
+}
+
+// finish sends every /stream body r holds.
+func (r *connReplica) finish() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.release)
+	r.release = make(chan struct{})
+	r.streams = 0
+}
+
+// waitClosed waits until r has open connections open, or fails the test after
+// 3 s (socket closes are polled).
+func (r *connReplica) waitClosed(t *testing.T, open int64, what string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for r.open.Load() != open {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d connections open after its last stream ended, want %d", what, r.open.Load(), open)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// answers is an Endpoints whose answer a test sets, and which counts its
+// questions.
+type answers struct {
+	mu    sync.Mutex
+	addrs []string
+	asked int
+}
+
+func (a *answers) set(addrs ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.addrs, a.asked = addrs, 0
+}
+
+func (a *answers) times() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.asked
+}
+
+func (a *answers) Resolve(context.Context, string) ([]string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.asked++
+	return append([]string(nil), a.addrs...), nil
+}
+
+// connsClient returns a base for the replicas' TLS (every httptest server
+// has the same certificate, for example.com among others), which refuses
+// to dial example.com itself: only lanes reach the replicas.
+func connsClient(r *connReplica) *http.Transport {
+	base := r.srv.Client().Transport.(*http.Transport).Clone()
+	var d net.Dialer
+	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr == "example.com:443" {
+			return nil, errors.New("example.com is only known to Endpoints")
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	return base
+}
+
+// connsGet sends GET https://example.com+path through rt and returns the
+// answer unread, or fails the test.
+func connsGet(t *testing.T, rt http.RoundTripper, path string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "https://example.com"+path, nil)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("GET %s came back over %s, want HTTP/2", path, resp.Proto)
+	}
+	return resp
+}
+
+func readClose(resp *http.Response) {
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// streamBatch holds the headers of /stream answers until a batch of them
+// has arrived, so that a batch's attempts are in flight together and
+// spread over the lanes as load does.
+type streamBatch struct {
+	mu      sync.Mutex
+	want    int
+	arrived int
+	all     chan struct{}
+}
+
+// expect starts a batch of n.
+func (b *streamBatch) expect(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.want, b.arrived, b.all = n, 0, make(chan struct{})
+}
+
+func (b *streamBatch) arrive(ctx context.Context) {
+	b.mu.Lock()
+	b.arrived++
+	if b.arrived == b.want {
+		close(b.all)
+	}
+	all := b.all
+	b.mu.Unlock()
+	select {
+	case <-all:
+	case <-ctx.Done():
+	}
+}
+
+// openStreams opens batches of four /stream bodies through rt until each
+// replica holds one, and returns them.
+func openStreams(t *testing.T, rt http.RoundTripper, batch *streamBatch, reps ...*connReplica) []*http.Response {
+	t.Helper()
+	var open []*http.Response
+	for range 10 {
+		held := 0
+		for _, r := range reps {
+			if r.streaming() > 0 {
+				held++
+			}
+		}
+		if held == len(reps) {
+			return open
+		}
+		batch.expect(4)
+		resps := make([]*http.Response, 4)
+		errs := make([]error, 4)
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, "https://example.com/stream", nil)
+				resps[i], errs[i] = rt.RoundTrip(req)
+			})
+		}
+		wg.Wait()
+		for i, resp := range resps {
+			if errs[i] != nil {
+				t.Fatalf("GET /stream: %v", errs[i])
+			}
+			if resp.ProtoMajor != 2 {
+				t.Fatalf("GET /stream came back over %s, want HTTP/2", resp.Proto)
+			}
+			open = append(open, resp)
+		}
+	}
+	t.Fatal("10 batches of streams did not reach every replica")
+	return nil
+}
+
+// primeAnswers makes rt's first call, which starts the first refresh of
+// its Endpoints a, and calls until a's answer is in use (a second
+// question is only asked once the first answer is applied).
+func primeAnswers(t *testing.T, rt http.RoundTripper, a *answers) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for a.times() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("Endpoints was not asked twice in 3 s")
+		}
+		req, _ := http.NewRequest(http.MethodGet, "https://example.com/", nil)
+		if resp, err := rt.RoundTrip(req); err == nil {
+			readClose(resp)
+		}
+	}
+}
+
+// TestADrainedLanesConnectionClosesAfterItsLastStream: a lane whose
+// address left Endpoints' answer while a stream was open on its HTTP/2
+// connection has that connection closed once the stream ends.
+func TestADrainedLanesConnectionClosesAfterItsLastStream(t *testing.T) {
+	batch := new(streamBatch)
+	a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
+	ends := new(answers)
+	ends.set(a.addr(), b.addr())
+	rt, err := New(Config{Base: connsClient(a), Policies: policy.Set{
+		Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.CloseIdleConnections()
+	primeAnswers(t, rt, ends)
+	open := openStreams(t, rt, batch, a, b)
+
+	ends.set(b.addr()) // a leaves the set
+	primeAnswers(t, rt, ends)
+	a.finish()
+	b.finish()
+	for _, resp := range open {
+		readClose(resp)
+	}
+	a.waitClosed(t, 0, "the drained lane")
+	if b.open.Load() == 0 {
+		t.Error("the kept lane's connections were closed")
+	}
+}
+
+// TestAnEjectedLaneReturnsOnANewConnection: a lane ejected while a
+// stream was open on its HTTP/2 connection has that connection closed once
+// the stream ends, and comes back on a new one.
+func TestAnEjectedLaneReturnsOnANewConnection(t *testing.T) {
+	batch := new(streamBatch)
+	a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
+	ends := new(answers)
+	ends.set(a.addr(), b.addr())
+	var mu sync.Mutex
+	var ejected []string
+	rt, err := New(Config{
+		Base: connsClient(a),
+		Policies: policy.Set{Replicas: &policy.Replicas{
+			Endpoints: ends, Refresh: time.Hour, ConsecutiveFailures: 1, EjectFor: 100 * time.Millisecond,
+		}},
+		Observer: &policy.Observer{LaneEjected: func(e policy.LaneEjection) {
+			mu.Lock()
+			defer mu.Unlock()
+			ejected = append(ejected, e.Addr)
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodGet, "https://example.com/", nil)
+	if resp, err := rt.RoundTrip(req); err == nil { // the first call, which asks Endpoints
+		readClose(resp)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for rt.Measured("example.com").Lanes != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("Endpoints' answer not in use after 3 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	open := openStreams(t, rt, batch, a, b)
+
+	a.status.Store(http.StatusInternalServerError)
+	b.status.Store(http.StatusInternalServerError)
+	readClose(connsGet(t, rt, "/"))
+	a.status.Store(0)
+	b.status.Store(0)
+	mu.Lock()
+	if len(ejected) != 1 {
+		mu.Unlock()
+		t.Fatalf("lanes ejected: %v, want one", ejected)
+	}
+	out, kept := a, b
+	if ejected[0] == b.addr() {
+		out, kept = b, a
+	}
+	mu.Unlock()
+	before := out.accepted.Load()
+
+	a.finish()
+	b.finish()
+	for _, resp := range open {
+		readClose(resp)
+	}
+	out.waitClosed(t, 0, "the ejected lane")
+	if kept.open.Load() == 0 {
+		t.Error("the lane not ejected had its connections closed")
+	}
+	hits := out.hits.Load()
+	deadline = time.Now().Add(3 * time.Second)
+	for out.hits.Load() == hits {
+		if time.Now().After(deadline) {
+			t.Fatal("the ejected lane got no call in 3 s")
+		}
+		readClose(connsGet(t, rt, "/"))
+	}
+	if n := out.accepted.Load() - before; n != 1 {
+		t.Errorf("the lane came back from its ejection on %d new connections, want 1", n)
+	}
+}
+
+// TestAnEvictedKeysConnectionsCloseAfterTheirLastStream: a key forgotten
+// (MaxKeys) while streams were open on its lanes' HTTP/2 connections has
+// those connections closed once the streams end.
+func TestAnEvictedKeysConnectionsCloseAfterTheirLastStream(t *testing.T) {
+	batch := new(streamBatch)
+	a, b, other := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3), newConnReplica(t, batch, 1)
+	ends := new(answers)
+	ends.set(a.addr(), b.addr())
+	rt, err := New(Config{
+		Base:     connsClient(a),
+		MaxKeys:  1,
+		Policies: policy.Set{},
+		PerKey:   map[string]policy.Set{"example.com": {Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.CloseIdleConnections()
+	primeAnswers(t, rt, ends)
+	open := openStreams(t, rt, batch, a, b)
+
+	req, _ := http.NewRequest(http.MethodGet, "https://"+other.addr()+"/", nil)
+	resp, err := rt.RoundTrip(req) // evicts example.com, MaxKeys being 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	readClose(resp)
+	if rt.Measured("example.com").HasReplicas {
+		t.Fatal("example.com was not evicted")
+	}
+	a.finish()
+	b.finish()
+	for _, resp := range open {
+		readClose(resp)
+	}
+	a.waitClosed(t, 0, "the evicted key's lane on a")
+	b.waitClosed(t, 0, "the evicted key's lane on b")
+}
