@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -409,4 +410,52 @@ func TestAnEvictedKeysConnectionsCloseAfterTheirLastStream(t *testing.T) {
 	}
 	a.waitClosed(t, 0, "the evicted key's lane on a")
 	b.waitClosed(t, 0, "the evicted key's lane on b")
+}
+
+// TestALaneWrapsAnHTTP2BodyOnce: over lanes, a call whose answer came
+// over HTTP/2 allocates one wrapper of its body more than over the base
+// (to see its stream end), and a call over HTTP/1 nothing more. Each
+// pool, and the base, answer from a RoundTripper registered for "http".
+func TestALaneWrapsAnHTTP2BodyOnce(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	body := strings.NewReader("")
+	for _, major := range []int{1, 2} {
+		answer := fakeRT(func(*http.Request) (*http.Response, error) {
+			body.Reset("")
+			return &http.Response{StatusCode: http.StatusOK, ProtoMajor: major, Body: io.NopCloser(body)}, nil
+		})
+		measure := func(set policy.Set) float64 {
+			base := new(http.Transport)
+			base.RegisterProtocol("http", answer)
+			rt, err := New(Config{Base: base, Policies: set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := rt.scopes.enter("api", time.Now())
+			s.leave()
+			if s.lanes != nil {
+				s.lanes.Pools(func(p *lanePool) { p.cur.Load().t.RegisterProtocol("http", answer) })
+			}
+			req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
+			return testing.AllocsPerRun(1000, func() {
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			})
+		}
+		off := measure(policy.Set{})
+		on := measure(policy.Set{Replicas: &policy.Replicas{}})
+		want := off
+		if major == 2 {
+			want++
+		}
+		if on != want {
+			t.Errorf("HTTP/%d: a call allocates %v times over lanes, %v over the base, want %v", major, on, off, want)
+		}
+	}
 }

@@ -122,8 +122,11 @@ func (p *lanePool) CloseIdleConnections() {
 func (p *lanePool) forget() {
 	p.mu.Lock()
 	p.done = true
+	g := p.cur.Swap(nil)
 	p.mu.Unlock()
-	p.CloseIdleConnections()
+	if g != nil {
+		g.letGo(p.let)
+	}
 }
 
 // closeIdle closes the idle connections of the pool's current clone.
