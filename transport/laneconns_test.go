@@ -64,6 +64,16 @@ func newConnReplica(t *testing.T, batch *streamBatch, n int) *connReplica {
 func (r *connReplica) addr() string { return r.srv.Listener.Addr().String() }
 
 func (r *connReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path == "/slow" { // its body 40 ms after its headers
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-time.After(40 * time.Millisecond):
+			io.WriteString(w, "streamed")
+		case <-req.Context().Done():
+		}
+		return
+	}
 	if req.URL.Path != "/stream" {
 		r.hits.Add(1)
 		if s := int(r.status.Load()); s != 0 {
@@ -457,5 +467,83 @@ func TestALaneWrapsAnHTTP2BodyOnce(t *testing.T) {
 		if on != want {
 			t.Errorf("HTTP/%d: a call allocates %v times over lanes, %v over the base, want %v", major, on, off, want)
 		}
+	}
+}
+
+// TestLaneChurnLeavesNoConnectionOpen: while Endpoints' answer rotates
+// over four replicas every 30 ms for a second, under four callers whose
+// bodies stream 40 ms each, every connection of a lane let go is closed
+// once its last stream ends, and CloseIdleConnections closes the rest:
+// none is left open.
+func TestLaneChurnLeavesNoConnectionOpen(t *testing.T) {
+	batch := new(streamBatch)
+	var reps []*connReplica
+	var addrs []string
+	for n := 2; n <= 5; n++ {
+		r := newConnReplica(t, batch, n)
+		reps = append(reps, r)
+		addrs = append(addrs, r.addr())
+	}
+	var turn atomic.Int64
+	rotating := resolverFunc(func(context.Context, string) ([]string, error) {
+		i := int(turn.Add(1))
+		return []string{addrs[i%4], addrs[(i+1)%4], addrs[(i+2)%4]}, nil
+	})
+	rt, err := New(Config{Base: connsClient(reps[0]), Policies: policy.Set{
+		Replicas: &policy.Replicas{Endpoints: rotating, Refresh: 30 * time.Millisecond},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.CloseIdleConnections()
+	deadline := time.Now().Add(3 * time.Second)
+	for rt.Measured("example.com").Lanes != 3 { // the first answer is in
+		if time.Now().After(deadline) {
+			t.Fatal("Endpoints' answer not in use after 3 s")
+		}
+		req, _ := http.NewRequest(http.MethodGet, "https://example.com/", nil)
+		if resp, err := rt.RoundTrip(req); err == nil {
+			readClose(resp)
+		}
+	}
+	end := time.Now().Add(time.Second)
+	var wg sync.WaitGroup
+	var calls, failed atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				calls.Add(1)
+				req, _ := http.NewRequest(http.MethodGet, "https://example.com/slow", nil)
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				readClose(resp)
+			}
+		})
+	}
+	wg.Wait()
+	open := func() (n int64) {
+		for _, r := range reps {
+			n += r.open.Load()
+		}
+		return n
+	}
+	accepted := int64(0)
+	for _, r := range reps {
+		accepted += r.accepted.Load()
+	}
+	t.Logf("%d calls (%d failed), %d refreshes, %d connections accepted, %d open when the calls ended", calls.Load(), failed.Load(), turn.Load(), accepted, open())
+	if turn.Load() < 5 {
+		t.Fatalf("only %d refreshes while calls ran", turn.Load())
+	}
+	rt.CloseIdleConnections()
+	deadline = time.Now().Add(3 * time.Second)
+	for open() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still open after the churn and CloseIdleConnections, want 0", open())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
