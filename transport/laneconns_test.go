@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -153,10 +154,16 @@ func (a *answers) Resolve(context.Context, string) ([]string, error) {
 }
 
 // connsClient returns a base for the replicas' TLS (every httptest server
-// has the same certificate, for example.com among others), which refuses
-// to dial example.com itself: only lanes reach the replicas.
-func connsClient(r *connReplica) *http.Transport {
+// has the same certificate, for example.com among others), speaking
+// HTTP/major (1 or 2), which refuses to dial example.com itself: only
+// lanes reach the replicas.
+func connsClient(r *connReplica, major int) *http.Transport {
 	base := r.srv.Client().Transport.(*http.Transport).Clone()
+	if major == 1 {
+		base.ForceAttemptHTTP2 = false
+		base.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		base.TLSClientConfig.NextProtos = nil
+	}
 	var d net.Dialer
 	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if addr == "example.com:443" {
@@ -168,16 +175,16 @@ func connsClient(r *connReplica) *http.Transport {
 }
 
 // connsGet sends GET https://example.com+path through rt and returns the
-// answer unread, or fails the test.
-func connsGet(t *testing.T, rt http.RoundTripper, path string) *http.Response {
+// answer unread, or fails the test if it fails or is not over HTTP/major.
+func connsGet(t *testing.T, rt http.RoundTripper, path string, major int) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, "https://example.com"+path, nil)
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}
-	if resp.ProtoMajor != 2 {
-		t.Fatalf("GET %s came back over %s, want HTTP/2", path, resp.Proto)
+	if resp.ProtoMajor != major {
+		t.Fatalf("GET %s came back over %s, want HTTP/%d", path, resp.Proto, major)
 	}
 	return resp
 }
@@ -220,7 +227,7 @@ func (b *streamBatch) arrive(ctx context.Context) {
 
 // openStreams opens batches of four /stream bodies through rt until each
 // replica holds one, and returns them.
-func openStreams(t *testing.T, rt http.RoundTripper, batch *streamBatch, reps ...*connReplica) []*http.Response {
+func openStreams(t *testing.T, rt http.RoundTripper, major int, batch *streamBatch, reps ...*connReplica) []*http.Response {
 	t.Helper()
 	var open []*http.Response
 	for range 10 {
@@ -248,8 +255,8 @@ func openStreams(t *testing.T, rt http.RoundTripper, batch *streamBatch, reps ..
 			if errs[i] != nil {
 				t.Fatalf("GET /stream: %v", errs[i])
 			}
-			if resp.ProtoMajor != 2 {
-				t.Fatalf("GET /stream came back over %s, want HTTP/2", resp.Proto)
+			if resp.ProtoMajor != major {
+				t.Fatalf("GET /stream came back over %s, want HTTP/%d", resp.Proto, major)
 			}
 			open = append(open, resp)
 		}
@@ -279,30 +286,34 @@ func primeAnswers(t *testing.T, rt http.RoundTripper, a *answers) {
 // address left Endpoints' answer while a stream was open on its HTTP/2
 // connection has that connection closed once the stream ends.
 func TestADrainedLanesConnectionClosesAfterItsLastStream(t *testing.T) {
-	batch := new(streamBatch)
-	a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
-	ends := new(answers)
-	ends.set(a.addr(), b.addr())
-	rt, err := New(Config{Base: connsClient(a), Policies: policy.Set{
-		Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.CloseIdleConnections()
-	primeAnswers(t, rt, ends)
-	open := openStreams(t, rt, batch, a, b)
+	for _, major := range []int{2, 1} {
+		t.Run(fmt.Sprintf("HTTP_%d", major), func(t *testing.T) {
+			batch := new(streamBatch)
+			a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
+			ends := new(answers)
+			ends.set(a.addr(), b.addr())
+			rt, err := New(Config{Base: connsClient(a, major), Policies: policy.Set{
+				Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.CloseIdleConnections()
+			primeAnswers(t, rt, ends)
+			open := openStreams(t, rt, major, batch, a, b)
 
-	ends.set(b.addr()) // a leaves the set
-	primeAnswers(t, rt, ends)
-	a.finish()
-	b.finish()
-	for _, resp := range open {
-		readClose(resp)
-	}
-	a.waitClosed(t, 0, "the drained lane")
-	if b.open.Load() == 0 {
-		t.Error("the kept lane's connections were closed")
+			ends.set(b.addr()) // a leaves the set
+			primeAnswers(t, rt, ends)
+			a.finish()
+			b.finish()
+			for _, resp := range open {
+				readClose(resp)
+			}
+			a.waitClosed(t, 0, "the drained lane")
+			if b.open.Load() == 0 {
+				t.Error("the kept lane's connections were closed")
+			}
+		})
 	}
 }
 
@@ -310,76 +321,80 @@ func TestADrainedLanesConnectionClosesAfterItsLastStream(t *testing.T) {
 // stream was open on its HTTP/2 connection has that connection closed once
 // the stream ends, and comes back on a new one.
 func TestAnEjectedLaneReturnsOnANewConnection(t *testing.T) {
-	batch := new(streamBatch)
-	a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
-	ends := new(answers)
-	ends.set(a.addr(), b.addr())
-	var mu sync.Mutex
-	var ejected []string
-	rt, err := New(Config{
-		Base: connsClient(a),
-		Policies: policy.Set{Replicas: &policy.Replicas{
-			Endpoints: ends, Refresh: time.Hour, ConsecutiveFailures: 1, EjectFor: 100 * time.Millisecond,
-		}},
-		Observer: &policy.Observer{LaneEjected: func(e policy.LaneEjection) {
+	for _, major := range []int{2, 1} {
+		t.Run(fmt.Sprintf("HTTP_%d", major), func(t *testing.T) {
+			batch := new(streamBatch)
+			a, b := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3)
+			ends := new(answers)
+			ends.set(a.addr(), b.addr())
+			var mu sync.Mutex
+			var ejected []string
+			rt, err := New(Config{
+				Base: connsClient(a, major),
+				Policies: policy.Set{Replicas: &policy.Replicas{
+					Endpoints: ends, Refresh: time.Hour, ConsecutiveFailures: 1, EjectFor: 100 * time.Millisecond,
+				}},
+				Observer: &policy.Observer{LaneEjected: func(e policy.LaneEjection) {
+					mu.Lock()
+					defer mu.Unlock()
+					ejected = append(ejected, e.Addr)
+				}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.CloseIdleConnections()
+			req, _ := http.NewRequest(http.MethodGet, "https://example.com/", nil)
+			if resp, err := rt.RoundTrip(req); err == nil { // the first call, which asks Endpoints
+				readClose(resp)
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for rt.Measured("example.com").Lanes != 2 {
+				if time.Now().After(deadline) {
+					t.Fatal("Endpoints' answer not in use after 3 s")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			open := openStreams(t, rt, major, batch, a, b)
+
+			a.status.Store(http.StatusInternalServerError)
+			b.status.Store(http.StatusInternalServerError)
+			readClose(connsGet(t, rt, "/", major))
+			a.status.Store(0)
+			b.status.Store(0)
 			mu.Lock()
-			defer mu.Unlock()
-			ejected = append(ejected, e.Addr)
-		}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.CloseIdleConnections()
-	req, _ := http.NewRequest(http.MethodGet, "https://example.com/", nil)
-	if resp, err := rt.RoundTrip(req); err == nil { // the first call, which asks Endpoints
-		readClose(resp)
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for rt.Measured("example.com").Lanes != 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("Endpoints' answer not in use after 3 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	open := openStreams(t, rt, batch, a, b)
+			if len(ejected) != 1 {
+				mu.Unlock()
+				t.Fatalf("lanes ejected: %v, want one", ejected)
+			}
+			out, kept := a, b
+			if ejected[0] == b.addr() {
+				out, kept = b, a
+			}
+			mu.Unlock()
+			before := out.accepted.Load()
 
-	a.status.Store(http.StatusInternalServerError)
-	b.status.Store(http.StatusInternalServerError)
-	readClose(connsGet(t, rt, "/"))
-	a.status.Store(0)
-	b.status.Store(0)
-	mu.Lock()
-	if len(ejected) != 1 {
-		mu.Unlock()
-		t.Fatalf("lanes ejected: %v, want one", ejected)
-	}
-	out, kept := a, b
-	if ejected[0] == b.addr() {
-		out, kept = b, a
-	}
-	mu.Unlock()
-	before := out.accepted.Load()
-
-	a.finish()
-	b.finish()
-	for _, resp := range open {
-		readClose(resp)
-	}
-	out.waitClosed(t, 0, "the ejected lane")
-	if kept.open.Load() == 0 {
-		t.Error("the lane not ejected had its connections closed")
-	}
-	hits := out.hits.Load()
-	deadline = time.Now().Add(3 * time.Second)
-	for out.hits.Load() == hits {
-		if time.Now().After(deadline) {
-			t.Fatal("the ejected lane got no call in 3 s")
-		}
-		readClose(connsGet(t, rt, "/"))
-	}
-	if n := out.accepted.Load() - before; n != 1 {
-		t.Errorf("the lane came back from its ejection on %d new connections, want 1", n)
+			a.finish()
+			b.finish()
+			for _, resp := range open {
+				readClose(resp)
+			}
+			out.waitClosed(t, 0, "the ejected lane")
+			if kept.open.Load() == 0 {
+				t.Error("the lane not ejected had its connections closed")
+			}
+			hits := out.hits.Load()
+			deadline = time.Now().Add(3 * time.Second)
+			for out.hits.Load() == hits {
+				if time.Now().After(deadline) {
+					t.Fatal("the ejected lane got no call in 3 s")
+				}
+				readClose(connsGet(t, rt, "/", major))
+			}
+			if n := out.accepted.Load() - before; n != 1 {
+				t.Errorf("the lane came back from its ejection on %d new connections, want 1", n)
+			}
+		})
 	}
 }
 
@@ -387,39 +402,43 @@ func TestAnEjectedLaneReturnsOnANewConnection(t *testing.T) {
 // (MaxKeys) while streams were open on its lanes' HTTP/2 connections has
 // those connections closed once the streams end.
 func TestAnEvictedKeysConnectionsCloseAfterTheirLastStream(t *testing.T) {
-	batch := new(streamBatch)
-	a, b, other := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3), newConnReplica(t, batch, 1)
-	ends := new(answers)
-	ends.set(a.addr(), b.addr())
-	rt, err := New(Config{
-		Base:     connsClient(a),
-		MaxKeys:  1,
-		Policies: policy.Set{},
-		PerKey:   map[string]policy.Set{"example.com": {Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.CloseIdleConnections()
-	primeAnswers(t, rt, ends)
-	open := openStreams(t, rt, batch, a, b)
+	for _, major := range []int{2, 1} {
+		t.Run(fmt.Sprintf("HTTP_%d", major), func(t *testing.T) {
+			batch := new(streamBatch)
+			a, b, other := newConnReplica(t, batch, 2), newConnReplica(t, batch, 3), newConnReplica(t, batch, 1)
+			ends := new(answers)
+			ends.set(a.addr(), b.addr())
+			rt, err := New(Config{
+				Base:     connsClient(a, major),
+				MaxKeys:  1,
+				Policies: policy.Set{},
+				PerKey:   map[string]policy.Set{"example.com": {Replicas: &policy.Replicas{Endpoints: ends, Refresh: time.Millisecond}}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rt.CloseIdleConnections()
+			primeAnswers(t, rt, ends)
+			open := openStreams(t, rt, major, batch, a, b)
 
-	req, _ := http.NewRequest(http.MethodGet, "https://"+other.addr()+"/", nil)
-	resp, err := rt.RoundTrip(req) // evicts example.com, MaxKeys being 1
-	if err != nil {
-		t.Fatal(err)
+			req, _ := http.NewRequest(http.MethodGet, "https://"+other.addr()+"/", nil)
+			resp, err := rt.RoundTrip(req) // evicts example.com, MaxKeys being 1
+			if err != nil {
+				t.Fatal(err)
+			}
+			readClose(resp)
+			if rt.Measured("example.com").HasReplicas {
+				t.Fatal("example.com was not evicted")
+			}
+			a.finish()
+			b.finish()
+			for _, resp := range open {
+				readClose(resp)
+			}
+			a.waitClosed(t, 0, "the evicted key's lane on a")
+			b.waitClosed(t, 0, "the evicted key's lane on b")
+		})
 	}
-	readClose(resp)
-	if rt.Measured("example.com").HasReplicas {
-		t.Fatal("example.com was not evicted")
-	}
-	a.finish()
-	b.finish()
-	for _, resp := range open {
-		readClose(resp)
-	}
-	a.waitClosed(t, 0, "the evicted key's lane on a")
-	b.waitClosed(t, 0, "the evicted key's lane on b")
 }
 
 // TestALaneWrapsAnHTTP2BodyOnce: over lanes, a call whose answer came
@@ -489,7 +508,7 @@ func TestLaneChurnLeavesNoConnectionOpen(t *testing.T) {
 		i := int(turn.Add(1))
 		return []string{addrs[i%4], addrs[(i+1)%4], addrs[(i+2)%4]}, nil
 	})
-	rt, err := New(Config{Base: connsClient(reps[0]), Policies: policy.Set{
+	rt, err := New(Config{Base: connsClient(reps[0], 2), Policies: policy.Set{
 		Replicas: &policy.Replicas{Endpoints: rotating, Refresh: 30 * time.Millisecond},
 	}})
 	if err != nil {
