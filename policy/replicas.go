@@ -81,13 +81,24 @@ import (
 // evidence, so one bad replica of four never opens it, while every lane
 // failing opens it as it would without lanes.
 //
+// A lane lets its connections go when it is drained, ejected or dialed
+// anew, and when its key is forgotten (transport.Config.MaxKeys): its
+// pool's clone is then closed once its last stream ends (an HTTP/2 body
+// read to the end or closed; an HTTP/1 connection as it falls idle), over
+// HTTP/2 as over HTTP/1.1, never left to the base's IdleConnTimeout, and
+// the lane's next attempt goes out on a clone made anew, which dials: an
+// ejected lane comes back on a new connection, which a balancer places
+// anew. Transport.CloseIdleConnections reaches the clones let go until
+// they are closed. Seeing an HTTP/2 stream end costs one small wrapper of
+// its body (one allocation a call).
+//
 // Lanes cost no goroutine and no timer: ejections end and refreshes fall
 // due lazily, from the time of the calls; a refresh runs on a goroutine
 // of its own, started by the call that found it due, and ends with
-// Resolve. A key's lanes cost about 800 bytes, plus about 1 KB a lane
+// Resolve. A key's lanes cost about 800 bytes, plus about 1.4 KB a lane
 // beyond its connections, 900 bytes of which are the lane's clone of the
 // base (go test -run '^$' -bench ScopeMemory -benchtime=1x ./transport:
-// 5.1 KB a key with four connection lanes, 5.3 KB with four of
+// 5.7 KB a key with four connection lanes, 5.9 KB with four of
 // Endpoints), and a pool holds connections only while in use or idle (the
 // base's IdleConnTimeout). Each lane has the base's per-host limits
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
@@ -108,7 +119,12 @@ type Replicas struct {
 	// It is asked in the background, never on a call's path: by the first
 	// call of a key, then by the first call that finds its answer older
 	// than Refresh; one question at a time per key. Until the first good
-	// answer, calls go to the request's own address. A failed or empty
+	// answer, calls go to the request's own address, dialed with the
+	// base's dialer (and so the system's resolver); when that dial fails,
+	// Endpoints is asked for the address, on the call's path and within
+	// its context, and its answer dialed in order, the first that
+	// answers: a name only Endpoints knows (a cluster's DNS server, see
+	// transport.DNSWith) is reached from the first call. A failed or empty
 	// answer keeps the last good set (a failed first one is asked again
 	// after 1 s, doubling up to Refresh). A lane whose address left the
 	// set is drained: its attempts in flight finish, its idle connections
@@ -118,7 +134,8 @@ type Replicas struct {
 	// the base's DialContext (or Dial, or DialTLSContext for TLS it does
 	// itself): the Host header and the TLS server name stay the
 	// request's, so a replica must still prove it is the host. The base's
-	// Proxy is not used for it: a proxy would pick the replica itself.
+	// Proxy is not used for it, nor for the calls before the first answer:
+	// a proxy would pick the replica itself.
 	Endpoints Resolver
 
 	// Connections is the number of lanes without Endpoints. If zero, 4 is

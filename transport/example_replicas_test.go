@@ -1,8 +1,10 @@
 package transport_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 
 	"github.com/resilix/resilix/httptestutil"
@@ -15,7 +17,7 @@ import (
 // key's breaker, which judges the host, stays closed. The replicas here
 // are in memory; in production Base is left nil (or is the caller's
 // *http.Transport) and the addresses are the replicas', from
-// transport.DNS() or a Resolver of the caller's.
+// transport.DNS(), transport.DNSWith or a Resolver of the caller's.
 func ExampleStatic() {
 	var network httptestutil.Network
 	for _, name := range []string{"a", "b", "c", "d"} {
@@ -26,9 +28,9 @@ func ExampleStatic() {
 			fmt.Fprint(w, name)
 		}))
 	}
-	// The host's own address, which the key's calls go to until Static
-	// has answered (the answer comes in the background).
-	network.Listen("api.internal:80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "own") }))
+	// Nobody serves api.internal itself: until Static has answered (the
+	// answer comes in the background), the first calls fail to dial the
+	// host's own address and dial Static's addresses instead.
 	defer network.Close()
 
 	rt, err := transport.New(transport.Config{
@@ -60,4 +62,28 @@ func ExampleStatic() {
 	m := rt.Measured("api.internal")
 	fmt.Printf("%d of 200 ok over %d lanes; breaker %v\n", ok, m.Lanes, m.BreakerState)
 	// Output: 200 of 200 ok over 4 lanes; breaker closed
+}
+
+// Endpoints that asks a DNS server of the caller's (a cluster's), not the
+// system's: every address of the name is a lane, on the URL's port.
+func ExampleDNSWith() {
+	var d net.Dialer
+	clusterDNS := &net.Resolver{
+		PreferGo: true, // Dial is only used by Go's own resolver
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, "10.96.0.10:53")
+		},
+	}
+	rt, err := transport.New(transport.Config{PerKey: map[string]policy.Set{
+		"orders.prod.svc.cluster.local:8080": {
+			Replicas: &policy.Replicas{Endpoints: transport.DNSWith(clusterDNS)},
+			Retry:    &policy.Retry{},
+		},
+	}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer rt.CloseIdleConnections()
+	_ = &http.Client{Transport: rt}
 }

@@ -14,51 +14,21 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
-// lanes is a key's lanes, each with a clone of the base as its pool.
-type lanes = lane.Set[*http.Transport]
+// lanes is a key's lanes, each with a pool of its own (see lanePool).
+type lanes = lane.Set[*lanePool]
 
-// newLanes returns the lanes of a key whose chain has Replicas on.
+// newLanes returns the lanes of a key whose chain has Replicas on. While
+// Endpoints has not answered, the lane to the request's own address dials
+// through it.
 func (t *Transport) newLanes(r *policy.Replicas, now time.Time) *lanes {
 	base := t.base.(*http.Transport) // New checked
-	return lane.New(*r, now, func(addr string, _ int) *http.Transport { return lanePool(base, addr) })
-}
-
-// lanePool returns a lane's connection pool: a clone of base, which, for
-// an address lane, dials addr in place of the request's address. The
-// request's Host header and TLS server name are unchanged, so the
-// replica is asked for, and must prove it is, the request's host. The
-// base's Proxy is not used for an address lane: a proxy would choose the
-// replica itself.
-func lanePool(base *http.Transport, addr string) *http.Transport {
-	p := base.Clone()
-	if addr == "" {
-		return p
-	}
-	// A user's base may still set the deprecated Dial and DialTLS; they
-	// are honoured as net/http honours them, DialContext first.
-	dial := base.DialContext
-	//lint:ignore SA1019 honoured when the base sets it
-	if d := base.Dial; dial == nil && d != nil {
-		dial = func(_ context.Context, network, addr string) (net.Conn, error) { return d(network, addr) }
-	}
-	if dial == nil {
-		dial = new(net.Dialer).DialContext
-	}
-	p.Proxy = nil
-	p.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return dial(ctx, network, addr)
-	}
-	//lint:ignore SA1019 honoured when the base sets it
-	tls := base.DialTLS
-	if tlsc := base.DialTLSContext; tlsc != nil {
-		p.DialTLSContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return tlsc(ctx, network, addr)
+	return lane.New(*r, now, func(addr string, _ int) *lanePool {
+		var resolve policy.Resolver
+		if addr == "" {
+			resolve = r.Endpoints
 		}
-	} else if tls != nil {
-		//lint:ignore SA1019 honoured when the base sets it
-		p.DialTLS = func(network, _ string) (net.Conn, error) { return tls(network, addr) }
-	}
-	return p
+		return newLanePool(base, addr, resolve, &t.let)
+	})
 }
 
 // takeLane picks the lane leg l is sent on, among those its call has not
@@ -86,7 +56,7 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 // leaveLane tells leg l's lane how its attempt went: outcome o, resp the
 // answer if any. It closes the idle connections of the lanes the outcome
 // ejected, and of a lane drained by it.
-func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Report[*http.Transport] {
+func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Report[*lanePool] {
 	var now time.Time
 	if l.latency > 0 { // send read the time of the answer, from took
 		now = l.took.Add(l.latency)
@@ -115,7 +85,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Rep
 	return rep
 }
 
-func (c *call) laneEjection(e lane.Ejection[*http.Transport]) policy.LaneEjection {
+func (c *call) laneEjection(e lane.Ejection[*lanePool]) policy.LaneEjection {
 	return policy.LaneEjection{Context: c.ctx, Key: c.s.key, Addr: e.Lane.Addr, Index: e.Lane.Index, Reason: e.Reason, For: e.For}
 }
 
@@ -144,7 +114,15 @@ func (t *Transport) resolve(s *scope, hostport string) {
 // closeLanes closes the idle connections of every lane of s.
 func (s *scope) closeLanes() {
 	if s.lanes != nil {
-		s.lanes.Pools((*http.Transport).CloseIdleConnections)
+		s.lanes.Pools((*lanePool).closeIdle)
+	}
+}
+
+// forgetLanes lets the connections of every lane of s go, s being
+// forgotten: each closes once its last stream ends.
+func (s *scope) forgetLanes() {
+	if s.lanes != nil {
+		s.lanes.Pools((*lanePool).forget)
 	}
 }
 
@@ -172,17 +150,24 @@ func (s static) Resolve(context.Context, string) ([]string, error) { return slic
 
 // DNS returns a policy.Resolver that looks the host up with
 // net.DefaultResolver, every address it has a lane of its own, on the
-// port as given.
-func DNS() policy.Resolver { return dnsResolver{} }
+// port as given: DNSWith(net.DefaultResolver).
+func DNS() policy.Resolver { return dnsResolver{net.DefaultResolver} }
 
-type dnsResolver struct{}
+// DNSWith returns a policy.Resolver that looks the host up with r, every
+// address it has a lane of its own, on the port as given. For a DNS
+// server of the user's own (a cluster's, which the system resolver does
+// not ask), r is a net.Resolver with PreferGo and a Dial to that server
+// (see docs/replicas.md). r must not be nil.
+func DNSWith(r *net.Resolver) policy.Resolver { return dnsResolver{r} }
 
-func (dnsResolver) Resolve(ctx context.Context, hostport string) ([]string, error) {
+type dnsResolver struct{ r *net.Resolver }
+
+func (d dnsResolver) Resolve(ctx context.Context, hostport string) ([]string, error) {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return nil, err
 	}
-	ips, err := net.DefaultResolver.LookupHost(ctx, host)
+	ips, err := d.r.LookupHost(ctx, host)
 	if err != nil {
 		return nil, err
 	}

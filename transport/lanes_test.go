@@ -862,7 +862,7 @@ func TestAnAddressLaneDialsItsAddress(t *testing.T) {
 		{"DialTLS", &http.Transport{DialTLS: dial}, true},
 	} {
 		got = nil
-		p := lanePool(tt.base, "10.0.0.7:8443")
+		p := newPoolTransport(tt.base, "10.0.0.7:8443", nil)
 		if p.Proxy != nil {
 			t.Errorf("%s: an address lane keeps the base's Proxy", tt.name)
 		}
@@ -883,7 +883,7 @@ func TestAnAddressLaneDialsItsAddress(t *testing.T) {
 		}
 	}
 	got = nil
-	p := lanePool(&http.Transport{DialContext: dialCtx, Proxy: proxy}, "")
+	p := newPoolTransport(&http.Transport{DialContext: dialCtx, Proxy: proxy}, "", nil)
 	p.DialContext(context.Background(), "tcp", "api:443")
 	if p.Proxy == nil || !slices.Equal(got, []string{"api:443"}) {
 		t.Errorf("a connection lane dialed %v (proxy kept: %v), want api:443 as the base, with its proxy", got, p.Proxy != nil)
@@ -924,7 +924,7 @@ func TestLanesAllocateNothingOfTheirOwn(t *testing.T) {
 		s := rt.scopes.enter("api", time.Now())
 		s.leave()
 		if s.lanes != nil {
-			s.lanes.Pools(func(p *http.Transport) { p.RegisterProtocol("http", ok) })
+			s.lanes.Pools(func(p *lanePool) { p.cur.Load().t.RegisterProtocol("http", ok) })
 		}
 		req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
 		return testing.AllocsPerRun(1000, func() {
@@ -978,7 +978,7 @@ func BenchmarkLanesOverhead(b *testing.B) {
 			s := rt.scopes.enter("api", time.Now())
 			s.leave()
 			if s.lanes != nil {
-				s.lanes.Pools(func(p *http.Transport) { p.RegisterProtocol("http", ok) })
+				s.lanes.Pools(func(p *lanePool) { p.cur.Load().t.RegisterProtocol("http", ok) })
 			}
 			req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
 			b.ReportAllocs()

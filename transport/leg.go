@@ -65,12 +65,12 @@ type leg struct {
 
 	// lane is the lane the leg is sent on (Set.Replicas), from the time
 	// took until the lane is told how it went; nil otherwise.
-	lane *lane.Lane[*http.Transport]
+	lane *lane.Lane[*lanePool]
 	took time.Time
 	// sent is the lane it was sent on, kept for AttemptDone after lane is
 	// cleared; in a hedged round, guarded by the round's lock, since a leg
 	// that lost is reported by the goroutine that decided the round.
-	sent *lane.Lane[*http.Transport]
+	sent *lane.Lane[*lanePool]
 
 	// A hedged round's legs; guarded by the round's lock.
 	round   *round

@@ -427,10 +427,11 @@ func (r *registry) evictLocked(now time.Time, n int) {
 	}
 }
 
-// dropLocked forgets key's scope, and closes its lanes' idle connections
-// (attempts still in flight on them finish). r.mu is held.
+// dropLocked forgets key's scope, and lets its lanes' connections go
+// (attempts still in flight on them finish, and each connection closes
+// once its last stream ends). r.mu is held.
 func (r *registry) dropLocked(key string) {
-	r.m[key].closeLanes()
+	r.m[key].forgetLanes()
 	delete(r.m, key)
 }
 

@@ -381,6 +381,7 @@ type Transport struct {
 	perKey         map[string]*chain
 	scopes         registry
 	watchdogs      atomic.Int64 // idle watchdogs armed on response bodies, not yet stopped
+	let            letGo        // lanes' pools let go with streams still open
 }
 
 // New validates cfg and returns a Transport. Every invalid field is
@@ -712,14 +713,15 @@ func checkRequest(req *http.Request) (*http.Request, error) {
 
 // CloseIdleConnections closes the idle connections of the base
 // RoundTripper, if it has such a method, and of every key's lanes
-// (policy.Replicas); http.Client.CloseIdleConnections reaches it through
-// this.
+// (policy.Replicas), those let go whose last stream has not ended yet
+// included; http.Client.CloseIdleConnections reaches it through this.
 func (t *Transport) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
 	if ci, ok := t.base.(closeIdler); ok {
 		ci.CloseIdleConnections()
 	}
 	t.scopes.each((*scope).closeLanes)
+	t.let.closeIdle()
 }
 
 // Measured returns a snapshot of key's state, key as the Transport
