@@ -41,7 +41,10 @@ import (
 // Budget, which it gives back if its answer is the call's success, and
 // passes the admission gates like any attempt; when no token is left, or a
 // gate refuses, the last response or error is returned, and
-// Observer.RetrySkipped says why. A response is
+// Observer.RetrySkipped says why. With Replicas, the retry of an attempt
+// that never reached a server, sent to a lane the call has not used while
+// one is open, draws no token and waits no backoff (see "What never left"
+// in package transport). A response is
 // thrown away only once the retry that supersedes it is admitted: it is
 // then drained in the background (at most 4 KiB, at most 100 ms, so its
 // connection can be reused without the caller waiting) and closed.

@@ -1,0 +1,145 @@
+package transport
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// dialCount wraps base's dialer, counting the dials to addr.
+func dialCount(base *http.Transport, addr string, n *atomic.Int64) *http.Transport {
+	dial := base.DialContext
+	base.DialContext = func(ctx context.Context, network, a string) (net.Conn, error) {
+		if a == addr {
+			n.Add(1)
+		}
+		return dial(ctx, network, a)
+	}
+	return base
+}
+
+// lanePost sends a plain POST (not repeatable) of body to url through rt
+// as call id, reads the answer, and returns the status, or the error, and
+// how long the call took.
+func lanePost(t *testing.T, rt http.RoundTripper, url, id string) (int, time.Duration, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("order "+id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Call", id)
+	start := time.Now()
+	resp, err := rt.RoundTrip(req)
+	took := time.Since(start)
+	if err != nil {
+		return 0, took, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, took, nil
+}
+
+// emptyBudget spends every token of key's budget in rt, and the config
+// that keeps it empty: no floor, and a deposit too small to make a token.
+func emptyBudget(rt *Transport, key string) {
+	s := rt.scopes.lookup(key)
+	for s.budget.Withdraw(time.Now()) {
+	}
+}
+
+var budgetKeptEmpty = policy.Budget{Ratio: 1e-9, MinPerSecond: -1, Max: 1}
+
+// TestAnUnsentRetryGoesToAnotherLaneWithoutAToken: a replica that refuses
+// dials costs a call nothing while another lane is open, even with the
+// budget spent and for a plain POST: the retry of an attempt that never
+// left is sent at once on a lane the call has not used, and draws no
+// token.
+func TestAnUnsentRetryGoesToAnotherLaneWithoutAToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "own")
+		for _, a := range four[:3] {
+			f.serve(a, a[:1])
+		}
+		// four[3], d:80, is in Endpoints and refuses every dial.
+		t.Cleanup(f.net.Close)
+		var refused atomic.Int64
+		base := dialCount(f.net.Transport(), four[3], &refused)
+		// A transport for each round, so that the refusing lane is as
+		// likely as any to be a first call's first pick.
+		for round := range 16 {
+			rt, err := New(Config{Base: base, Policies: policy.Set{
+				Attempts: 2,
+				Retry:    &policy.Retry{},
+				Budget:   budgetKeptEmpty,
+				Replicas: &policy.Replicas{Endpoints: Static(four...)},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.CloseIdleConnections)
+			prime(t, rt, "http://api/")
+			emptyBudget(rt, "api")
+			for i := range 4 {
+				id := strconv.Itoa(round) + "." + strconv.Itoa(i)
+				before := refused.Load()
+				code, took, err := lanePost(t, rt, "http://api/", id)
+				if err != nil || code != 200 {
+					t.Fatalf("call %s (refused dials before it %d, after %d): %d, %v", id, before, refused.Load(), code, err)
+				}
+				if refused.Load() > before && took > 0 {
+					t.Errorf("call %s's first attempt was refused, and its retry waited %v, want none", id, took)
+				}
+			}
+		}
+		if refused.Load() == 0 {
+			t.Fatal("no call's attempt went to the refusing replica: the test tested nothing")
+		}
+		t.Logf("%d attempts refused", refused.Load())
+	})
+}
+
+// TestAnUnsentRetryIsBoundByTheBudgetWhenNoOtherLaneIsOpen: with the
+// other lane ejected, the retry of a refused dial draws a token as
+// always, and with none left it is not sent.
+func TestAnUnsentRetryIsBoundByTheBudgetWhenNoOtherLaneIsOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "own")
+		// Neither a:80 nor b:80 is served.
+		log := &attemptLog{}
+		rt := newLaneTransport(t, f, Config{Observer: log.observer(), Policies: policy.Set{
+			Attempts: 3,
+			Retry:    &policy.Retry{},
+			Budget:   budgetKeptEmpty,
+			Replicas: &policy.Replicas{Endpoints: Static(four[:2]...), ConsecutiveFailures: 1},
+		}})
+		prime(t, rt, "http://api/")
+		emptyBudget(rt, "api")
+		// The first call ejects one lane (at most one of two may be),
+		// and its unsent retry goes to the other, free.
+		if _, _, err := lanePost(t, rt, "http://api/", "1"); err == nil {
+			t.Fatal("a call to two refusing replicas succeeded")
+		}
+		log.mu.Lock()
+		log.attempts, log.skips = nil, nil
+		log.mu.Unlock()
+		if _, _, err := lanePost(t, rt, "http://api/", "2"); err == nil {
+			t.Fatal("a call to two refusing replicas succeeded")
+		}
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		if len(log.attempts) != 1 || len(log.skips) != 1 || log.skips[0].Reason != policy.SkipBudget {
+			t.Errorf("with no other lane open and no token: attempts %v, skips %+v; want one attempt, its retry skipped for the budget", log.reasons(), log.skips)
+		}
+	})
+}
