@@ -405,7 +405,11 @@ func (c *call) replayable() bool {
 // With Replicas, it sets c.elsewhere when a lane the call has not used is
 // open at now (neither ejected nor held), which the retry will take: an
 // unsent attempt's retry is then sent at once (and draws no token, see
-// retry), since the replica that refused it says nothing of the others.
+// retry), since the replica that refused it says nothing of the others;
+// and a 429's or 503's Retry-After is the replica's that answered, whose
+// lane it holds back (see leaveLane), so the retry waits the backoff
+// alone. Only with no such lane does a Retry-After stretch the wait, or
+// end the call when it asks more than MaxRetryAfter.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
 	c.why = policy.RetryAsked
@@ -439,6 +443,9 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		switch {
 		case !ok:
 			c.t.malformed(c.ctx, c.s, "Retry-After", v)
+		case c.elsewhere:
+			// The replica's, whose lane it holds: the retry goes to
+			// another.
 		case ra > r.MaxRetryAfter:
 			return 0, policy.SkipRetryAfter
 		default:

@@ -143,3 +143,74 @@ func TestAnUnsentRetryIsBoundByTheBudgetWhenNoOtherLaneIsOpen(t *testing.T) {
 		}
 	})
 }
+
+// TestAReplicasRetryAfterDoesNotBenchTheCall: a 503's Retry-After is the
+// replica's that sent it. With another lane open, the call's retry goes
+// there after the backoff of any failure, not after the Retry-After.
+func TestAReplicasRetryAfterDoesNotBenchTheCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 2,
+			Retry:    &policy.Retry{}, // BaseDelay 50ms
+			Budget:   policy.Budget{Ratio: -1},
+			Replicas: &policy.Replicas{Endpoints: Static(four...), ConsecutiveFailures: -1},
+		}})
+		prime(t, rt, "http://api/")
+		d := f.reps["d"]
+		d.retryAfter.Store("1")
+		d.status.Store(http.StatusServiceUnavailable)
+		var slowest time.Duration
+		for i := range 300 {
+			time.Sleep(10 * time.Millisecond)
+			start := time.Now()
+			if code, err := laneGet(t, rt, "http://api/", strconv.Itoa(i)); err != nil || code != 200 {
+				t.Fatalf("call %d: %d, %v", i, code, err)
+			}
+			slowest = max(slowest, time.Since(start))
+		}
+		if d.hits.Load() == 0 {
+			t.Fatal("no call reached the replica that pushes back: the test tested nothing")
+		}
+		if slowest >= 100*time.Millisecond {
+			t.Errorf("with %d calls pushed back by one replica, the slowest call took %v, want under the backoff's 50ms ceiling and well under its Retry-After", d.hits.Load(), slowest)
+		}
+	})
+}
+
+// TestRetryAfterBoundsTheRetryWhenNoOtherLaneIsOpen: every replica pushes
+// back. Each retry goes to a lane the call has not used, after the
+// backoff; only the last, with every lane used, waits the Retry-After.
+func TestRetryAfterBoundsTheRetryWhenNoOtherLaneIsOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 5,
+			Retry:    &policy.Retry{BaseDelay: 10 * time.Millisecond},
+			Budget:   policy.Budget{Ratio: -1},
+			Replicas: &policy.Replicas{Endpoints: Static(four...), ConsecutiveFailures: -1},
+		}})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.retryAfter.Store("1")
+			r.status.Store(http.StatusServiceUnavailable)
+		}
+		start := time.Now()
+		code, err := laneGet(t, rt, "http://api/", "all")
+		took := time.Since(start)
+		if err != nil || code != http.StatusServiceUnavailable {
+			t.Fatalf("%d, %v; want the last 503", code, err)
+		}
+		if reached := f.calls["all"]; len(reached) != 5 {
+			t.Fatalf("the call reached %v, want five attempts", reached)
+		}
+		// Three backoffs of at most 10, 20 and 40 ms, then the
+		// Retry-After's second (at least, as a backoff of 80 ms may be
+		// longer than what is left of it).
+		if took < time.Second || took > time.Second+200*time.Millisecond {
+			t.Errorf("five attempts on four pushing-back replicas took %v, want one Retry-After (1s) and three short backoffs", took)
+		}
+	})
+}
