@@ -214,3 +214,70 @@ func TestRetryAfterBoundsTheRetryWhenNoOtherLaneIsOpen(t *testing.T) {
 		}
 	})
 }
+
+// pushOnce is a replica that answers its first request 503 with
+// Retry-After: 5 and, when ms is set, Resilix-Retry-After-Ms: ms, and
+// every other 200.
+type pushOnce struct {
+	ms     string
+	hits   atomic.Int64
+	pushed atomic.Bool
+}
+
+func (p *pushOnce) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	p.hits.Add(1)
+	if p.pushed.CompareAndSwap(false, true) {
+		w.Header().Set("Retry-After", "5")
+		if p.ms != "" {
+			w.Header().Set("Resilix-Retry-After-Ms", p.ms)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+}
+
+// TestALaneIsHeldForWhatTheServerMeans: a server's Resilix-Retry-After-Ms
+// says how long its Retry-After's whole seconds mean; the lane is held
+// back that long, not the Retry-After's 5 s.
+func TestALaneIsHeldForWhatTheServerMeans(t *testing.T) {
+	for _, tt := range []struct {
+		ms   string
+		held time.Duration // how long the lane gets no attempt, at least
+		back time.Duration // by when it has its share again
+	}{
+		{"", 4 * time.Second, 6 * time.Second},
+		{"100", 0, time.Second},
+	} {
+		t.Run("ms="+tt.ms, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				f.serve("api:80", "own")
+				for _, a := range four[:3] {
+					f.serve(a, a[:1])
+				}
+				d := &pushOnce{ms: tt.ms}
+				f.net.Listen(four[3], d)
+				rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+					Replicas: &policy.Replicas{Endpoints: Static(four...), ConsecutiveFailures: -1},
+				}})
+				prime(t, rt, "http://api/")
+				start := time.Now()
+				for d.hits.Load() == 0 {
+					time.Sleep(10 * time.Millisecond)
+					laneGet(t, rt, "http://api/", "")
+				}
+				pushed := time.Since(start)
+				var returned time.Duration
+				for returned == 0 && time.Since(start) < 8*time.Second {
+					time.Sleep(10 * time.Millisecond)
+					laneGet(t, rt, "http://api/", "")
+					if d.hits.Load() > 1 {
+						returned = time.Since(start) - pushed
+					}
+				}
+				if returned == 0 || returned < tt.held || returned > tt.back {
+					t.Errorf("the lane that pushed back had its next attempt %v after (0: none in 8s), want in [%v, %v]", returned, tt.held, tt.back)
+				}
+			})
+		})
+	}
+}
