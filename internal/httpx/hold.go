@@ -14,21 +14,31 @@ const HoldHeader = "Resilix-Retry-After-Ms"
 
 // PushbackHold returns how long a 429 or 503 asks its server to be left
 // alone, for holding back that server alone (a lane): its Retry-After, or
-// the HoldHeader's value when it is valid and shorter, and whether the
-// response asked at all (a valid Retry-After). The HoldHeader is a hint
-// that only shortens: without a valid Retry-After it is not read, and it
-// never lengthens one. It allocates nothing.
+// its PushbackHint when shorter, and whether the response asked at all (a
+// valid Retry-After). It allocates nothing.
 func PushbackHold(resp *http.Response, now time.Time) (time.Duration, bool) {
 	d, ok := ParseRetryAfter(PushbackValue(resp), now)
 	if !ok {
 		return 0, false
 	}
-	if vs := resp.Header[HoldHeader]; len(vs) > 0 {
-		if ms, ok := parseMillis(vs[0]); ok && ms < d {
-			d = ms
-		}
+	if h, ok := PushbackHint(resp); ok && h < d {
+		d = h
 	}
 	return d, true
+}
+
+// PushbackHint returns the HoldHeader's wait of a 429 or 503 that has a
+// Retry-After, and whether it has a valid one. It is a hint that only
+// shortens: without a Retry-After it is not read, and a reader takes it
+// only when it is shorter than Retry-After.
+func PushbackHint(resp *http.Response) (time.Duration, bool) {
+	if PushbackValue(resp) == "" {
+		return 0, false
+	}
+	if vs := resp.Header[HoldHeader]; len(vs) > 0 {
+		return parseMillis(vs[0])
+	}
+	return 0, false
 }
 
 // parseMillis parses v, surrounding white space trimmed, as ASCII digits

@@ -50,3 +50,31 @@ func TestPushbackHold(t *testing.T) {
 		t.Errorf("PushbackHold allocated %v times, want 0", n)
 	}
 }
+
+func TestPushbackHint(t *testing.T) {
+	for _, tt := range []struct {
+		status     int
+		retryAfter string
+		ms         string
+		want       time.Duration
+		ok         bool
+	}{
+		{503, "1", "40", 40 * time.Millisecond, true},
+		{429, "1", "2500", 2500 * time.Millisecond, true}, // longer than Retry-After: said as it is
+		{503, "1", "", 0, false},
+		{503, "1", "4O", 0, false},
+		{503, "", "40", 0, false}, // no Retry-After: not read
+		{500, "1", "40", 0, false},
+	} {
+		resp := &http.Response{StatusCode: tt.status, Header: http.Header{}}
+		if tt.retryAfter != "" {
+			resp.Header.Set("Retry-After", tt.retryAfter)
+		}
+		if tt.ms != "" {
+			resp.Header.Set(HoldHeader, tt.ms)
+		}
+		if got, ok := PushbackHint(resp); got != tt.want || ok != tt.ok {
+			t.Errorf("%d, Retry-After %q, %s %q: %v, %v; want %v, %v", tt.status, tt.retryAfter, HoldHeader, tt.ms, got, ok, tt.want, tt.ok)
+		}
+	}
+}
