@@ -39,7 +39,8 @@ import (
 // that sent it: it holds that replica's lane back, and while a lane the
 // call has not used is open the retry goes there after the backoff
 // alone; only when none is does Retry-After stretch the wait (or, beyond
-// MaxRetryAfter, end the call). It never sleeps past the caller's deadline:
+// MaxRetryAfter, end the call), and then only until the first such lane
+// opens, which the retry takes. It never sleeps past the caller's deadline:
 // when the next attempt could not start before it, the last response or
 // error is returned at once. Each retry withdraws one token from the scope's
 // Budget, which it gives back if its answer is the call's success, and

@@ -408,12 +408,19 @@ func (c *call) replayable() bool {
 // retry), since the replica that refused it says nothing of the others;
 // and a 429's or 503's Retry-After is the replica's that answered, whose
 // lane it holds back (see leaveLane), so the retry waits the backoff
-// alone. Only with no such lane does a Retry-After stretch the wait, or
-// end the call when it asks more than MaxRetryAfter.
+// alone. With no such lane open now, a Retry-After stretches the wait, or
+// ends the call when it asks more than MaxRetryAfter, but only up to when
+// the first lane the call has not used opens: the Retry-After binds its
+// own replica, and the retry goes to that lane.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
 	c.why = policy.RetryAsked
-	c.elsewhere = c.s.lanes != nil && c.s.lanes.Open(now, atomic.LoadUint64(&c.used))
+	var opens time.Duration // until a lane the call has not used is open, if other
+	other := false
+	if c.s.lanes != nil {
+		opens, other = c.s.lanes.OpenIn(now, atomic.LoadUint64(&c.used))
+	}
+	c.elsewhere = other && opens == 0
 	if err != nil && httpx.Unsent(err) {
 		c.why = policy.RetryUnsent
 	}
@@ -446,6 +453,8 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		case c.elsewhere:
 			// The replica's, whose lane it holds: the retry goes to
 			// another.
+		case other && opens < ra && opens <= r.MaxRetryAfter:
+			d = max(d, opens) // another replica's lane opens first
 		case ra > r.MaxRetryAfter:
 			return 0, policy.SkipRetryAfter
 		default:

@@ -281,3 +281,53 @@ func TestALaneIsHeldForWhatTheServerMeans(t *testing.T) {
 		})
 	}
 }
+
+// everyOther is a replica that answers every other request 503 with
+// Retry-After: 1 and Resilix-Retry-After-Ms: 50, and the others 200.
+type everyOther struct{ n atomic.Int64 }
+
+func (e *everyOther) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if e.n.Add(1)%2 == 1 {
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Resilix-Retry-After-Ms", "50")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+}
+
+// TestARetryWaitsForTheFirstLaneToOpen: when every lane the call has not
+// used is held back, its retry waits for the first of them to open, if
+// that comes before the Retry-After of the replica that answered it,
+// rather than the whole Retry-After.
+func TestARetryWaitsForTheFirstLaneToOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("api:80", "own")
+		f.net.Listen(four[0], &everyOther{})
+		f.net.Listen(four[1], &everyOther{})
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 2,
+			Retry:    &policy.Retry{BaseDelay: time.Millisecond},
+			Budget:   policy.Budget{Ratio: -1},
+			Replicas: &policy.Replicas{Endpoints: Static(four[:2]...), ConsecutiveFailures: -1},
+		}})
+		prime(t, rt, "http://api/")
+		var slowest time.Duration
+		waited := 0 // calls that waited for a held lane
+		for i := range 200 {
+			time.Sleep(10 * time.Millisecond)
+			start := time.Now()
+			laneGet(t, rt, "http://api/", strconv.Itoa(i))
+			took := time.Since(start)
+			slowest = max(slowest, took)
+			if took >= 20*time.Millisecond {
+				waited++
+			}
+		}
+		if waited == 0 {
+			t.Fatal("no call found every other lane held: the test tested nothing")
+		}
+		if slowest > 100*time.Millisecond {
+			t.Errorf("%d calls found the other lane held; the slowest took %v, want the hold's 50ms, not the Retry-After's 1s", waited, slowest)
+		}
+	})
+}
