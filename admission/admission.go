@@ -419,12 +419,13 @@ const (
 // refuseLate refuses a request whose time ran out, or is below MinTimeout.
 func (s *server) refuseLate(w http.ResponseWriter, q *request) {
 	s.refused(q, policy.GateDeadline, context.DeadlineExceeded, 0, false)
-	answer(w, http.StatusGatewayTimeout, 0, bodyLate)
+	answer(w, http.StatusGatewayTimeout, 0, 0, bodyLate)
 }
 
 // refuseBusy refuses a request the limiter did not admit, as d says.
 func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDecision) {
-	secs := retryAfterSeconds(s.limiter.RetryAfter())
+	wait := s.limiter.RetryAfter()
+	secs := retryAfterSeconds(wait)
 	s.refused(q, policy.GateAdmission, policy.ErrShed, time.Duration(secs)*time.Second, d.HeavyTenant)
 	status, body := http.StatusServiceUnavailable, bodyFull
 	switch {
@@ -435,13 +436,23 @@ func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDec
 	case d.Reason == gate.LimiterEvicted:
 		status, body = http.StatusTooManyRequests, bodyEvicted
 	}
-	answer(w, status, secs, body)
+	answer(w, status, secs, retryAfterMillis(wait), body)
 }
 
 // retryAfterSeconds returns a Retry-After for an estimated wait d: whole
 // seconds rounded up, at least 1.
 func retryAfterSeconds(d time.Duration) int64 {
 	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// retryAfterMillis returns the Resilix-Retry-After-Ms for an estimated
+// wait d: whole milliseconds rounded up, at least 1; 0 (no header) when
+// there is no estimate yet.
+func retryAfterMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return max(1, int64((d+time.Millisecond-1)/time.Millisecond))
 }
 
 func (s *server) refused(q *request, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) {
@@ -457,14 +468,17 @@ func (s *server) refused(q *request, g policy.Gate, sentinel error, retryAfter t
 	o.Refused(policy.Refusal{Context: q.ctx, Key: s.name, Kind: kind, Gate: g, Priority: q.prio, HeavyTenant: heavy, Err: err})
 }
 
-// answer writes a refusal: status, Retry-After when retryAfter > 0, and a
-// one-line text body.
-func answer(w http.ResponseWriter, status int, retryAfter int64, body string) {
+// answer writes a refusal: status, Retry-After when retryAfter > 0 (in
+// seconds), Resilix-Retry-After-Ms when ms > 0, and a one-line text body.
+func answer(w http.ResponseWriter, status int, retryAfter, ms int64, body string) {
 	h := w.Header()
 	h.Set(headerType, contentType)
 	h.Set(headerSniff, valueNoSniff)
 	if retryAfter > 0 {
 		h.Set(headerRetry, strconv.FormatInt(retryAfter, 10))
+	}
+	if ms > 0 {
+		h[httpx.HoldHeader] = []string{strconv.FormatInt(ms, 10)}
 	}
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, body)

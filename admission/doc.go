@@ -127,7 +127,12 @@
 // policy.Throttler). Retry-After is the limiter's estimate of the
 // wait for a free slot: the queue ahead and the refused request, served
 // limit at a time at the handler's baseline latency, in whole seconds
-// rounded up (HTTP's unit), at least 1. A deadline refusal is 504 Gateway
+// rounded up (HTTP's unit), at least 1. Beside it, Resilix-Retry-After-Ms
+// says the same estimate in whole milliseconds, rounded up, at least 1,
+// which whole seconds cannot say below 1 s; it is absent while the limiter
+// has no baseline to estimate from. A resilix transport with Replicas
+// holds back the replica that answered for that long when it is shorter
+// than Retry-After, and reads it for nothing else. A deadline refusal is 504 Gateway
 // Timeout, with no Retry-After: it says the caller's deadline is too
 // close, not that the server is overloaded, and arms no pushback. The
 // client has usually gone by then; if it has not, it learns why. A

@@ -35,13 +35,21 @@ import (
 // Retry-After. Only a 429 Too Many Requests or a 503 Service Unavailable
 // asks: these are the statuses that carry Retry-After as the server's
 // pushback, as the Throttler reads them, and any other status's
-// Retry-After is not read. It never sleeps past the caller's deadline:
+// Retry-After is not read. With Replicas, a Retry-After is the replica's
+// that sent it: it holds that replica's lane back, and while a lane the
+// call has not used is open the retry goes there after the backoff
+// alone; only when none is does Retry-After stretch the wait (or, beyond
+// MaxRetryAfter, end the call), and then only until the first such lane
+// opens, which the retry takes. It never sleeps past the caller's deadline:
 // when the next attempt could not start before it, the last response or
 // error is returned at once. Each retry withdraws one token from the scope's
 // Budget, which it gives back if its answer is the call's success, and
 // passes the admission gates like any attempt; when no token is left, or a
 // gate refuses, the last response or error is returned, and
-// Observer.RetrySkipped says why. A response is
+// Observer.RetrySkipped says why. With Replicas, the retry of an attempt
+// that never reached a server, sent to a lane the call has not used while
+// one is open, draws no token and waits no backoff (see "What never left"
+// in package transport). A response is
 // thrown away only once the retry that supersedes it is admitted: it is
 // then drained in the background (at most 4 KiB, at most 100 ms, so its
 // connection can be reused without the caller waiting) and closed.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
@@ -213,6 +214,10 @@ type call struct {
 	outcome policy.Outcome     // of what the call returns
 	again   bool               // what the call returns asks for a retry (see leg.again)
 	why     policy.RetryReason // why the next round is a retry, once backoff has said
+	// elsewhere: the next round goes to a lane the call has not used,
+	// open when backoff looked (see backoff); a retry of an attempt
+	// that never left then draws no token from the budget.
+	elsewhere bool
 	// used is the mask of the lanes the call has sent on (bit
 	// lane.Lane.Index), read and set atomically: a hedged round's legs
 	// pick concurrently.
@@ -285,7 +290,8 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 				why = policy.SkipBodyError
 			}
 		}
-		if why == 0 && !c.s.budget.Withdraw(now) {
+		free := c.why == policy.RetryUnsent && c.elsewhere
+		if why == 0 && !free && !c.s.budget.Withdraw(now) {
 			closeBody(body)
 			why = policy.SkipBudget
 		}
@@ -301,7 +307,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		}
 		c.retries++
 		now = time.Now()
-		*l = leg{paid: true}
+		*l = leg{paid: !free}
 		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
@@ -395,9 +401,26 @@ func (c *call) replayable() bool {
 // proves the request unsent (httpx.Unsent) may be retried whatever the
 // method; any other only when the request may be sent twice. Either way
 // the body must be replayable.
+//
+// With Replicas, it sets c.elsewhere when a lane the call has not used is
+// open at now (neither ejected nor held), which the retry will take: an
+// unsent attempt's retry is then sent at once (and draws no token, see
+// retry), since the replica that refused it says nothing of the others;
+// and a 429's or 503's Retry-After is the replica's that answered, whose
+// lane it holds back (see leaveLane), so the retry waits the backoff
+// alone. With no such lane open now, a Retry-After stretches the wait, or
+// ends the call when it asks more than MaxRetryAfter, but only up to when
+// the first lane the call has not used opens: the Retry-After binds its
+// own replica, and the retry goes to that lane.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
 	r := c.s.chain.retry
 	c.why = policy.RetryAsked
+	var opens time.Duration // until a lane the call has not used is open, if other
+	other := false
+	if c.s.lanes != nil {
+		opens, other = c.s.lanes.OpenIn(now, atomic.LoadUint64(&c.used))
+	}
+	c.elsewhere = other && opens == 0
 	if err != nil && httpx.Unsent(err) {
 		c.why = policy.RetryUnsent
 	}
@@ -415,9 +438,11 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		return 0, policy.SkipPermanent
 	}
 	var d time.Duration
-	if r.Delay != nil {
+	switch {
+	case c.why == policy.RetryUnsent && c.elsewhere:
+	case r.Delay != nil:
 		d = max(r.Delay(c.retries+1), 0)
-	} else {
+	default:
 		d = r.Backoff(c.retries, rand.Float64())
 	}
 	if v := httpx.PushbackValue(resp); v != "" && r.MaxRetryAfter >= 0 {
@@ -425,6 +450,11 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		switch {
 		case !ok:
 			c.t.malformed(c.ctx, c.s, "Retry-After", v)
+		case c.elsewhere:
+			// The replica's, whose lane it holds: the retry goes to
+			// another.
+		case other && opens < ra && opens <= r.MaxRetryAfter:
+			d = max(d, opens) // another replica's lane opens first
 		case ra > r.MaxRetryAfter:
 			return 0, policy.SkipRetryAfter
 		default:

@@ -63,10 +63,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Rep
 	} else {
 		now = timing.Since(l.took)
 	}
-	var hold time.Duration
-	if v := httpx.PushbackValue(resp); v != "" {
-		hold, _ = httpx.ParseRetryAfter(v, now)
-	}
+	hold, _ := httpx.PushbackHold(resp, now) // Retry-After, or the server's shorter word for it
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, hold)
 	l.lane = nil
 	obs := c.t.obs

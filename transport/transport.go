@@ -103,12 +103,17 @@
 // an EOF on a reused connection, a GOAWAY that may cover the stream. When
 // in doubt, resilix does not repeat.
 //
-// Such a retry is a retry like any other: it is a wire attempt counted
-// against Attempts, it needs Retry (and Retry.If, when set, to ask for
-// it), it draws a token from the budget, passes the gates, waits the
-// backoff, and needs a body it can replay. Observer.AttemptDone reports
-// it with Kind AttemptRetry and Reason RetryUnsent. Hedges are unchanged:
-// a request that may not be sent twice is never hedged.
+// Such a retry is a wire attempt counted against Attempts; it needs Retry
+// (and Retry.If, when set, to ask for it), passes the gates, and needs a
+// body it can replay. With Replicas, while a lane the call has not used
+// is open (neither ejected nor held back by a Retry-After), it is sent
+// there at once, with no backoff, and draws no token from the budget:
+// it cost the host nothing, and the replica that was not there says
+// nothing of the others. Otherwise (every lane used or blocked, or no
+// Replicas) it is a retry like any other: it draws a token, and is not
+// sent when none is left, and it waits the backoff. Observer.AttemptDone
+// reports it with Kind AttemptRetry and Reason RetryUnsent. Hedges are
+// unchanged: a request that may not be sent twice is never hedged.
 //
 // # What could not be sent
 //
