@@ -126,7 +126,8 @@ type Replicas struct {
 	Connections int
 
 	// Refresh is how old Endpoints' answer may grow before a call asks
-	// again. If zero, 30 s is used.
+	// again (Envoy's dns_refresh_rate). If zero, 5 s is used. A refused
+	// or timed-out dial on a lane asks sooner, at most once a second.
 	Refresh time.Duration
 
 	// MaxEjected is the share of lanes that may be ejected at once, in
@@ -182,7 +183,7 @@ func (r *Replicas) validate() error {
 // WithDefaults returns r with every zero field set to its default.
 func (r Replicas) WithDefaults() Replicas {
 	r.Connections = or(r.Connections, 4)
-	r.Refresh = or(r.Refresh, 30*time.Second)
+	r.Refresh = or(r.Refresh, 5*time.Second)
 	r.MaxEjected = or(r.MaxEjected, 0.5)
 	r.ConsecutiveFailures = or(r.ConsecutiveFailures, 5)
 	r.EjectFor = or(r.EjectFor, 30*time.Second)
