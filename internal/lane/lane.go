@@ -27,16 +27,39 @@ const (
 	// sample, so that a lane left alone because it was slow is tried
 	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
 	decay = 10 * time.Second
-	// failurePenalty: a failure is a sample of the slowest other lane's
-	// estimate (at least its own latency, at least minPenalty) times
-	// failurePenalty to the power of the lane's consecutive failures (at
-	// most maxPenalty): a lane that fails fast costs more than any
-	// healthy one, and a run of failures more than the outstanding
-	// attempts that load puts on the others (1 + about 4 at 16 callers
-	// on four lanes: three failures in a row outweigh it).
+	// failurePenalty: failures are kept out of the latency estimate
+	// (failure accrual apart, as Finagle keeps it). A failure sets the
+	// lane's penalty, added to its estimate at a pick, to at least the
+	// slowest other lane's estimate (at least its own latency, at least
+	// minPenalty) times failurePenalty to the power of the lane's
+	// consecutive failures (at most maxPenalty): a lane that fails fast
+	// costs more than any healthy one, and a run of failures more than
+	// the outstanding attempts that load puts on the others (1 + about 4
+	// at 16 callers on four lanes: three failures in a row outweigh it).
+	// The penalty fades with the time constant failureDecay, the scale
+	// of a failure (a timeout, a restart), not of the latency average,
+	// and each success halves it: a lane that failed for a few seconds
+	// and then answers is back to its share within recovery.
 	failurePenalty = 2.0
 	minPenalty     = float64(time.Millisecond)
 	maxPenalty     = float64(30 * time.Second)
+	failureDecay   = time.Second
+	// slowStart is Envoy's slow start window: a lane nothing was known
+	// of (new in the set, back from an ejection, a hold or a refused
+	// dial, dialed anew) gets one probe at a time until it answers
+	// (probeCost), then its cost is divided by a weight that grows
+	// linearly from minWeight to 1 over slowStart since that answer, so
+	// that its share ramps up rather than jumping from nothing to all
+	// that its low estimate would draw.
+	slowStart = time.Second
+	minWeight = 0.1
+	// downFor is how long a lane whose dial was refused or timed out
+	// (nothing answers at its address) is out: then the next pick may
+	// send it one probe. A refused dial is not an ejection: it counts
+	// neither towards ConsecutiveFailures nor against MaxEjected, and
+	// asks Endpoints again, at most once per refreshGap.
+	downFor    = time.Second
+	refreshGap = time.Second
 	// minEstimate is the least estimate a pick reads, so that among
 	// lanes decayed to nothing the least loaded wins.
 	minEstimate = float64(time.Microsecond)
@@ -67,6 +90,18 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
+	// peakFactor: a sample slower than a lane's estimate replaces it at
+	// once (the peak) only when another lane answered at least
+	// peakFactor times faster over the same moments (see
+	// fasterElsewhereLocked); otherwise it is averaged in, so that a
+	// stall of the client's own process, which slows every answer that
+	// straddles it, moves no traffic.
+	peakFactor = 2.0
+	// gapRing is how many of the key's recent quiet stretches (no
+	// attempt ended for latencyFactor/2 × the lowest typical latency of
+	// its lanes or more) a Set remembers, to tell a stall of the
+	// client's own process from a slow lane.
+	gapRing = 16
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -101,7 +136,10 @@ type Lane[P any] struct {
 	outstanding atomic.Int64  // attempts taken and not done
 	est         atomic.Uint64 // float64 bits: the latency estimate, ns
 	stamp       atomic.Int64  // when est was last sampled, ns since the Set's epoch
-	until       atomic.Int64  // blocked (ejected or held) until then, ns; 0: never blocked
+	until       atomic.Int64  // blocked (ejected, held or down) until then, ns; 0: never blocked
+	pen         atomic.Uint64 // float64 bits: the failure penalty, ns, as of penT
+	penT        atomic.Int64  // when pen was last set, ns
+	warm        atomic.Int64  // when its slow start began, ns; 0: not in one
 
 	// Guarded by the Set's mu.
 	answered        bool // some outcome was evidence
@@ -110,6 +148,9 @@ type Lane[P any] struct {
 	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
 	typ             float64 // its typical latency, ns (see typical)
 	typT            int64   // when typ was last sampled, ns; 0: never
+	lastT           int64   // when its last success came back, ns; 0: never
+	lastX           float64 // and its latency, ns
+	endT            int64   // when its last attempt ended, ns
 	calls, failures int     // in the current interval
 	ejections       int     // the multiplier of the next ejection's time, less one
 	ejected         bool
@@ -121,15 +162,40 @@ type Lane[P any] struct {
 // cheaper reports whether a's picking cost at t is below b's.
 func cheaper[P any](a, b *Lane[P], t int64) bool { return a.cost(t) < b.cost(t) }
 
-// cost is l's picking cost at t: (outstanding + 1) × its latency estimate
-// decayed to t, the estimate at least minEstimate; for a lane with no
+// cost is l's picking cost at t: (outstanding + 1) × (its latency
+// estimate decayed to t, at least minEstimate, plus its failure penalty
+// decayed to t), divided by its slow start weight; for a lane with no
 // sample yet, outstanding × probeCost (see probeCost).
 func (l *Lane[P]) cost(t int64) float64 {
 	o := float64(l.outstanding.Load())
 	if l.est.Load() == 0 && o > 0 {
 		return o * probeCost
 	}
-	return (o + 1) * max(l.estimate(t), minEstimate)
+	c := (o + 1) * (max(l.estimate(t), minEstimate) + l.penalty(t))
+	if w := l.warm.Load(); w != 0 && t-w < int64(slowStart) {
+		c /= max(minWeight, float64(t-w)/float64(slowStart))
+	}
+	return c
+}
+
+// penalty is l's failure penalty at t (see failurePenalty).
+func (l *Lane[P]) penalty(t int64) float64 {
+	p := math.Float64frombits(l.pen.Load())
+	if p == 0 {
+		return 0
+	}
+	if dt := t - l.penT.Load(); dt > 0 {
+		p *= math.Exp(-float64(dt) / float64(failureDecay))
+	}
+	return p
+}
+
+// forget makes l a lane nothing is known of: one probe at a time until
+// it answers, then a slow start.
+func (l *Lane[P]) forget(t int64) {
+	l.est.Store(0)
+	l.stamp.Store(t)
+	l.warm.Store(0)
 }
 
 func (l *Lane[P]) estimate(t int64) float64 {
@@ -229,6 +295,11 @@ type Set[P any] struct {
 
 	mu        sync.Mutex
 	intervalT int64 // ns: the start of the current interval
+	askedT    int64 // ns: when the last refresh began
+	lastDone  int64 // ns: the latest end of an attempt
+	quiet     int64 // ns: a stretch with no attempt ended this long is remembered in gaps
+	gaps      [gapRing]gap
+	gapNext   int // the slot of the next gap (the oldest, once full)
 	draining  []*Lane[P]
 	backoff   time.Duration
 	ignored   int
@@ -365,14 +436,16 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			next = min(next, u)
 		case l.ejected:
 			l.ejected, l.back, l.consecutive, l.slow = false, true, 0, 0
-			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
-			l.stamp.Store(t)
+			l.forget(t)
 		}
 	}
 	s.blockedUntil.Store(next)
 	s.blocked.Store(b)
 	return b
 }
+
+// gap is a stretch of time in which no attempt of a key ended, ns.
+type gap struct{ from, to int64 }
 
 // Ejection is a lane ejected, or back from an ejection, for the caller to
 // act on and report.
@@ -381,6 +454,22 @@ type Ejection[P any] struct {
 	Reason policy.EjectionReason
 	For    time.Duration
 }
+
+// Answer is what an attempt's answer, or its error, told of its lane
+// beyond its outcome.
+type Answer struct {
+	// Hold is the answer's Retry-After on a 503 or 429, zero otherwise.
+	Hold time.Duration
+	// Hint is how long the server means to hold back, when it said so
+	// in a header of its own beside Retry-After; zero otherwise.
+	Hint time.Duration
+	// Unreached is true when the attempt's dial was refused or timed
+	// out: nothing answers at the lane's address.
+	Unreached bool
+}
+
+// recovery is how long after a 2 s outage a lane is back to its share.
+const recovery = 3 * time.Second
 
 // Report is what Done tells the caller.
 type Report[P any] struct {
@@ -409,22 +498,29 @@ type Report[P any] struct {
 }
 
 // Done ends an attempt that Take counted on lane l, at now, with its
-// latency to headers (or error) and its outcome as the key's Classify gave
-// it. A Success or a Failure is evidence of the lane's health and a
-// latency sample (a Failure a slow one: see failurePenalty); a Discarded
-// outcome with a latency (a hedge leg cancelled as the loser) is a sample
-// of at least that latency, and no evidence; any other outcome, or a zero
-// latency, teaches nothing. holdFor is the answer's Retry-After on a 503
-// or 429, zero otherwise: the lane is held that long (at most MaxEjectFor)
-// when another lane is left, and the failure is then a sample of its own
-// latency, not a slow one: the hold is its penalty. Done allocates only to
-// report an ejection.
-func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+// latency to headers (or error), its outcome as the key's Classify gave
+// it, and what its answer told of the lane (a). A Success is evidence of
+// the lane's health and a latency sample; a Failure is evidence, and adds
+// to the lane's failure penalty (see failurePenalty), not to its
+// estimate; a Discarded outcome with a latency (a hedge leg cancelled as
+// the loser) is a sample of at least that latency, and no evidence; any
+// other outcome, or a zero latency, teaches nothing.
+//
+// A Failure whose dial was refused or timed out (a.Unreached) takes the
+// lane out for downFor, not through an ejection, and asks Endpoints
+// again early. A Failure with a.Hold (a Retry-After) holds the lane back
+// when another lane is left, and no penalty: the hold is its penalty; the
+// lane is tried again by one probe as soon as the hold could be shorter
+// than it says: after a.Hint when the server gave one shorter than Hold,
+// else after Hold less a second (Retry-After counts whole seconds), at
+// most MaxEjectFor. Done allocates only to report an ejection.
+func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	t := s.nanos(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0
-	rep := s.doneLocked(l, t, latency, o, holdFor)
+	rep := s.doneLocked(l, t, latency, o, a)
+	l.endT = max(l.endT, t)
 	switch {
 	case !last:
 	case l.removed:
@@ -437,13 +533,24 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 }
 
 // doneLocked is Done's learning, with s.mu held.
-func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	var rep Report[P]
+	s.endedLocked(t)
+	down := false
 	switch {
 	case o == policy.Success:
 		if latency > 0 {
-			s.sampleLocked(l, t, float64(latency))
-			s.slowLocked(l, t, float64(latency), true, &rep)
+			x := float64(latency)
+			if l.est.Load() == 0 {
+				l.warm.Store(t) // its first answer: the slow start begins
+			}
+			s.sampleLocked(l, t, x)
+			s.slowLocked(l, t, x, true, &rep)
+			l.lastT, l.lastX = t, x
+		}
+		if p := l.penalty(t); p > 0 {
+			l.pen.Store(math.Float64bits(p / 2))
+			l.penT.Store(t)
 		}
 		l.answered, l.lastOK = true, true
 		l.consecutive = 0
@@ -451,18 +558,20 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		if l.Redial.Load() {
 			l.Redial.Store(false)
 		}
+	case o == policy.Failure && a.Unreached:
+		l.answered, l.lastOK = true, false
+		down = true
 	case o == policy.Failure:
 		// A lane held back by its answer's Retry-After is out until
-		// then, which is its penalty; its answer's speed is a sample.
-		rep.Held = holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+		// then, which is its penalty.
+		rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
 		l.answered, l.lastOK = true, false
 		l.consecutive++
-		switch {
-		case !rep.Held:
+		if !rep.Held {
 			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
-			s.sampleLocked(l, t, min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64)))))
-		case latency > 0:
-			s.sampleLocked(l, t, float64(latency))
+			p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64))))
+			l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
+			l.penT.Store(t)
 		}
 		l.calls++
 		l.failures++
@@ -485,22 +594,105 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	if o != policy.Failure {
 		return rep
 	}
+	if down {
+		s.downLocked(l, t)
+		rep.Explained = s.otherOpenLocked(l, t, true)
+		return rep
+	}
 	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
 		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
 			rep.Ejected = append(rep.Ejected, e)
 		}
 	}
 	if rep.Held {
-		if u := t + int64(min(holdFor, s.maxEjectFor)); u > l.until.Load() {
-			l.until.Store(u)
-			s.reblockLocked(t)
-		}
+		s.holdLocked(l, t, a)
 	}
-	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	rep.Explained = (l.ejectedAt(t) || l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
 	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
 		s.redialLocked(l, t)
 	}
 	return rep
+}
+
+// holdLocked holds l back at t for the pushback in a: until a probe may
+// try it (see Done), from when it is a lane nothing is known of. s.mu is
+// held.
+func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
+	d := max(a.Hold-time.Second, 0)
+	if a.Hint > 0 && a.Hint < a.Hold {
+		d = a.Hint
+	}
+	l.forget(t)
+	if u := t + int64(min(d, s.maxEjectFor)); u > l.until.Load() {
+		l.until.Store(u)
+		s.reblockLocked(t)
+	}
+}
+
+// downLocked takes l out at t, its dial refused or timed out: for
+// downFor, then one probe at a time until it answers; and Endpoints is
+// asked again as soon as refreshGap has passed since it was last asked.
+// s.mu is held.
+func (s *Set[P]) downLocked(l *Lane[P], t int64) {
+	l.forget(t)
+	if u := t + int64(downFor); u > l.until.Load() {
+		l.until.Store(u)
+		s.reblockLocked(t)
+	}
+	if r := s.refreshAt.Load(); s.refresh > 0 && r != math.MaxInt64 {
+		s.refreshAt.Store(min(r, max(t, s.askedT+int64(refreshGap))))
+	}
+}
+
+// endedLocked notes that an attempt ended at t: a stretch of quiet since
+// the last one, of s.quiet or more, is remembered as a gap. s.mu is held.
+func (s *Set[P]) endedLocked(t int64) {
+	if t <= s.lastDone {
+		return
+	}
+	if s.lastDone > 0 && s.quiet > 0 && t-s.lastDone >= s.quiet {
+		s.gaps[s.gapNext] = gap{s.lastDone, t}
+		s.gapNext = (s.gapNext + 1) % gapRing
+	}
+	s.lastDone = t
+}
+
+// fasterElsewhereLocked reports whether an answer of l that took x (ns)
+// and came back at t was slow through no fault of the moment: it was
+// alone (no other lane had an attempt in flight at any moment of
+// [t−x, t]: nothing to compare it with, and it is judged as it stands);
+// or another lane's last success overtook it (sent after it, back by t)
+// and took at most x/factor, and no attempt of the key ended for a
+// stretch of x/2 or more within [t−x, t]. A lane slower than the others
+// has them overtake it while it is awaited. A stall of the client's own
+// process (a GC pause, CPU throttling) makes every answer that straddles
+// it slow and ends no attempt while it lasts; a burst of calls queued in
+// the client after it slows them in the order they were sent, so none
+// overtakes another. s.mu is held.
+func (s *Set[P]) fasterElsewhereLocked(l *Lane[P], t int64, x, factor float64) bool {
+	from := t - int64(x)
+	v := s.view.Load()
+	seen, alone := false, true
+	for m := v.mask; m != 0 && !seen; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o == l {
+			continue
+		}
+		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
+		seen = o.lastT-int64(o.lastX) > from && o.lastX*factor <= x
+	}
+	if !seen {
+		return alone
+	}
+	if oldest := s.gaps[s.gapNext]; oldest.to > from {
+		return false // the ring turned within the span: not known to be steady
+	}
+	for _, g := range s.gaps {
+		if g.to > from && float64(min(g.to, t)-max(g.from, from)) >= x/2 {
+			return false
+		}
+	}
+	return true
 }
 
 // redialLocked places connection lane l anew at t: its pool is to dial
@@ -511,8 +703,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 // Report.Explained), and a lane placed on a failing replica again goes on
 // to be ejected. s.mu is held.
 func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
-	l.est.Store(0)
-	l.stamp.Store(t)
+	l.forget(t)
 	l.slow, l.typ, l.typT = 0, 0, 0
 	l.Redial.Store(true)
 }
@@ -520,21 +711,30 @@ func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 // slowLocked judges l's answer at t, which took x (ns) or, unless
 // answered, at least x (a hedge leg cancelled as the loser): it counts in
 // l's run of slow answers when x is at least latencyFactor × the lowest
-// typical latency of the other lanes not blocked and with an answer, and,
-// if answered, ends the run otherwise. A run of slowRun ejects l for its
-// latency, reported in rep. An answer is then averaged into l's typical
-// latency. s.mu is held.
+// typical latency of the other lanes not blocked and with an answer, and
+// another lane answered that much faster over the same moments (see
+// fasterElsewhereLocked); if answered, an answer under that bound ends
+// the run, and one over it that the other lanes do not confirm leaves the
+// run as it is. A run of slowRun ejects l for its latency, reported in
+// rep. An answer is then averaged into l's typical latency. s.mu is held.
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
-	least := math.Inf(1)
+	least, all := math.Inf(1), math.Inf(1)
 	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.until.Load() <= t && o.typT != 0 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o.typT == 0 {
+			continue
+		}
+		all = min(all, o.typ)
+		if o != l && o.until.Load() <= t {
 			least = min(least, o.typ)
 		}
 	}
 	switch {
 	case x >= latencyFactor*least:
-		l.slow++
+		if s.fasterElsewhereLocked(l, t, x, latencyFactor) {
+			l.slow++
+		}
 	case answered:
 		l.slow = 0
 	}
@@ -544,6 +744,10 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 			w = math.Exp(-float64(t-l.typT) / float64(typical))
 		}
 		l.typ, l.typT = l.typ*w+x*(1-w), t
+		all = min(all, l.typ)
+	}
+	if !math.IsInf(all, 1) {
+		s.quiet = int64(latencyFactor / 2 * all)
 	}
 	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
 		return
@@ -555,10 +759,12 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 }
 
 // sampleLocked folds a latency sample x (ns) into l's estimate at t:
-// Finagle's peak EWMA. s.mu is held, so that samples do not race.
+// Finagle's peak EWMA, the peak taken only when another lane was faster
+// over the same moments (see peakFactor), or for the lane's first sample.
+// s.mu is held, so that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
 	e := math.Float64frombits(l.est.Load())
-	if x > e {
+	if x > e && (e == 0 || s.fasterElsewhereLocked(l, t, x, peakFactor)) {
 		e = x
 	} else {
 		w := decayed(t - l.stamp.Load())
