@@ -346,6 +346,10 @@ func TestARefusedDialTakesItsLaneOutAtOnce(t *testing.T) {
 	})
 }
 
+// recovery is how long after a 2 s outage a lane is back to its share, as
+// the failurePenalty doc states it.
+const recovery = 3 * time.Second
+
 func TestALanesShareAfterA2sOutage(t *testing.T) {
 	// Three replicas at 200 calls/s; c's dials are refused from 2s to
 	// 4s (a restart), then it answers as the others do.

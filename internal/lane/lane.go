@@ -39,7 +39,8 @@ const (
 	// The penalty fades with the time constant failureDecay, the scale
 	// of a failure (a timeout, a restart), not of the latency average,
 	// and each success halves it: a lane that failed for a few seconds
-	// and then answers is back to its share within recovery.
+	// and then answers is back to its share within 3 s
+	// (TestALanesShareAfterA2sOutage).
 	failurePenalty = 2.0
 	minPenalty     = float64(time.Millisecond)
 	maxPenalty     = float64(30 * time.Second)
@@ -90,17 +91,11 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
-	// peakFactor: a sample slower than a lane's estimate replaces it at
-	// once (the peak) only when another lane answered at least
-	// peakFactor times faster over the same moments (see
-	// fasterElsewhereLocked); otherwise it is averaged in, so that a
-	// stall of the client's own process, which slows every answer that
-	// straddles it, moves no traffic.
-	peakFactor = 2.0
-	// gapRing is how many of the key's recent quiet stretches (no
-	// attempt ended for latencyFactor/2 × the lowest typical latency of
-	// its lanes or more) a Set remembers, to tell a stall of the
-	// client's own process from a slow lane.
+	// gapRing is how many of the key's recent gaps (no attempt ended
+	// for latencyFactor/2 × the lowest typical latency of its lanes or
+	// more, while some were in flight) a Set remembers, to take a stall
+	// of the client's own process out of the answers that straddle it
+	// (see netLocked).
 	gapRing = 16
 
 	// interval is the period over which failure rates are compared
@@ -234,28 +229,38 @@ type view[P any] struct {
 // 2001) over peak-EWMA cost (Finagle's PeakEwma, finagle-core
 // loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
 // those the call has not used and that are not blocked, the lower
-// (outstanding + 1) × latency estimate wins; a lane with no sample yet
+// (outstanding + 1) × (latency estimate + failure penalty) wins. The
+// estimate jumps to a slower sample at once when another lane was faster
+// over the same moments (see fasterElsewhereLocked), averages any other
+// sample in, and decays towards zero while a lane is left alone (see
+// decay). Failures are kept out of it: each sets a penalty that fades in
+// seconds (see failurePenalty). A lane nothing is known of (new in the
+// set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
-// at a time until its first answer. The estimate jumps to a slower sample
-// at once, averages a faster one in, and decays towards zero while a lane
-// is left alone (see decay). Done tells the lane how the attempt went, and
-// returns what the caller must act on.
+// at a time until it answers, then ramps up to its share over slowStart.
+// Done tells the lane how the attempt went, and returns what the caller
+// must act on.
 //
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
 // ejected when its consecutive failures reach ConsecutiveFailures; when
 // slowRun of its answers in a row each took latencyFactor × the lowest
-// typical latency of the other lanes or more; or, at the end of an
-// interval, when it had minCalls outcomes, the other lanes together as
-// many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)). An
-// ejection lasts EjectFor × the lane's ejection count, at most
+// typical latency of the other lanes or more, each overtaken by a faster
+// lane's answer with no stall of the key's own in its span (or alone in
+// flight: see fasterElsewhereLocked), so that a stall of the client's own
+// process, which slows every lane at once, ejects nothing; or, at the end
+// of an interval, when it had minCalls outcomes, the other lanes together
+// as many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)).
+// An ejection lasts EjectFor × the lane's ejection count, at most
 // MaxEjectFor; each interval a lane ends unejected takes one off the
 // count. At most MaxEjected of the lanes are ejected at once (at least
-// one of two or more, never all); the worst rate goes first. A lane held
-// by a Retry-After, or ejected, is blocked: it is picked only when no
-// other lane is left. When its time is up it is picked again; an ejected
-// lane returns as a new one, its runs of failures and of slow answers
-// cleared and its estimate the mean of the others'.
+// one of two or more, never all), on the set as it stands after each
+// refresh too; the worst rate goes first. A lane whose dial was refused
+// or timed out is down for downFor, no ejection. A lane held by a
+// Retry-After, down, or ejected, is blocked: it is picked only when no
+// other lane is left. When its time is up it is picked again, as a lane
+// nothing is known of; an ejected lane's runs of failures and of slow
+// answers are cleared.
 //
 // A connection lane (no Endpoints) whose failure it explains (see
 // Report.Explained: two in a row while another lane is not known to fail)
@@ -272,13 +277,13 @@ type view[P any] struct {
 // of its four lanes on one bad replica keeps them there for as long as
 // their connections live.
 //
-// Nothing here starts a goroutine or a timer: ejections end, intervals
-// close and refreshes fall due lazily, from the now of the calls. Take
-// takes no lock (a few atomic loads, one random word from math/rand/v2's
-// per-thread source, one atomic add for the lane's outstanding count)
-// except, once per ejection's end, to unblock; Done holds the Set's mutex briefly. A Set is safe for
-// concurrent use. Its memory is a few hundred bytes plus about 100 bytes a
-// lane, and the caller's Pool.
+// Nothing here starts a goroutine or a timer: ejections, holds and downs
+// end, intervals close and refreshes fall due lazily, from the now of the
+// calls. Take takes no lock (a few atomic loads, one random word from
+// math/rand/v2's per-thread source, one atomic add for the lane's
+// outstanding count) except, once per block's end, to unblock; Done holds
+// the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
+// a few hundred bytes plus about 150 bytes a lane, and the caller's Pool.
 type Set[P any] struct {
 	consecutive int
 	maxEjected  float64
@@ -468,17 +473,16 @@ type Answer struct {
 	Unreached bool
 }
 
-// recovery is how long after a 2 s outage a lane is back to its share.
-const recovery = 3 * time.Second
-
 // Report is what Done tells the caller.
 type Report[P any] struct {
 	// Explained is true when the attempt failed and its lane explains
 	// the failure: the lane is ejected, or is failing (two failures in a
-	// row, or held by the answer's Retry-After) while another lane that
-	// is not blocked is not known to fail (its last outcome succeeded, or
-	// it has had none yet). The key's breaker should then learn nothing
-	// from it: every lane failing is the host failing, and reaches it.
+	// row, held by the answer's Retry-After, or its dial refused), and
+	// another lane that is not blocked is not known to fail (its last
+	// outcome succeeded, or it has had none yet). The key's breaker should
+	// then learn nothing from it, unless the attempt was a half-open
+	// breaker's probe: every lane failing, or the last lane open failing,
+	// is the host failing, and reaches it.
 	Explained bool
 	// Held is true when the answer's Retry-After held its lane back, so
 	// that the key need not be: another lane is left to pick.
@@ -546,7 +550,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 			}
 			s.sampleLocked(l, t, x)
 			s.slowLocked(l, t, x, true, &rep)
-			l.lastT, l.lastX = t, x
+			l.lastT, l.lastX = t, s.netLocked(t, x)
 		}
 		if p := l.penalty(t); p > 0 {
 			l.pen.Store(math.Float64bits(p / 2))
@@ -644,55 +648,78 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 	}
 }
 
-// endedLocked notes that an attempt ended at t: a stretch of quiet since
-// the last one, of s.quiet or more, is remembered as a gap. s.mu is held.
+// endedLocked notes that an attempt ended at t: a stretch since the last
+// one of s.quiet or more, through which another attempt was in flight (it
+// still is), is remembered as a gap: the key's own process may have been
+// stalled through it. s.mu is held.
 func (s *Set[P]) endedLocked(t int64) {
 	if t <= s.lastDone {
 		return
 	}
-	if s.lastDone > 0 && s.quiet > 0 && t-s.lastDone >= s.quiet {
+	if s.lastDone > 0 && s.quiet > 0 && t-s.lastDone >= s.quiet && s.inFlightLocked() {
 		s.gaps[s.gapNext] = gap{s.lastDone, t}
 		s.gapNext = (s.gapNext + 1) % gapRing
 	}
 	s.lastDone = t
 }
 
-// fasterElsewhereLocked reports whether an answer of l that took x (ns)
-// and came back at t was slow through no fault of the moment: it was
-// alone (no other lane had an attempt in flight at any moment of
-// [t−x, t]: nothing to compare it with, and it is judged as it stands);
-// or another lane's last success overtook it (sent after it, back by t)
-// and took at most x/factor, and no attempt of the key ended for a
-// stretch of x/2 or more within [t−x, t]. A lane slower than the others
-// has them overtake it while it is awaited. A stall of the client's own
-// process (a GC pause, CPU throttling) makes every answer that straddles
-// it slow and ends no attempt while it lasts; a burst of calls queued in
-// the client after it slows them in the order they were sent, so none
-// overtakes another. s.mu is held.
-func (s *Set[P]) fasterElsewhereLocked(l *Lane[P], t int64, x, factor float64) bool {
+// inFlightLocked reports whether any lane of the set has an attempt in
+// flight. s.mu is held.
+func (s *Set[P]) inFlightLocked() bool {
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		if v.lanes[bits.TrailingZeros64(m)].outstanding.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// netLocked returns x, the time (ns) an answer that came back at t took,
+// less the key's gaps within it (see endedLocked): how long it would have
+// taken had the client not stalled. A stall of the client's own process
+// (a GC pause, CPU throttling, a VM's steal time) makes every answer that
+// straddles it slow, and ends no attempt while it lasts, though others
+// are in flight. When more gaps came since than the Set remembers, x as
+// it is. s.mu is held.
+func (s *Set[P]) netLocked(t int64, x float64) float64 {
+	from := t - int64(x)
+	if s.gaps[s.gapNext].to > from {
+		return x
+	}
+	n := x
+	for _, g := range s.gaps {
+		if g.to > from {
+			n -= float64(max(min(g.to, t)-max(g.from, from), 0))
+		}
+	}
+	return max(n, 0)
+}
+
+// overtakenLocked reports whether the other lanes answered faster than
+// l's answer that came back at t after x (ns), over the same moments:
+// another lane's last success was sent after it, came back by t, and took
+// (net of stalls) at most y; or whether no other lane had an attempt in
+// flight at any moment of [t−x, t], so that there is nothing to compare
+// it with, and it is judged as it stands. A lane slower than the others
+// has them overtake it while it is awaited; a burst of calls queued in
+// the client (after a stall) slows them in the order they were sent, and
+// none overtakes another. s.mu is held.
+func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
 	from := t - int64(x)
 	v := s.view.Load()
-	seen, alone := false, true
-	for m := v.mask; m != 0 && !seen; m &= m - 1 {
+	alone := true
+	for m := v.mask; m != 0; m &= m - 1 {
 		o := v.lanes[bits.TrailingZeros64(m)]
 		if o == l {
 			continue
 		}
-		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
-		seen = o.lastT-int64(o.lastX) > from && o.lastX*factor <= x
-	}
-	if !seen {
-		return alone
-	}
-	if oldest := s.gaps[s.gapNext]; oldest.to > from {
-		return false // the ring turned within the span: not known to be steady
-	}
-	for _, g := range s.gaps {
-		if g.to > from && float64(min(g.to, t)-max(g.from, from)) >= x/2 {
-			return false
+		if o.lastT-int64(o.lastX) > from && o.lastX <= y {
+			return true
 		}
+		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
 	}
-	return true
+	return alone
 }
 
 // redialLocked places connection lane l anew at t: its pool is to dial
@@ -709,14 +736,16 @@ func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 }
 
 // slowLocked judges l's answer at t, which took x (ns) or, unless
-// answered, at least x (a hedge leg cancelled as the loser): it counts in
-// l's run of slow answers when x is at least latencyFactor × the lowest
-// typical latency of the other lanes not blocked and with an answer, and
-// another lane answered that much faster over the same moments (see
-// fasterElsewhereLocked); if answered, an answer under that bound ends
-// the run, and one over it that the other lanes do not confirm leaves the
-// run as it is. A run of slowRun ejects l for its latency, reported in
-// rep. An answer is then averaged into l's typical latency. s.mu is held.
+// answered, at least x (a hedge leg cancelled as the loser), by the stall
+// rule: its time net of the key's stalls (netLocked) is at least
+// latencyFactor × the lowest typical latency of the other lanes not
+// blocked and with an answer, and the other lanes answered latencyFactor
+// times faster over the same moments (overtakenLocked). Such an answer
+// counts in l's run of slow answers; if answered, one under that bound
+// ends the run, and one over it that the other lanes do not confirm
+// leaves the run as it is. A run of slowRun ejects l for its latency,
+// reported in rep. An answer's net time is then averaged into l's typical
+// latency. s.mu is held.
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
 	least, all := math.Inf(1), math.Inf(1)
@@ -730,9 +759,10 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 			least = min(least, o.typ)
 		}
 	}
+	n := s.netLocked(t, x)
 	switch {
-	case x >= latencyFactor*least:
-		if s.fasterElsewhereLocked(l, t, x, latencyFactor) {
+	case n >= latencyFactor*least:
+		if s.overtakenLocked(l, t, x, n/latencyFactor) {
 			l.slow++
 		}
 	case answered:
@@ -743,7 +773,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 		if l.typT != 0 {
 			w = math.Exp(-float64(t-l.typT) / float64(typical))
 		}
-		l.typ, l.typT = l.typ*w+x*(1-w), t
+		l.typ, l.typT = l.typ*w+n*(1-w), t
 		all = min(all, l.typ)
 	}
 	if !math.IsInf(all, 1) {
@@ -758,13 +788,13 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 	}
 }
 
-// sampleLocked folds a latency sample x (ns) into l's estimate at t:
-// Finagle's peak EWMA, the peak taken only when another lane was faster
-// over the same moments (see peakFactor), or for the lane's first sample.
-// s.mu is held, so that samples do not race.
+// sampleLocked folds a latency sample x (ns), net of the key's stalls
+// (netLocked), into l's estimate at t: Finagle's peak EWMA. s.mu is held,
+// so that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
+	x = s.netLocked(t, x)
 	e := math.Float64frombits(l.est.Load())
-	if x > e && (e == 0 || s.fasterElsewhereLocked(l, t, x, peakFactor)) {
+	if x > e {
 		e = x
 	} else {
 		w := decayed(t - l.stamp.Load())
@@ -785,23 +815,6 @@ func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
 		}
 	}
 	return slowest
-}
-
-// meanLocked returns the mean estimate at t of the lanes other than l, or
-// zero when there are none. s.mu is held.
-func (s *Set[P]) meanLocked(l *Lane[P], t int64) float64 {
-	v := s.view.Load()
-	sum, n := 0.0, 0
-	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
-			sum += o.estimate(t)
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
 }
 
 // otherOpenLocked reports whether a lane other than l is in the set and
