@@ -20,10 +20,10 @@ import (
 // Each attempt picks a lane by the power of two choices over peak-EWMA
 // cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
 // the lower (outstanding attempts + 1) × (latency estimate + failure
-// penalty) wins. The estimate jumps to a slower answer at once when
-// another lane answered at least twice as fast over the same moments (see
-// the stall rule below), averages any other answer in, and decays towards
-// faster ones with a 10 s time constant. Failures are kept out of it
+// penalty) wins. The estimate jumps to a slower answer at once (its time
+// net of the client's own stalls: see the stall rule below), averages a
+// faster one in, and decays towards faster ones with a 10 s time
+// constant. Failures are kept out of it
 // (failure accrual apart, as Finagle keeps it): a failure sets the lane's
 // penalty to the slowest other lane's estimate (at least its own latency)
 // times 2 to the power of its failures in a row (at most 30 s), which
@@ -60,17 +60,17 @@ import (
 // balancer places anew.
 //
 // The stall rule: a lane is judged against the other lanes at the same
-// moments. A slow answer counts towards EjectLatency (and jumps the
-// estimate) only when another lane's answer, sent after it, came back
-// before it, at least 5 (for the estimate, 2) times faster, and the key
-// had no stretch of half the answer's time or more in which no attempt
-// ended; or when no other lane had an attempt in flight while it was
-// awaited (nothing to compare it with). A stall of the client's own
-// process (a GC pause, CPU throttling, a VM's steal time) slows every
-// answer that straddles it and ends no attempt while it lasts, and the
-// burst of calls that follows it slows them in the order they were sent:
-// neither ejects a lane or moves traffic. A slow replica has the others
-// answer fast while it is awaited.
+// moments. The key's gaps (stretches in which no attempt ended though
+// some were in flight) are taken out of each answer's time before it is
+// sampled or judged: a stall of the client's own process (a GC pause, CPU
+// throttling, a VM's steal time) slows every answer that straddles it
+// and ends none while it lasts. A slow answer then counts towards
+// EjectLatency only when another lane's answer, sent after it, came back
+// before it at least 5 times faster (or when no other lane had an
+// attempt in flight while it was awaited: nothing to compare it with);
+// the burst of calls queued in the client after a stall slows them in
+// the order they were sent, so none overtakes another. A slow replica has
+// the others answer fast while it is awaited.
 //
 // A replica that is not there is out at once: an attempt whose dial was
 // refused or timed out takes its lane out for 1 s, then the next call
@@ -119,11 +119,11 @@ import (
 // Lanes cost no goroutine and no timer: ejections end and refreshes fall
 // due lazily, from the time of the calls; a refresh runs on a goroutine
 // of its own, started by the call that found it due, and ends with
-// Resolve. A key's lanes cost about 800 bytes, plus about 1 KB a lane
-// beyond its connections, 900 bytes of which are the lane's clone of the
-// base (go test -run '^$' -bench ScopeMemory -benchtime=1x ./transport:
-// 5.1 KB a key with four connection lanes, 5.3 KB with four of
-// Endpoints), and a pool holds connections only while in use or idle (the
+// Resolve. A key's lanes cost about 1.4 KB a lane beyond its
+// connections (the key's share included), 900 bytes of which are the
+// lane's clone of the base (go test -run '^$' -bench ScopeMemory
+// -benchtime=1x ./transport: 5.7 KB a key with four connection lanes,
+// 5.9 KB with four of Endpoints), and a pool holds connections only while in use or idle (the
 // base's IdleConnTimeout). Each lane has the base's per-host limits
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
 // lanes times those.

@@ -143,8 +143,8 @@ type Lane[P any] struct {
 	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
 	typ             float64 // its typical latency, ns (see typical)
 	typT            int64   // when typ was last sampled, ns; 0: never
-	lastT           int64   // when its last success came back, ns; 0: never
-	lastX           float64 // and its latency, ns
+	lastS           int64   // when its last success was sent, ns; 0: never
+	lastX           float64 // and its latency net of the key's stalls, ns
 	endT            int64   // when its last attempt ended, ns
 	calls, failures int     // in the current interval
 	ejections       int     // the multiplier of the next ejection's time, less one
@@ -230,10 +230,9 @@ type view[P any] struct {
 // loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
 // those the call has not used and that are not blocked, the lower
 // (outstanding + 1) × (latency estimate + failure penalty) wins. The
-// estimate jumps to a slower sample at once when another lane was faster
-// over the same moments (see fasterElsewhereLocked), averages any other
-// sample in, and decays towards zero while a lane is left alone (see
-// decay). Failures are kept out of it: each sets a penalty that fades in
+// estimate jumps to a slower sample at once, averages a faster one in,
+// each sample net of the key's own stalls (see netLocked), and decays
+// towards zero while a lane is left alone (see decay). Failures are kept out of it: each sets a penalty that fades in
 // seconds (see failurePenalty). A lane nothing is known of (new in the
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
@@ -244,11 +243,11 @@ type view[P any] struct {
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
 // ejected when its consecutive failures reach ConsecutiveFailures; when
-// slowRun of its answers in a row each took latencyFactor × the lowest
-// typical latency of the other lanes or more, each overtaken by a faster
-// lane's answer with no stall of the key's own in its span (or alone in
-// flight: see fasterElsewhereLocked), so that a stall of the client's own
-// process, which slows every lane at once, ejects nothing; or, at the end
+// slowRun of its answers, with no fast one between, each took latencyFactor × the lowest
+// typical latency of the other lanes or more, net of the key's own
+// stalls (netLocked), and each overtaken by a faster lane's answer (or
+// alone in flight: see overtakenLocked), so that a stall of the client's
+// own process, which slows every lane at once, ejects nothing; or, at the end
 // of an interval, when it had minCalls outcomes, the other lanes together
 // as many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)).
 // An ejection lasts EjectFor × the lane's ejection count, at most
@@ -283,7 +282,7 @@ type view[P any] struct {
 // math/rand/v2's per-thread source, one atomic add for the lane's
 // outstanding count) except, once per block's end, to unblock; Done holds
 // the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
-// a few hundred bytes plus about 150 bytes a lane, and the caller's Pool.
+// under a kilobyte plus about 150 bytes a lane, and the caller's Pool.
 type Set[P any] struct {
 	consecutive int
 	maxEjected  float64
@@ -548,9 +547,10 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 			if l.est.Load() == 0 {
 				l.warm.Store(t) // its first answer: the slow start begins
 			}
-			s.sampleLocked(l, t, x)
-			s.slowLocked(l, t, x, true, &rep)
-			l.lastT, l.lastX = t, s.netLocked(t, x)
+			n := s.netLocked(t, x)
+			s.sampleLocked(l, t, n)
+			s.slowLocked(l, t, x, n, true, &rep)
+			l.lastS, l.lastX = t-int64(latency), n
 		}
 		if p := l.penalty(t); p > 0 {
 			l.pen.Store(math.Float64bits(p / 2))
@@ -580,8 +580,10 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		l.calls++
 		l.failures++
 	case o == policy.Discarded && latency > 0:
-		s.sampleLocked(l, t, float64(latency))
-		s.slowLocked(l, t, float64(latency), false, &rep)
+		x := float64(latency)
+		n := s.netLocked(t, x)
+		s.sampleLocked(l, t, n)
+		s.slowLocked(l, t, x, n, false, &rep)
 		return rep
 	default:
 		return rep
@@ -714,7 +716,7 @@ func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
 		if o == l {
 			continue
 		}
-		if o.lastT-int64(o.lastX) > from && o.lastX <= y {
+		if o.lastS > max(from, 0) && o.lastX <= y {
 			return true
 		}
 		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
@@ -737,7 +739,7 @@ func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 
 // slowLocked judges l's answer at t, which took x (ns) or, unless
 // answered, at least x (a hedge leg cancelled as the loser), by the stall
-// rule: its time net of the key's stalls (netLocked) is at least
+// rule: n, its time net of the key's stalls (netLocked), is at least
 // latencyFactor × the lowest typical latency of the other lanes not
 // blocked and with an answer, and the other lanes answered latencyFactor
 // times faster over the same moments (overtakenLocked). Such an answer
@@ -746,7 +748,7 @@ func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 // leaves the run as it is. A run of slowRun ejects l for its latency,
 // reported in rep. An answer's net time is then averaged into l's typical
 // latency. s.mu is held.
-func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
+func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
 	least, all := math.Inf(1), math.Inf(1)
 	for m := v.mask; m != 0; m &= m - 1 {
@@ -759,7 +761,6 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 			least = min(least, o.typ)
 		}
 	}
-	n := s.netLocked(t, x)
 	switch {
 	case n >= latencyFactor*least:
 		if s.overtakenLocked(l, t, x, n/latencyFactor) {
@@ -792,7 +793,6 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 // (netLocked), into l's estimate at t: Finagle's peak EWMA. s.mu is held,
 // so that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
-	x = s.netLocked(t, x)
 	e := math.Float64frombits(l.est.Load())
 	if x > e {
 		e = x
