@@ -234,22 +234,27 @@ func TestEveryLaneSlowTogetherEjectsNone(t *testing.T) {
 }
 
 func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
-	s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
-	serve := func(l *Lane[pool], _ time.Time) (time.Duration, policy.Outcome, Answer) {
-		if l.Addr == "d" {
-			return 100 * time.Millisecond, policy.Success, Answer{}
-		}
-		return 5 * time.Millisecond, policy.Success, Answer{}
-	}
-	m := newSim(s, time.Millisecond, serve)
-	shares := m.window(10 * time.Second)
-	for _, e := range m.ejected {
-		if e.Lane.Addr != "d" || e.Reason != policy.EjectLatency {
-			t.Errorf("ejected %s for %v, want only d for its latency", e.Lane.Addr, e.Reason)
-		}
-	}
-	if shares["d"] > 0.02 {
-		t.Errorf("the 20x slower lane got %.1f%% of the calls, want at most 2%%", 100*shares["d"])
+	for _, every := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 50 * time.Millisecond} {
+		t.Run(fmt.Sprint(int(time.Second/every), " calls a second"), func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+			serve := func(l *Lane[pool], _ time.Time) (time.Duration, policy.Outcome, Answer) {
+				if l.Addr == "d" {
+					return 100 * time.Millisecond, policy.Success, Answer{}
+				}
+				return 5 * time.Millisecond, policy.Success, Answer{}
+			}
+			m := newSim(s, every, serve)
+			m.run(time.Second)
+			shares := m.window(10 * time.Second)
+			for _, e := range m.ejected {
+				if e.Lane.Addr != "d" || e.Reason != policy.EjectLatency {
+					t.Errorf("ejected %s for %v, want only d for its latency", e.Lane.Addr, e.Reason)
+				}
+			}
+			if shares["d"] > 0.02 {
+				t.Errorf("the 20x slower lane got %.1f%% of the calls, want at most 2%%", 100*shares["d"])
+			}
+		})
 	}
 }
 

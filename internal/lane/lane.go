@@ -91,12 +91,17 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
-	// gapRing is how many of the key's recent gaps (no attempt ended
-	// for latencyFactor/2 × the lowest typical latency of its lanes or
-	// more, while some were in flight) a Set remembers, to take a stall
-	// of the client's own process out of the answers that straddle it
-	// (see netLocked).
-	gapRing = 16
+	// A gap is a stretch in which no attempt of the key ended for
+	// stallGaps × the mean time between its ends or more (and
+	// latencyFactor/2 × the lowest typical latency of its lanes or
+	// more) while another attempt was in flight: with ends spread at
+	// random (Poisson) at a steady rate, a stretch that long comes once
+	// in e^8, about 3000; a stall of the client's own process ends none
+	// while it lasts. gapRing is how many
+	// recent gaps a Set remembers, to take them out of the answers that
+	// straddle them (see netLocked).
+	stallGaps = 8.0
+	gapRing   = 16
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -298,10 +303,11 @@ type Set[P any] struct {
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 
 	mu        sync.Mutex
-	intervalT int64 // ns: the start of the current interval
-	askedT    int64 // ns: when the last refresh began
-	lastDone  int64 // ns: the latest end of an attempt
-	quiet     int64 // ns: a stretch with no attempt ended this long is remembered in gaps
+	intervalT int64   // ns: the start of the current interval
+	askedT    int64   // ns: when the last refresh began
+	lastDone  int64   // ns: the latest end of an attempt
+	meanGap   float64 // ns: the mean time between ends, a moving average of 16
+	quiet     int64   // ns: a stretch with no attempt ended this long is remembered in gaps
 	gaps      [gapRing]gap
 	gapNext   int // the slot of the next gap (the oldest, once full)
 	draining  []*Lane[P]
@@ -650,17 +656,28 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 	}
 }
 
-// endedLocked notes that an attempt ended at t: a stretch since the last
-// one of s.quiet or more, through which another attempt was in flight (it
+// endedLocked notes that an attempt ended at t. A stretch since the last
+// one of stallGaps × the key's mean time between ends or more (and
+// s.quiet or more), through which another attempt was in flight (it
 // still is), is remembered as a gap: the key's own process may have been
-// stalled through it. s.mu is held.
+// stalled through it. A key that was idle had nothing else in flight.
+// s.mu is held.
 func (s *Set[P]) endedLocked(t int64) {
 	if t <= s.lastDone {
 		return
 	}
-	if s.lastDone > 0 && s.quiet > 0 && t-s.lastDone >= s.quiet && s.inFlightLocked() {
-		s.gaps[s.gapNext] = gap{s.lastDone, t}
-		s.gapNext = (s.gapNext + 1) % gapRing
+	d := float64(t - s.lastDone)
+	switch {
+	case s.lastDone == 0:
+	case s.meanGap == 0:
+		s.meanGap = d
+	default:
+		if d >= max(float64(s.quiet), stallGaps*s.meanGap) && s.inFlightLocked() {
+			s.gaps[s.gapNext] = gap{s.lastDone, t}
+			s.gapNext = (s.gapNext + 1) % gapRing
+		}
+		// A stall is kept out of the mean it is judged by.
+		s.meanGap += (min(d, stallGaps*s.meanGap) - s.meanGap) / 16
 	}
 	s.lastDone = t
 }
@@ -681,9 +698,8 @@ func (s *Set[P]) inFlightLocked() bool {
 // less the key's gaps within it (see endedLocked): how long it would have
 // taken had the client not stalled. A stall of the client's own process
 // (a GC pause, CPU throttling, a VM's steal time) makes every answer that
-// straddles it slow, and ends no attempt while it lasts, though others
-// are in flight. When more gaps came since than the Set remembers, x as
-// it is. s.mu is held.
+// straddles it slow, and ends no attempt while it lasts. When more gaps
+// came since than the Set remembers, x as it is. s.mu is held.
 func (s *Set[P]) netLocked(t int64, x float64) float64 {
 	from := t - int64(x)
 	if s.gaps[s.gapNext].to > from {
