@@ -60,9 +60,9 @@ import (
 // balancer places anew.
 //
 // The stall rule: a lane is judged against the other lanes at the same
-// moments. The key's gaps (stretches in which no attempt ended though
-// some were in flight) are taken out of each answer's time before it is
-// sampled or judged: a stall of the client's own process (a GC pause, CPU
+// moments. The key's gaps (stretches of 8 × its mean time between answers
+// or more in which none came though some were in flight) are taken out
+// of each answer's time before it is sampled or judged: a stall of the client's own process (a GC pause, CPU
 // throttling, a VM's steal time) slows every answer that straddles it
 // and ends none while it lasts. A slow answer then counts towards
 // EjectLatency only when another lane's answer, sent after it, came back
