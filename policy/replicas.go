@@ -22,55 +22,53 @@ import (
 // the lower (outstanding attempts + 1) × (latency estimate + failure
 // penalty) wins. The estimate jumps to a slower answer at once (its time
 // net of the client's own stalls: see the stall rule below), averages a
-// faster one in, and decays towards faster ones with a 10 s time
-// constant. Failures are kept out of it
-// (failure accrual apart, as Finagle keeps it): a failure sets the lane's
-// penalty to the slowest other lane's estimate (at least its own latency)
-// times 2 to the power of its failures in a row (at most 30 s), which
-// fades with a 1 s time constant and halves with each success, so a
-// replica that is slow or fails fast gets little traffic before anything
-// is ejected, and one that failed through a 2 s outage and then answers
-// has its share back within 3 s. A lane nothing is known of (new in the
-// set, back from an ejection, a hold or a refused dial, dialed anew) gets
-// one attempt at a time until it answers (Finagle's probe), then ramps up
-// to its share over 1 s (Envoy's slow start, from a tenth of its share).
-// A hedge or a retry picks among the lanes its call has not used yet
-// (Envoy's previous_hosts), and reuses one only when every lane has been
-// tried; an ejected, held or down lane is picked only when no other is
-// left.
+// faster one in, and decays towards faster ones with a 10 s time constant.
+// Failures are kept out of it (failure accrual apart, as Finagle keeps
+// it): a failure sets the lane's penalty to the slowest other lane's
+// estimate (at least its own latency) times 2 to the power of its failures
+// in a row (at most 30 s), which fades with a 1 s time constant and halves
+// with each success, so a replica that is slow or fails fast gets little
+// traffic before anything is ejected, and one that failed through a 2 s
+// outage and then answers has its share back within 3 s. A lane nothing is
+// known of (new in the set, back from an ejection, a hold or a refused
+// dial, dialed anew) gets one attempt at a time until it answers
+// (Finagle's probe), then ramps up to its share over 1 s (Envoy's slow
+// start, from a tenth of its share). A hedge or a retry picks among the
+// lanes its call has not used yet (Envoy's previous_hosts), and reuses one
+// only when every lane has been tried; an ejected, held or down lane is
+// picked only when no other is left.
 //
-// A lane is ejected (not picked while another lane is left) for
-// EjectFor × the number of times it has been ejected, at most MaxEjectFor
-// (Envoy's outlier detection), when ConsecutiveFailures attempts on it
-// failed in a row; when 5 of its answers in a row each took 5 × the lowest
-// typical latency (a moving average of answers over about 1 s) of the
-// other lanes or more (EjectLatency: the picker alone cannot keep a slow
-// replica's share small when two lanes drawn together are both on it, as
-// behind an L4 balancer, where several connection lanes may land on one
-// replica); or when, over a 10 s interval with at least 20 of its
-// attempts and 20 of the others', its failure rate reached min(0.9,
-// max(0.2, 3 × the other lanes' rate)), the breaker's relative rule with
-// the other lanes as the baseline. Each interval a lane spends unejected
-// takes one off its count. At most MaxEjected of the lanes are ejected at
-// once, and never the last one; when a refresh shrinks the set, the
-// bound holds on the new set, and the lanes ejected longest ago return
-// first. An ejected lane gets traffic again when its time is up, one
-// probe at a time until it answers, then a slow start; its connections
-// are closed as they fall idle, so it comes back on a fresh one, which a
-// balancer places anew.
+// A lane is ejected (not picked while another lane is left) for EjectFor ×
+// the number of times it has been ejected, at most MaxEjectFor (Envoy's
+// outlier detection), when ConsecutiveFailures attempts on it failed in a
+// row; when 5 of its answers, with no fast one between, each took 5 × the
+// lowest typical latency (a moving average of answers over about 1 s) of
+// the other lanes or more (EjectLatency: the picker alone cannot keep a
+// slow replica's share small when two lanes drawn together are both on it,
+// as behind an L4 balancer, where several connection lanes may land on one
+// replica); or when, over a 10 s interval with at least 20 of its attempts
+// and 20 of the others', its failure rate reached min(0.9, max(0.2, 3 ×
+// the other lanes' rate)), the breaker's relative rule with the other
+// lanes as the baseline. Each interval a lane spends unejected takes one
+// off its count. At most MaxEjected of the lanes are ejected at once, and
+// never the last one; when a refresh shrinks the set, the bound holds on
+// the new set, and the lanes ejected longest ago return first. An ejected
+// lane gets traffic again when its time is up, one probe at a time until
+// it answers, then a slow start; its connections are closed as they fall
+// idle, so it comes back on a fresh one, which a balancer places anew.
 //
 // The stall rule: a lane is judged against the other lanes at the same
 // moments. The key's gaps (stretches of 8 × its mean time between answers
-// or more in which none came though some were in flight) are taken out
-// of each answer's time before it is sampled or judged: a stall of the client's own process (a GC pause, CPU
-// throttling, a VM's steal time) slows every answer that straddles it
-// and ends none while it lasts. A slow answer then counts towards
-// EjectLatency only when another lane's answer, sent after it, came back
-// before it at least 5 times faster (or when no other lane had an
-// attempt in flight while it was awaited: nothing to compare it with);
-// the burst of calls queued in the client after a stall slows them in
-// the order they were sent, so none overtakes another. A slow replica has
-// the others answer fast while it is awaited.
+// or more in which none came though some were in flight) are taken out of
+// each answer's time before it is sampled or judged: a stall of the
+// client's own process (a GC pause, CPU throttling, a VM's steal time)
+// slows every answer that straddles it and ends none while it lasts. A
+// slow answer then counts towards EjectLatency only when another lane's
+// answer, sent after it, came back before it at least 5 times faster (or
+// when no other lane had an attempt in flight while it was awaited:
+// nothing to compare it with); the burst of calls queued in the client
+// after a stall slows them in the order they were sent, so none overtakes
+// another. A slow replica has the others answer fast while it is awaited.
 //
 // A replica that is not there is out at once: an attempt whose dial was
 // refused or timed out takes its lane out for 1 s, then the next call
