@@ -248,19 +248,19 @@ type view[P any] struct {
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
 // ejected when its consecutive failures reach ConsecutiveFailures; when
-// slowRun of its answers, with no fast one between, each took latencyFactor × the lowest
-// typical latency of the other lanes or more, net of the key's own
-// stalls (netLocked), and each overtaken by a faster lane's answer (or
-// alone in flight: see overtakenLocked), so that a stall of the client's
-// own process, which slows every lane at once, ejects nothing; or, at the end
-// of an interval, when it had minCalls outcomes, the other lanes together
-// as many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)).
-// An ejection lasts EjectFor × the lane's ejection count, at most
-// MaxEjectFor; each interval a lane ends unejected takes one off the
-// count. At most MaxEjected of the lanes are ejected at once (at least
-// one of two or more, never all), on the set as it stands after each
-// refresh too; the worst rate goes first. A lane whose dial was refused
-// or timed out is down for downFor, no ejection. A lane held by a
+// slowRun of its answers, with no fast one between, each took
+// latencyFactor × the lowest typical latency of the other lanes or more,
+// net of the key's own stalls (netLocked), and each overtaken by a faster
+// lane's answer (or alone in flight: see overtakenLocked), so that a stall
+// of the client's own process, which slows every lane at once, ejects
+// nothing; or, at the end of an interval, when it had minCalls outcomes,
+// the other lanes together as many, and its failure rate reached min(0.9,
+// max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's ejection
+// count, at most MaxEjectFor; each interval a lane ends unejected takes
+// one off the count. At most MaxEjected of the lanes are ejected at once
+// (at least one of two or more, never all), on the set as it stands after
+// each refresh too; the worst rate goes first. A lane whose dial was
+// refused or timed out is down for downFor, no ejection. A lane held by a
 // Retry-After, down, or ejected, is blocked: it is picked only when no
 // other lane is left. When its time is up it is picked again, as a lane
 // nothing is known of; an ejected lane's runs of failures and of slow
