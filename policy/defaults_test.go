@@ -165,9 +165,9 @@ func TestBudgetDefaults(t *testing.T) {
 
 func TestReplicasDefaults(t *testing.T) {
 	d := Replicas{}.WithDefaults()
-	if d.Connections != 4 || d.Refresh != 30*time.Second || d.MaxEjected != 0.5 || d.ConsecutiveFailures != 5 ||
+	if d.Connections != 4 || d.Refresh != 5*time.Second || d.MaxEjected != 0.5 || d.ConsecutiveFailures != 5 ||
 		d.EjectFor != 30*time.Second || d.MaxEjectFor != 300*time.Second {
-		t.Errorf("defaults: %+v; want 4 connections, 30s refresh, 0.5 ejected, 5 failures, 30s..300s", d)
+		t.Errorf("defaults: %+v; want 4 connections, 5s refresh, 0.5 ejected, 5 failures, 30s..300s", d)
 	}
 	if got := (Replicas{EjectFor: 10 * time.Minute}).WithDefaults().MaxEjectFor; got != 10*time.Minute {
 		t.Errorf("EjectFor 10m leaves MaxEjectFor %v, want it raised to 10m", got)

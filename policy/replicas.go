@@ -19,37 +19,68 @@ import (
 //
 // Each attempt picks a lane by the power of two choices over peak-EWMA
 // cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
-// the lower (outstanding attempts + 1) × latency estimate wins; the
-// estimate jumps to a slower sample at once and decays towards faster
-// ones with a 10 s time constant. A lane with no answer yet gets one
-// attempt at a time (Finagle's probe), so that a key's first calls do not
-// spread evenly over a slow replica. A failure is a sample of the slowest
-// other lane's estimate times 2 to the power of the lane's failures in a
-// row (at most 30 s), so a replica that is slow or fails fast gets little
-// traffic before anything is ejected. A hedge or a retry picks among the
-// lanes its call has not used yet (Envoy's previous_hosts), and reuses
-// one only when every lane has been tried; an ejected or held lane is
+// the lower (outstanding attempts + 1) × (latency estimate + failure
+// penalty) wins. The estimate jumps to a slower answer at once (its time
+// net of the client's own stalls: see the stall rule below), averages a
+// faster one in, and decays towards faster ones with a 10 s time constant.
+// Failures are kept out of it (failure accrual apart, as Finagle keeps
+// it): a failure sets the lane's penalty to the slowest other lane's
+// estimate (at least its own latency) times 2 to the power of its failures
+// in a row (at most 30 s), which fades with a 1 s time constant and halves
+// with each success, so a replica that is slow or fails fast gets little
+// traffic before anything is ejected, and one that failed through a 2 s
+// outage and then answers has its share back within 3 s. A lane nothing is
+// known of (new in the set, back from an ejection, a hold or a refused
+// dial, dialed anew) gets one attempt at a time until it answers
+// (Finagle's probe), then ramps up to its share over 1 s (Envoy's slow
+// start, from a tenth of its share). A hedge or a retry picks among the
+// lanes its call has not used yet (Envoy's previous_hosts), and reuses one
+// only when every lane has been tried; an ejected, held or down lane is
 // picked only when no other is left.
 //
-// A lane is ejected (not picked while another lane is left) for
-// EjectFor × the number of times it has been ejected, at most MaxEjectFor
-// (Envoy's outlier detection), when ConsecutiveFailures attempts on it
-// failed in a row; when 5 of its answers in a row each took 5 × the lowest
-// typical latency (a moving average of answers over about 1 s) of the
-// other lanes or more (EjectLatency: the picker
-// alone cannot keep a slow replica's share small when two lanes drawn
-// together are both on it, as behind an L4 balancer, where several
-// connection lanes may land on one replica); or when, over a 10 s interval
-// with at least 20 of its attempts and 20 of the others', its failure
-// rate reached min(0.9, max(0.2, 3 × the other lanes' rate)), the
-// breaker's relative rule with the other lanes as the baseline. Each interval a lane spends
-// unejected takes one off its count. At most MaxEjected of the lanes are
-// ejected at once, and never the last one. An ejected lane gets traffic
-// again when its time is up, with the other lanes' mean estimate, and
-// stays if healthy; its connections are closed as they fall idle, so it
-// comes back on a fresh one, which a balancer places anew. A 503 or 429 with a Retry-After from one lane holds
-// that lane back for that long (at most MaxEjectFor), not the key: the
-// Throttler's pushback is armed only when no other lane is left.
+// A lane is ejected (not picked while another lane is left) for EjectFor ×
+// the number of times it has been ejected, at most MaxEjectFor (Envoy's
+// outlier detection), when ConsecutiveFailures attempts on it failed in a
+// row; when 5 of its answers, with no fast one between, each took 5 × the
+// lowest typical latency (a moving average of answers over about 1 s) of
+// the other lanes or more (EjectLatency: the picker alone cannot keep a
+// slow replica's share small when two lanes drawn together are both on it,
+// as behind an L4 balancer, where several connection lanes may land on one
+// replica); or when, over a 10 s interval with at least 20 of its attempts
+// and 20 of the others', its failure rate reached min(0.9, max(0.2, 3 ×
+// the other lanes' rate)), the breaker's relative rule with the other
+// lanes as the baseline. Each interval a lane spends unejected takes one
+// off its count. At most MaxEjected of the lanes are ejected at once, and
+// never the last one; when a refresh shrinks the set, the bound holds on
+// the new set, and the lanes ejected longest ago return first. An ejected
+// lane gets traffic again when its time is up, one probe at a time until
+// it answers, then a slow start; its connections are closed as they fall
+// idle, so it comes back on a fresh one, which a balancer places anew.
+//
+// The stall rule: a lane is judged against the other lanes at the same
+// moments. The key's gaps (stretches of 8 × its mean time between answers
+// or more in which none came though some were in flight) are taken out of
+// each answer's time before it is sampled or judged: a stall of the
+// client's own process (a GC pause, CPU throttling, a VM's steal time)
+// slows every answer that straddles it and ends none while it lasts. A
+// slow answer then counts towards EjectLatency only when another lane's
+// answer, sent after it, came back before it at least 5 times faster (or
+// when no other lane had an attempt in flight while it was awaited:
+// nothing to compare it with); the burst of calls queued in the client
+// after a stall slows them in the order they were sent, so none overtakes
+// another. A slow replica has the others answer fast while it is awaited.
+//
+// A replica that is not there is out at once: an attempt whose dial was
+// refused or timed out takes its lane out for 1 s, then the next call
+// that draws it may send it one probe, and it returns when it answers. It
+// is not an ejection: it counts neither towards ConsecutiveFailures nor
+// against MaxEjected, and EjectFor's longer ejections stay for replicas
+// that answer badly. It also asks Endpoints again early, at most once a
+// second a key. A 503 or 429 with a Retry-After from one lane holds that
+// lane back, not the key: the Throttler's pushback is armed only when no
+// other lane is left. The lane is tried again by one probe as soon as the
+// hold could be over: a second before the Retry-After ends (it counts
+// whole seconds), at most MaxEjectFor.
 //
 // A connection lane that fails twice in a row while another lane is not
 // known to fail (a failure the key's Breaker does not learn, below) is
@@ -75,11 +106,13 @@ import (
 // over h2c, where a lane is one connection.
 //
 // The key's Breaker judges the host, not a replica: a failure on a lane
-// that is ejected, or that is failing (two failures in a row on it, or a
-// Retry-After that held it) while another lane is not known to fail (its
-// last outcome a success, or none yet), is released to the breaker as no
-// evidence, so one bad replica of four never opens it, while every lane
-// failing opens it as it would without lanes.
+// that is ejected, or that is failing (two failures in a row on it, a
+// Retry-After that held it, or a refused dial), while another lane open
+// is not known to fail (its last outcome a success, or none yet), is
+// released to the breaker as no evidence, so one bad replica of four
+// never opens it, while every lane failing, or the last lane open
+// failing, opens it as it would without lanes; a half-open breaker's
+// probe is always evidence.
 //
 // A lane lets its connections go when it is drained, ejected or dialed
 // anew, and when its key is forgotten (transport.Config.MaxKeys): its
@@ -95,11 +128,11 @@ import (
 // Lanes cost no goroutine and no timer: ejections end and refreshes fall
 // due lazily, from the time of the calls; a refresh runs on a goroutine
 // of its own, started by the call that found it due, and ends with
-// Resolve. A key's lanes cost about 800 bytes, plus about 1.4 KB a lane
-// beyond its connections, 900 bytes of which are the lane's clone of the
-// base (go test -run '^$' -bench ScopeMemory -benchtime=1x ./transport:
-// 5.7 KB a key with four connection lanes, 5.9 KB with four of
-// Endpoints), and a pool holds connections only while in use or idle (the
+// Resolve. A key's lanes cost about 1.4 KB a lane beyond its
+// connections (the key's share included), 900 bytes of which are the
+// lane's clone of the base (go test -run '^$' -bench ScopeMemory
+// -benchtime=1x ./transport: 5.7 KB a key with four connection lanes,
+// 5.9 KB with four of Endpoints), and a pool holds connections only while in use or idle (the
 // base's IdleConnTimeout). Each lane has the base's per-host limits
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
 // lanes times those.
@@ -143,7 +176,8 @@ type Replicas struct {
 	Connections int
 
 	// Refresh is how old Endpoints' answer may grow before a call asks
-	// again. If zero, 30 s is used.
+	// again (Envoy's dns_refresh_rate). If zero, 5 s is used. A refused
+	// or timed-out dial on a lane asks sooner, at most once a second.
 	Refresh time.Duration
 
 	// MaxEjected is the share of lanes that may be ejected at once, in
@@ -153,7 +187,8 @@ type Replicas struct {
 	MaxEjected float64
 
 	// ConsecutiveFailures ejects a lane on which that many attempts in a
-	// row failed. If zero, 5 is used. If negative, only the failure rate
+	// row failed; a refused or timed-out dial is not counted (it takes
+	// the lane out for a second). If zero, 5 is used. If negative, only the failure rate
 	// ejects. With connection lanes keep it on: a connection lane failing
 	// alone starts over on a new connection, with a new lane's record,
 	// until it succeeds, and its failures in a row are what ejects it
@@ -199,7 +234,7 @@ func (r *Replicas) validate() error {
 // WithDefaults returns r with every zero field set to its default.
 func (r Replicas) WithDefaults() Replicas {
 	r.Connections = or(r.Connections, 4)
-	r.Refresh = or(r.Refresh, 30*time.Second)
+	r.Refresh = or(r.Refresh, 5*time.Second)
 	r.MaxEjected = or(r.MaxEjected, 0.5)
 	r.ConsecutiveFailures = or(r.ConsecutiveFailures, 5)
 	r.EjectFor = or(r.EjectFor, 30*time.Second)

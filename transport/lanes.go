@@ -54,17 +54,23 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 }
 
 // leaveLane tells leg l's lane how its attempt went: outcome o, resp the
-// answer if any. It closes the idle connections of the lanes the outcome
-// ejected, and of a lane drained by it.
-func (c *call) leaveLane(l *leg, resp *http.Response, o policy.Outcome) lane.Report[*lanePool] {
+// answer if any, err the attempt's error if any (a refused or timed-out
+// dial takes the lane out at once). It closes the idle connections of the
+// lanes the outcome ejected, and of a lane drained by it.
+func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome) lane.Report[*lanePool] {
 	var now time.Time
 	if l.latency > 0 { // send read the time of the answer, from took
 		now = l.took.Add(l.latency)
 	} else {
 		now = timing.Since(l.took)
 	}
-	hold, _ := httpx.PushbackHold(resp, now) // Retry-After, or the server's shorter word for it
-	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, hold)
+	var a lane.Answer
+	if v := httpx.PushbackValue(resp); v != "" {
+		a.Hold, _ = httpx.ParseRetryAfter(v, now)
+	}
+	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
+	a.Unreached = resp == nil && httpx.Undialed(err)
+	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs
 	for _, e := range rep.Ejected {

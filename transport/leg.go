@@ -229,7 +229,7 @@ func (c *call) send(l *leg) {
 		if l.lane != nil {
 			// Its time on the wire is a lower bound of the lane's
 			// latency, and no evidence of its health.
-			c.leaveLane(l, nil, policy.Discarded)
+			c.leaveLane(l, nil, nil, policy.Discarded)
 		}
 		c.unadmit(l, now)
 		free(l.cancel, nil)
@@ -268,8 +268,8 @@ func (c *call) send(l *leg) {
 	// done with.
 	judged, pushback := l.outcome, resp // what the key's breaker and throttler learn
 	if l.lane != nil {
-		rep := c.leaveLane(l, resp, l.outcome)
-		if rep.Explained {
+		rep := c.leaveLane(l, resp, err, l.outcome)
+		if rep.Explained && !l.bp.Probe() { // a half-open breaker's probe is the host's evidence
 			judged = policy.Discarded
 		}
 		if rep.Held {
@@ -348,7 +348,7 @@ func (c *call) abandon(l *leg) {
 		l.timer.stop()
 	}
 	if l.lane != nil {
-		c.leaveLane(l, nil, policy.Canceled)
+		c.leaveLane(l, nil, nil, policy.Canceled)
 	}
 	c.unadmit(l, time.Now())
 	free(l.cancel, nil)

@@ -305,6 +305,9 @@ type BreakerPermit struct {
 	at    time.Time // when Allow admitted it
 }
 
+// Probe reports whether p admitted a half-open breaker's probe.
+func (p BreakerPermit) Probe() bool { return p.probe }
+
 // BreakerDecision is Allow's answer.
 type BreakerDecision struct {
 	// OK is true when the call is admitted.

@@ -49,6 +49,15 @@ func Unsent(err error) bool {
 	return false
 }
 
+// Undialed reports whether err, the error of one wire attempt, is a
+// failure to connect: some error in its chain is a *net.OpError whose Op
+// is "dial" (connection refused, no route to host, a dial timeout).
+// Nothing answered at the address: Unsent is true of it too.
+func Undialed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // unsentOne reports whether err itself, not what it wraps, proves the
 // request unsent.
 func unsentOne(err error) bool {

@@ -27,16 +27,40 @@ const (
 	// sample, so that a lane left alone because it was slow is tried
 	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
 	decay = 10 * time.Second
-	// failurePenalty: a failure is a sample of the slowest other lane's
-	// estimate (at least its own latency, at least minPenalty) times
-	// failurePenalty to the power of the lane's consecutive failures (at
-	// most maxPenalty): a lane that fails fast costs more than any
-	// healthy one, and a run of failures more than the outstanding
-	// attempts that load puts on the others (1 + about 4 at 16 callers
-	// on four lanes: three failures in a row outweigh it).
+	// failurePenalty: failures are kept out of the latency estimate
+	// (failure accrual apart, as Finagle keeps it). A failure sets the
+	// lane's penalty, added to its estimate at a pick, to at least the
+	// slowest other lane's estimate (at least its own latency, at least
+	// minPenalty) times failurePenalty to the power of the lane's
+	// consecutive failures (at most maxPenalty): a lane that fails fast
+	// costs more than any healthy one, and a run of failures more than
+	// the outstanding attempts that load puts on the others (1 + about 4
+	// at 16 callers on four lanes: three failures in a row outweigh it).
+	// The penalty fades with the time constant failureDecay, the scale
+	// of a failure (a timeout, a restart), not of the latency average,
+	// and each success halves it: a lane that failed for a few seconds
+	// and then answers is back to its share within 3 s
+	// (TestALanesShareAfterA2sOutage).
 	failurePenalty = 2.0
 	minPenalty     = float64(time.Millisecond)
 	maxPenalty     = float64(30 * time.Second)
+	failureDecay   = time.Second
+	// slowStart is Envoy's slow start window: a lane nothing was known
+	// of (new in the set, back from an ejection, a hold or a refused
+	// dial, dialed anew) gets one probe at a time until it answers
+	// (probeCost), then its cost is divided by a weight that grows
+	// linearly from minWeight to 1 over slowStart since that answer, so
+	// that its share ramps up rather than jumping from nothing to all
+	// that its low estimate would draw.
+	slowStart = time.Second
+	minWeight = 0.1
+	// downFor is how long a lane whose dial was refused or timed out
+	// (nothing answers at its address) is out: then the next pick may
+	// send it one probe. A refused dial is not an ejection: it counts
+	// neither towards ConsecutiveFailures nor against MaxEjected, and
+	// asks Endpoints again, at most once per refreshGap.
+	downFor    = time.Second
+	refreshGap = time.Second
 	// minEstimate is the least estimate a pick reads, so that among
 	// lanes decayed to nothing the least loaded wins.
 	minEstimate = float64(time.Microsecond)
@@ -67,6 +91,17 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
+	// A gap is a stretch in which no attempt of the key ended for
+	// stallGaps × the mean time between its ends or more (and
+	// latencyFactor/2 × the lowest typical latency of its lanes or
+	// more) while another attempt was in flight: with ends spread at
+	// random (Poisson) at a steady rate, a stretch that long comes once
+	// in e^8, about 3000; a stall of the client's own process ends none
+	// while it lasts. gapRing is how many
+	// recent gaps a Set remembers, to take them out of the answers that
+	// straddle them (see netLocked).
+	stallGaps = 8.0
+	gapRing   = 16
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -101,7 +136,10 @@ type Lane[P any] struct {
 	outstanding atomic.Int64  // attempts taken and not done
 	est         atomic.Uint64 // float64 bits: the latency estimate, ns
 	stamp       atomic.Int64  // when est was last sampled, ns since the Set's epoch
-	until       atomic.Int64  // blocked (ejected or held) until then, ns; 0: never blocked
+	until       atomic.Int64  // blocked (ejected, held or down) until then, ns; 0: never blocked
+	pen         atomic.Uint64 // float64 bits: the failure penalty, ns, as of penT
+	penT        atomic.Int64  // when pen was last set, ns
+	warm        atomic.Int64  // when its slow start began, ns; 0: not in one
 
 	// Guarded by the Set's mu.
 	answered        bool // some outcome was evidence
@@ -110,6 +148,9 @@ type Lane[P any] struct {
 	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
 	typ             float64 // its typical latency, ns (see typical)
 	typT            int64   // when typ was last sampled, ns; 0: never
+	lastS           int64   // when its last success was sent, ns; 0: never
+	lastX           float64 // and its latency net of the key's stalls, ns
+	endT            int64   // when its last attempt ended, ns
 	calls, failures int     // in the current interval
 	ejections       int     // the multiplier of the next ejection's time, less one
 	ejected         bool
@@ -121,15 +162,40 @@ type Lane[P any] struct {
 // cheaper reports whether a's picking cost at t is below b's.
 func cheaper[P any](a, b *Lane[P], t int64) bool { return a.cost(t) < b.cost(t) }
 
-// cost is l's picking cost at t: (outstanding + 1) × its latency estimate
-// decayed to t, the estimate at least minEstimate; for a lane with no
+// cost is l's picking cost at t: (outstanding + 1) × (its latency
+// estimate decayed to t, at least minEstimate, plus its failure penalty
+// decayed to t), divided by its slow start weight; for a lane with no
 // sample yet, outstanding × probeCost (see probeCost).
 func (l *Lane[P]) cost(t int64) float64 {
 	o := float64(l.outstanding.Load())
 	if l.est.Load() == 0 && o > 0 {
 		return o * probeCost
 	}
-	return (o + 1) * max(l.estimate(t), minEstimate)
+	c := (o + 1) * (max(l.estimate(t), minEstimate) + l.penalty(t))
+	if w := l.warm.Load(); w != 0 && t-w < int64(slowStart) {
+		c /= max(minWeight, float64(t-w)/float64(slowStart))
+	}
+	return c
+}
+
+// penalty is l's failure penalty at t (see failurePenalty).
+func (l *Lane[P]) penalty(t int64) float64 {
+	p := math.Float64frombits(l.pen.Load())
+	if p == 0 {
+		return 0
+	}
+	if dt := t - l.penT.Load(); dt > 0 {
+		p *= math.Exp(-float64(dt) / float64(failureDecay))
+	}
+	return p
+}
+
+// forget makes l a lane nothing is known of: one probe at a time until
+// it answers, then a slow start.
+func (l *Lane[P]) forget(t int64) {
+	l.est.Store(0)
+	l.stamp.Store(t)
+	l.warm.Store(0)
 }
 
 func (l *Lane[P]) estimate(t int64) float64 {
@@ -168,28 +234,37 @@ type view[P any] struct {
 // 2001) over peak-EWMA cost (Finagle's PeakEwma, finagle-core
 // loadbalancer/PeakEwma.scala): two distinct lanes drawn at random among
 // those the call has not used and that are not blocked, the lower
-// (outstanding + 1) × latency estimate wins; a lane with no sample yet
+// (outstanding + 1) × (latency estimate + failure penalty) wins. The
+// estimate jumps to a slower sample at once, averages a faster one in,
+// each sample net of the key's own stalls (see netLocked), and decays
+// towards zero while a lane is left alone (see decay). Failures are kept out of it: each sets a penalty that fades in
+// seconds (see failurePenalty). A lane nothing is known of (new in the
+// set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
-// at a time until its first answer. The estimate jumps to a slower sample
-// at once, averages a faster one in, and decays towards zero while a lane
-// is left alone (see decay). Done tells the lane how the attempt went, and
-// returns what the caller must act on.
+// at a time until it answers, then ramps up to its share over slowStart.
+// Done tells the lane how the attempt went, and returns what the caller
+// must act on.
 //
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
 // ejected when its consecutive failures reach ConsecutiveFailures; when
-// slowRun of its answers in a row each took latencyFactor × the lowest
-// typical latency of the other lanes or more; or, at the end of an
-// interval, when it had minCalls outcomes, the other lanes together as
-// many, and its failure rate reached min(0.9, max(0.2, 3 × theirs)). An
-// ejection lasts EjectFor × the lane's ejection count, at most
-// MaxEjectFor; each interval a lane ends unejected takes one off the
-// count. At most MaxEjected of the lanes are ejected at once (at least
-// one of two or more, never all); the worst rate goes first. A lane held
-// by a Retry-After, or ejected, is blocked: it is picked only when no
-// other lane is left. When its time is up it is picked again; an ejected
-// lane returns as a new one, its runs of failures and of slow answers
-// cleared and its estimate the mean of the others'.
+// slowRun of its answers, with no fast one between, each took
+// latencyFactor × the lowest typical latency of the other lanes or more,
+// net of the key's own stalls (netLocked), and each overtaken by a faster
+// lane's answer (or alone in flight: see overtakenLocked), so that a stall
+// of the client's own process, which slows every lane at once, ejects
+// nothing; or, at the end of an interval, when it had minCalls outcomes,
+// the other lanes together as many, and its failure rate reached min(0.9,
+// max(0.2, 3 × theirs)). An ejection lasts EjectFor × the lane's ejection
+// count, at most MaxEjectFor; each interval a lane ends unejected takes
+// one off the count. At most MaxEjected of the lanes are ejected at once
+// (at least one of two or more, never all), on the set as it stands after
+// each refresh too; the worst rate goes first. A lane whose dial was
+// refused or timed out is down for downFor, no ejection. A lane held by a
+// Retry-After, down, or ejected, is blocked: it is picked only when no
+// other lane is left. When its time is up it is picked again, as a lane
+// nothing is known of; an ejected lane's runs of failures and of slow
+// answers are cleared.
 //
 // A connection lane (no Endpoints) whose failure it explains (see
 // Report.Explained: two in a row while another lane is not known to fail)
@@ -206,13 +281,13 @@ type view[P any] struct {
 // of its four lanes on one bad replica keeps them there for as long as
 // their connections live.
 //
-// Nothing here starts a goroutine or a timer: ejections end, intervals
-// close and refreshes fall due lazily, from the now of the calls. Take
-// takes no lock (a few atomic loads, one random word from math/rand/v2's
-// per-thread source, one atomic add for the lane's outstanding count)
-// except, once per ejection's end, to unblock; Done holds the Set's mutex briefly. A Set is safe for
-// concurrent use. Its memory is a few hundred bytes plus about 100 bytes a
-// lane, and the caller's Pool.
+// Nothing here starts a goroutine or a timer: ejections, holds and downs
+// end, intervals close and refreshes fall due lazily, from the now of the
+// calls. Take takes no lock (a few atomic loads, one random word from
+// math/rand/v2's per-thread source, one atomic add for the lane's
+// outstanding count) except, once per block's end, to unblock; Done holds
+// the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
+// under a kilobyte plus about 150 bytes a lane, and the caller's Pool.
 type Set[P any] struct {
 	consecutive int
 	maxEjected  float64
@@ -228,7 +303,13 @@ type Set[P any] struct {
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 
 	mu        sync.Mutex
-	intervalT int64 // ns: the start of the current interval
+	intervalT int64   // ns: the start of the current interval
+	askedT    int64   // ns: when the last refresh began
+	lastDone  int64   // ns: the latest end of an attempt
+	meanGap   float64 // ns: the mean time between ends, a moving average of 16
+	quiet     int64   // ns: a stretch with no attempt ended this long is remembered in gaps
+	gaps      [gapRing]gap
+	gapNext   int // the slot of the next gap (the oldest, once full)
 	draining  []*Lane[P]
 	backoff   time.Duration
 	ignored   int
@@ -365,14 +446,16 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			next = min(next, u)
 		case l.ejected:
 			l.ejected, l.back, l.consecutive, l.slow = false, true, 0, 0
-			l.est.Store(math.Float64bits(s.meanLocked(l, t)))
-			l.stamp.Store(t)
+			l.forget(t)
 		}
 	}
 	s.blockedUntil.Store(next)
 	s.blocked.Store(b)
 	return b
 }
+
+// gap is a stretch of time in which no attempt of a key ended, ns.
+type gap struct{ from, to int64 }
 
 // Ejection is a lane ejected, or back from an ejection, for the caller to
 // act on and report.
@@ -382,14 +465,29 @@ type Ejection[P any] struct {
 	For    time.Duration
 }
 
+// Answer is what an attempt's answer, or its error, told of its lane
+// beyond its outcome.
+type Answer struct {
+	// Hold is the answer's Retry-After on a 503 or 429, zero otherwise.
+	Hold time.Duration
+	// Hint is how long the server means to hold back, when it said so
+	// in a header of its own beside Retry-After; zero otherwise.
+	Hint time.Duration
+	// Unreached is true when the attempt's dial was refused or timed
+	// out: nothing answers at the lane's address.
+	Unreached bool
+}
+
 // Report is what Done tells the caller.
 type Report[P any] struct {
 	// Explained is true when the attempt failed and its lane explains
 	// the failure: the lane is ejected, or is failing (two failures in a
-	// row, or held by the answer's Retry-After) while another lane that
-	// is not blocked is not known to fail (its last outcome succeeded, or
-	// it has had none yet). The key's breaker should then learn nothing
-	// from it: every lane failing is the host failing, and reaches it.
+	// row, held by the answer's Retry-After, or its dial refused), and
+	// another lane that is not blocked is not known to fail (its last
+	// outcome succeeded, or it has had none yet). The key's breaker should
+	// then learn nothing from it, unless the attempt was a half-open
+	// breaker's probe: every lane failing, or the last lane open failing,
+	// is the host failing, and reaches it.
 	Explained bool
 	// Held is true when the answer's Retry-After held its lane back, so
 	// that the key need not be: another lane is left to pick.
@@ -409,22 +507,29 @@ type Report[P any] struct {
 }
 
 // Done ends an attempt that Take counted on lane l, at now, with its
-// latency to headers (or error) and its outcome as the key's Classify gave
-// it. A Success or a Failure is evidence of the lane's health and a
-// latency sample (a Failure a slow one: see failurePenalty); a Discarded
-// outcome with a latency (a hedge leg cancelled as the loser) is a sample
-// of at least that latency, and no evidence; any other outcome, or a zero
-// latency, teaches nothing. holdFor is the answer's Retry-After on a 503
-// or 429, zero otherwise: the lane is held that long (at most MaxEjectFor)
-// when another lane is left, and the failure is then a sample of its own
-// latency, not a slow one: the hold is its penalty. Done allocates only to
-// report an ejection.
-func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+// latency to headers (or error), its outcome as the key's Classify gave
+// it, and what its answer told of the lane (a). A Success is evidence of
+// the lane's health and a latency sample; a Failure is evidence, and adds
+// to the lane's failure penalty (see failurePenalty), not to its
+// estimate; a Discarded outcome with a latency (a hedge leg cancelled as
+// the loser) is a sample of at least that latency, and no evidence; any
+// other outcome, or a zero latency, teaches nothing.
+//
+// A Failure whose dial was refused or timed out (a.Unreached) takes the
+// lane out for downFor, not through an ejection, and asks Endpoints
+// again early. A Failure with a.Hold (a Retry-After) holds the lane back
+// when another lane is left, and no penalty: the hold is its penalty; the
+// lane is tried again by one probe as soon as the hold could be shorter
+// than it says: after a.Hint when the server gave one shorter than Hold,
+// else after Hold less a second (Retry-After counts whole seconds), at
+// most MaxEjectFor. Done allocates only to report an ejection.
+func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	t := s.nanos(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0
-	rep := s.doneLocked(l, t, latency, o, holdFor)
+	rep := s.doneLocked(l, t, latency, o, a)
+	l.endT = max(l.endT, t)
 	switch {
 	case !last:
 	case l.removed:
@@ -437,13 +542,25 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 }
 
 // doneLocked is Done's learning, with s.mu held.
-func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, holdFor time.Duration) Report[P] {
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	var rep Report[P]
+	s.endedLocked(t)
+	down := false
 	switch {
 	case o == policy.Success:
 		if latency > 0 {
-			s.sampleLocked(l, t, float64(latency))
-			s.slowLocked(l, t, float64(latency), true, &rep)
+			x := float64(latency)
+			if l.est.Load() == 0 {
+				l.warm.Store(t) // its first answer: the slow start begins
+			}
+			n := s.netLocked(t, x)
+			s.sampleLocked(l, t, n)
+			s.slowLocked(l, t, x, n, true, &rep)
+			l.lastS, l.lastX = t-int64(latency), n
+		}
+		if p := l.penalty(t); p > 0 {
+			l.pen.Store(math.Float64bits(p / 2))
+			l.penT.Store(t)
 		}
 		l.answered, l.lastOK = true, true
 		l.consecutive = 0
@@ -451,24 +568,28 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		if l.Redial.Load() {
 			l.Redial.Store(false)
 		}
+	case o == policy.Failure && a.Unreached:
+		l.answered, l.lastOK = true, false
+		down = true
 	case o == policy.Failure:
 		// A lane held back by its answer's Retry-After is out until
-		// then, which is its penalty; its answer's speed is a sample.
-		rep.Held = holdFor > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+		// then, which is its penalty.
+		rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
 		l.answered, l.lastOK = true, false
 		l.consecutive++
-		switch {
-		case !rep.Held:
+		if !rep.Held {
 			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
-			s.sampleLocked(l, t, min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64)))))
-		case latency > 0:
-			s.sampleLocked(l, t, float64(latency))
+			p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64))))
+			l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
+			l.penT.Store(t)
 		}
 		l.calls++
 		l.failures++
 	case o == policy.Discarded && latency > 0:
-		s.sampleLocked(l, t, float64(latency))
-		s.slowLocked(l, t, float64(latency), false, &rep)
+		x := float64(latency)
+		n := s.netLocked(t, x)
+		s.sampleLocked(l, t, n)
+		s.slowLocked(l, t, x, n, false, &rep)
 		return rep
 	default:
 		return rep
@@ -485,22 +606,138 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	if o != policy.Failure {
 		return rep
 	}
+	if down {
+		s.downLocked(l, t)
+		rep.Explained = s.otherOpenLocked(l, t, true)
+		return rep
+	}
 	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
 		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
 			rep.Ejected = append(rep.Ejected, e)
 		}
 	}
 	if rep.Held {
-		if u := t + int64(min(holdFor, s.maxEjectFor)); u > l.until.Load() {
-			l.until.Store(u)
-			s.reblockLocked(t)
-		}
+		s.holdLocked(l, t, a)
 	}
-	rep.Explained = l.ejectedAt(t) || (l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	rep.Explained = (l.ejectedAt(t) || l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
 	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
 		s.redialLocked(l, t)
 	}
 	return rep
+}
+
+// holdLocked holds l back at t for the pushback in a: until a probe may
+// try it (see Done), from when it is a lane nothing is known of. s.mu is
+// held.
+func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
+	d := max(a.Hold-time.Second, 0)
+	if a.Hint > 0 && a.Hint < a.Hold {
+		d = a.Hint
+	}
+	l.forget(t)
+	if u := t + int64(min(d, s.maxEjectFor)); u > l.until.Load() {
+		l.until.Store(u)
+		s.reblockLocked(t)
+	}
+}
+
+// downLocked takes l out at t, its dial refused or timed out: for
+// downFor, then one probe at a time until it answers; and Endpoints is
+// asked again as soon as refreshGap has passed since it was last asked.
+// s.mu is held.
+func (s *Set[P]) downLocked(l *Lane[P], t int64) {
+	l.forget(t)
+	if u := t + int64(downFor); u > l.until.Load() {
+		l.until.Store(u)
+		s.reblockLocked(t)
+	}
+	if r := s.refreshAt.Load(); s.refresh > 0 && r != math.MaxInt64 {
+		s.refreshAt.Store(min(r, max(t, s.askedT+int64(refreshGap))))
+	}
+}
+
+// endedLocked notes that an attempt ended at t. A stretch since the last
+// one of stallGaps × the key's mean time between ends or more (and
+// s.quiet or more), through which another attempt was in flight (it
+// still is), is remembered as a gap: the key's own process may have been
+// stalled through it. A key that was idle had nothing else in flight.
+// s.mu is held.
+func (s *Set[P]) endedLocked(t int64) {
+	if t <= s.lastDone {
+		return
+	}
+	d := float64(t - s.lastDone)
+	switch {
+	case s.lastDone == 0:
+	case s.meanGap == 0:
+		s.meanGap = d
+	default:
+		if d >= max(float64(s.quiet), stallGaps*s.meanGap) && s.inFlightLocked() {
+			s.gaps[s.gapNext] = gap{s.lastDone, t}
+			s.gapNext = (s.gapNext + 1) % gapRing
+		}
+		// A stall is kept out of the mean it is judged by.
+		s.meanGap += (min(d, stallGaps*s.meanGap) - s.meanGap) / 16
+	}
+	s.lastDone = t
+}
+
+// inFlightLocked reports whether any lane of the set has an attempt in
+// flight. s.mu is held.
+func (s *Set[P]) inFlightLocked() bool {
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		if v.lanes[bits.TrailingZeros64(m)].outstanding.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// netLocked returns x, the time (ns) an answer that came back at t took,
+// less the key's gaps within it (see endedLocked): how long it would have
+// taken had the client not stalled. A stall of the client's own process
+// (a GC pause, CPU throttling, a VM's steal time) makes every answer that
+// straddles it slow, and ends no attempt while it lasts. When more gaps
+// came since than the Set remembers, x as it is. s.mu is held.
+func (s *Set[P]) netLocked(t int64, x float64) float64 {
+	from := t - int64(x)
+	if s.gaps[s.gapNext].to > from {
+		return x
+	}
+	n := x
+	for _, g := range s.gaps {
+		if g.to > from {
+			n -= float64(max(min(g.to, t)-max(g.from, from), 0))
+		}
+	}
+	return max(n, 0)
+}
+
+// overtakenLocked reports whether the other lanes answered faster than
+// l's answer that came back at t after x (ns), over the same moments:
+// another lane's last success was sent after it, came back by t, and took
+// (net of stalls) at most y; or whether no other lane had an attempt in
+// flight at any moment of [t−x, t], so that there is nothing to compare
+// it with, and it is judged as it stands. A lane slower than the others
+// has them overtake it while it is awaited; a burst of calls queued in
+// the client (after a stall) slows them in the order they were sent, and
+// none overtakes another. s.mu is held.
+func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
+	from := t - int64(x)
+	v := s.view.Load()
+	alone := true
+	for m := v.mask; m != 0; m &= m - 1 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o == l {
+			continue
+		}
+		if o.lastS > max(from, 0) && o.lastX <= y {
+			return true
+		}
+		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
+	}
+	return alone
 }
 
 // redialLocked places connection lane l anew at t: its pool is to dial
@@ -511,30 +748,40 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 // Report.Explained), and a lane placed on a failing replica again goes on
 // to be ejected. s.mu is held.
 func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
-	l.est.Store(0)
-	l.stamp.Store(t)
+	l.forget(t)
 	l.slow, l.typ, l.typT = 0, 0, 0
 	l.Redial.Store(true)
 }
 
 // slowLocked judges l's answer at t, which took x (ns) or, unless
-// answered, at least x (a hedge leg cancelled as the loser): it counts in
-// l's run of slow answers when x is at least latencyFactor × the lowest
-// typical latency of the other lanes not blocked and with an answer, and,
-// if answered, ends the run otherwise. A run of slowRun ejects l for its
-// latency, reported in rep. An answer is then averaged into l's typical
+// answered, at least x (a hedge leg cancelled as the loser), by the stall
+// rule: n, its time net of the key's stalls (netLocked), is at least
+// latencyFactor × the lowest typical latency of the other lanes not
+// blocked and with an answer, and the other lanes answered latencyFactor
+// times faster over the same moments (overtakenLocked). Such an answer
+// counts in l's run of slow answers; if answered, one under that bound
+// ends the run, and one over it that the other lanes do not confirm
+// leaves the run as it is. A run of slowRun ejects l for its latency,
+// reported in rep. An answer's net time is then averaged into l's typical
 // latency. s.mu is held.
-func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *Report[P]) {
+func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
-	least := math.Inf(1)
+	least, all := math.Inf(1), math.Inf(1)
 	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.until.Load() <= t && o.typT != 0 {
+		o := v.lanes[bits.TrailingZeros64(m)]
+		if o.typT == 0 {
+			continue
+		}
+		all = min(all, o.typ)
+		if o != l && o.until.Load() <= t {
 			least = min(least, o.typ)
 		}
 	}
 	switch {
-	case x >= latencyFactor*least:
-		l.slow++
+	case n >= latencyFactor*least:
+		if s.overtakenLocked(l, t, x, n/latencyFactor) {
+			l.slow++
+		}
 	case answered:
 		l.slow = 0
 	}
@@ -543,7 +790,11 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 		if l.typT != 0 {
 			w = math.Exp(-float64(t-l.typT) / float64(typical))
 		}
-		l.typ, l.typT = l.typ*w+x*(1-w), t
+		l.typ, l.typT = l.typ*w+n*(1-w), t
+		all = min(all, l.typ)
+	}
+	if !math.IsInf(all, 1) {
+		s.quiet = int64(latencyFactor / 2 * all)
 	}
 	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
 		return
@@ -554,8 +805,9 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x float64, answered bool, rep *
 	}
 }
 
-// sampleLocked folds a latency sample x (ns) into l's estimate at t:
-// Finagle's peak EWMA. s.mu is held, so that samples do not race.
+// sampleLocked folds a latency sample x (ns), net of the key's stalls
+// (netLocked), into l's estimate at t: Finagle's peak EWMA. s.mu is held,
+// so that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
 	e := math.Float64frombits(l.est.Load())
 	if x > e {
@@ -579,23 +831,6 @@ func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
 		}
 	}
 	return slowest
-}
-
-// meanLocked returns the mean estimate at t of the lanes other than l, or
-// zero when there are none. s.mu is held.
-func (s *Set[P]) meanLocked(l *Lane[P], t int64) float64 {
-	v := s.view.Load()
-	sum, n := 0.0, 0
-	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
-			sum += o.estimate(t)
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
 }
 
 // otherOpenLocked reports whether a lane other than l is in the set and

@@ -39,7 +39,7 @@ func picks(s *Set[pool], now time.Time, n int, f func(*Lane[pool]) (time.Duratio
 		l := s.Take(now, 0)
 		got[l.Index]++
 		lat, o := f(l)
-		s.Done(l, now, lat, o, 0)
+		s.Done(l, now, lat, o, Answer{})
 	}
 	return got
 }
@@ -79,7 +79,7 @@ func TestALaneWithNoSampleGetsOneProbeAtATime(t *testing.T) {
 	s := newSet(policy.Replicas{})
 	// Lanes 1 to 3 answered in 2ms; lane 0 has never answered.
 	for i := 1; i < 4; i++ {
-		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, Answer{})
 	}
 	probe := s.Take(t0, 0b1110)
 	if probe.Index != 0 {
@@ -96,9 +96,9 @@ func TestALaneWithNoSampleGetsOneProbeAtATime(t *testing.T) {
 		held = append(held, l)
 	}
 	// Its answer, 40ms, is its estimate: it is left alone.
-	s.Done(probe, t0, 40*time.Millisecond, policy.Success, 0)
+	s.Done(probe, t0, 40*time.Millisecond, policy.Success, Answer{})
 	for _, l := range held {
-		s.Done(l, t0, 2*time.Millisecond, policy.Success, 0)
+		s.Done(l, t0, 2*time.Millisecond, policy.Success, Answer{})
 	}
 	if got := picks(s, t0, 100, func(*Lane[pool]) (time.Duration, policy.Outcome) { return 2 * time.Millisecond, policy.Success }); got[0] != 0 {
 		t.Errorf("lane 0, answering in 40ms, got %d of 100 picks beside lanes answering in 2ms: %v", got[0], got)
@@ -120,7 +120,7 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 			if l.Index < slowLanes {
 				lat = slow(k / 4)
 			}
-			ejected = append(ejected, s.Done(l, now, lat, policy.Success, 0).Ejected...)
+			ejected = append(ejected, s.Done(l, now, lat, policy.Success, Answer{}).Ejected...)
 		}
 		return ejected
 	}
@@ -133,14 +133,14 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 	})
 	t.Run("20x slower, after a stall on every lane", func(t *testing.T) {
 		// Every lane's first answer takes 50ms, then lane 0's 40ms and
-		// the others' 2ms, a lane answering every 80ms: the peak
+		// the others' 2ms, a lane answering every 20ms: the peak
 		// estimates stay above 10ms for over 10s, the typical latencies
 		// are under 8ms in 2s.
 		s := newSet(policy.Replicas{})
 		now := t0
 		var e []Ejection[pool]
-		for k := range 400 { // 8s
-			now = now.Add(20 * time.Millisecond)
+		for k := range 1600 { // 8s
+			now = now.Add(5 * time.Millisecond)
 			l := s.Take(now, 0b1111&^(1<<(k%4)))
 			lat := 2 * time.Millisecond
 			switch {
@@ -149,7 +149,7 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 			case l.Index == 0:
 				lat = 40 * time.Millisecond
 			}
-			e = append(e, s.Done(l, now, lat, policy.Success, 0).Ejected...)
+			e = append(e, s.Done(l, now, lat, policy.Success, Answer{}).Ejected...)
 		}
 		if len(e) != 1 || e[0].Lane.Index != 0 || e[0].Reason != policy.EjectLatency {
 			t.Errorf("ejected %+v, want lane 0 for its latency", e)
@@ -191,7 +191,7 @@ func TestALaneSlowInARowIsEjected(t *testing.T) {
 					if l.Index == 0 {
 						o, lat = policy.Discarded, 5*time.Millisecond
 					}
-					e = append(e, s.Done(l, now, lat, o, 0).Ejected...)
+					e = append(e, s.Done(l, now, lat, o, Answer{}).Ejected...)
 				}
 			}
 			if len(e) != 0 {
@@ -238,14 +238,14 @@ func TestTakePrefersLanesTheCallHasNotUsed(t *testing.T) {
 				t.Fatalf("pick %d reused lane %d with %04b used", i, l.Index, used)
 			}
 			used |= 1 << l.Index
-			s.Done(l, t0, time.Millisecond, policy.Success, 0)
+			s.Done(l, t0, time.Millisecond, policy.Success, Answer{})
 		}
 		if used != 0b1111 {
 			t.Fatalf("four picks used %04b, want every lane", used)
 		}
 		// All used: any lane may be reused.
 		l := s.Take(t0, used)
-		s.Done(l, t0, time.Millisecond, policy.Success, 0)
+		s.Done(l, t0, time.Millisecond, policy.Success, Answer{})
 	}
 }
 
@@ -262,7 +262,7 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 		if l != bad {
 			t.Fatalf("took lane %d, want the only unused one, 1", l.Index)
 		}
-		return s.Done(l, now, time.Millisecond, policy.Failure, 0)
+		return s.Done(l, now, time.Millisecond, policy.Failure, Answer{})
 	}
 	for _, want := range []time.Duration{30 * time.Second, 60 * time.Second, 90 * time.Second, 100 * time.Second} {
 		for i := range 4 {
@@ -289,7 +289,7 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 			if l == bad {
 				t.Fatal("an ejected lane was picked")
 			}
-			s.Done(l, now, time.Millisecond, policy.Success, 0)
+			s.Done(l, now, time.Millisecond, policy.Success, Answer{})
 		}
 		// Back when its time is up.
 		now = now.Add(want)
@@ -306,7 +306,7 @@ func TestAHealthyIntervalTakesOneOffTheEjectionCount(t *testing.T) {
 	eject := func() time.Duration {
 		for range 5 {
 			l := s.Take(now, 0b1110)
-			if rep := s.Done(l, now, time.Millisecond, policy.Failure, 0); len(rep.Ejected) == 1 {
+			if rep := s.Done(l, now, time.Millisecond, policy.Failure, Answer{}); len(rep.Ejected) == 1 {
 				return rep.Ejected[0].For
 			}
 		}
@@ -324,7 +324,7 @@ func TestAHealthyIntervalTakesOneOffTheEjectionCount(t *testing.T) {
 	now = now.Add(60 * time.Second)
 	for range 2 {
 		now = now.Add(interval)
-		s.Done(s.Take(now, 0b1110), now, time.Millisecond, policy.Success, 0)
+		s.Done(s.Take(now, 0b1110), now, time.Millisecond, policy.Success, Answer{})
 	}
 	if bad.ejections != 0 {
 		t.Fatalf("ejection count %d after two healthy intervals, want 0", bad.ejections)
@@ -350,7 +350,7 @@ func TestAtMostMaxEjectedAtOnce(t *testing.T) {
 		s := newSet(policy.Replicas{Connections: tt.lanes, MaxEjected: tt.max})
 		for range 50 {
 			l := s.Take(t0, 0)
-			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, Answer{})
 		}
 		if ej := s.Counts(t0).Ejected; ej != tt.want {
 			t.Errorf("%d lanes all failing, MaxEjected %v: %d ejected, want %d", tt.lanes, tt.max, ej, tt.want)
@@ -390,7 +390,7 @@ func TestARateFarAboveTheOthersEjects(t *testing.T) {
 				if every > 0 && n[l.Index]%every == 0 {
 					o = policy.Failure
 				}
-				ejected = append(ejected, s.Done(l, now, time.Millisecond, o, 0).Ejected...)
+				ejected = append(ejected, s.Done(l, now, time.Millisecond, o, Answer{}).Ejected...)
 			}
 			switch {
 			case tt.eject && (len(ejected) != 1 || ejected[0].Lane.Index != 0 || ejected[0].Reason != policy.EjectRate):
@@ -414,7 +414,7 @@ func TestOneBadLaneExplainsItsFailuresAndAllBadExplainNone(t *testing.T) {
 			if l.Index == 3 {
 				o = policy.Failure
 			}
-			if rep := s.Done(l, now, time.Millisecond, o, 0); o == policy.Failure && !rep.Explained {
+			if rep := s.Done(l, now, time.Millisecond, o, Answer{}); o == policy.Failure && !rep.Explained {
 				unexplained++
 			}
 		}
@@ -429,7 +429,7 @@ func TestOneBadLaneExplainsItsFailuresAndAllBadExplainNone(t *testing.T) {
 		unexplained := 0
 		for range 100 {
 			l := s.Take(t0, 0)
-			if rep := s.Done(l, t0, time.Millisecond, policy.Failure, 0); !rep.Explained {
+			if rep := s.Done(l, t0, time.Millisecond, policy.Failure, Answer{}); !rep.Explained {
 				unexplained++
 			}
 		}
@@ -443,25 +443,51 @@ func TestOneBadLaneExplainsItsFailuresAndAllBadExplainNone(t *testing.T) {
 
 func TestARetryAfterHoldsItsLane(t *testing.T) {
 	s := newSet(policy.Replicas{ConsecutiveFailures: -1})
-	s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, 0) // lane 0 last succeeded
+	for _, used := range []uint64{0b1110, 0b1011, 0b0111} { // lanes 0, 2 and 3 answered
+		s.Done(s.Take(t0, used), t0, time.Millisecond, policy.Success, Answer{})
+	}
 	l := s.Take(t0, 0b1101)
-	rep := s.Done(l, t0, time.Millisecond, policy.Failure, 5*time.Second)
+	rep := s.Done(l, t0, time.Millisecond, policy.Failure, Answer{Hold: 5 * time.Second})
 	if !rep.Held || !rep.Explained {
 		t.Fatalf("a 503 with Retry-After on lane 1: %+v, want held and explained", rep)
 	}
+	// Retry-After counts whole seconds: the hold may be over after 4s.
 	for range 100 {
-		l := s.Take(t0.Add(5*time.Second-1), 0)
+		l := s.Take(t0.Add(4*time.Second-1), 0)
 		if l.Index == 1 {
 			t.Fatal("a held lane was picked")
 		}
-		s.Done(l, t0, 0, policy.Canceled, 0)
+		s.Done(l, t0, 0, policy.Canceled, Answer{})
 	}
-	if l := s.Take(t0.Add(5*time.Second), 0b1101); l.Index != 1 {
-		t.Fatalf("took lane %d after the hold, want lane 1 back", l.Index)
+	probes := 0
+	for range 16 {
+		if l := s.Take(t0.Add(4*time.Second), 0); l.Index == 1 {
+			probes++
+		}
 	}
+	if probes != 1 {
+		t.Fatalf("%d of 16 attempts on the lane when its hold may be over, want one probe", probes)
+	}
+
+	t.Run("a shorter hint", func(t *testing.T) {
+		s := newSet(policy.Replicas{ConsecutiveFailures: -1})
+		s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, Answer{})
+		rep := s.Done(s.Take(t0, 0b1101), t0, time.Millisecond, policy.Failure, Answer{Hold: time.Second, Hint: 200 * time.Millisecond})
+		if !rep.Held {
+			t.Fatal("not held")
+		}
+		for range 100 {
+			if l := s.Take(t0.Add(200*time.Millisecond-1), 0); l.Index == 1 {
+				t.Fatal("a held lane was picked within its hint")
+			}
+		}
+		if l := s.Take(t0.Add(200*time.Millisecond), 0b1101); l.Index != 1 {
+			t.Fatalf("took lane %d at the hint's end, want a probe on lane 1", l.Index)
+		}
+	})
 	// A lone lane is not held: the key's throttler takes the pushback.
 	one := newSet(policy.Replicas{Connections: 1})
-	if rep := one.Done(one.Take(t0, 0), t0, time.Millisecond, policy.Failure, 5*time.Second); rep.Held {
+	if rep := one.Done(one.Take(t0, 0), t0, time.Millisecond, policy.Failure, Answer{Hold: 5 * time.Second}); rep.Held {
 		t.Error("a lone lane was held; the key should be")
 	}
 }
@@ -471,7 +497,7 @@ func TestRefresh(t *testing.T) {
 	if l := s.Take(t0, 0); l.Addr != "" || l.Index != 0 {
 		t.Fatalf("before any answer took %+v, want the request's own address", l.Pool)
 	}
-	s.Done(s.view.Load().lanes[0], t0, time.Millisecond, policy.Success, 0)
+	s.Done(s.view.Load().lanes[0], t0, time.Millisecond, policy.Success, Answer{})
 	type step struct {
 		at      time.Duration
 		start   bool     // StartRefresh's answer
@@ -534,10 +560,10 @@ func TestALaneLeavingWithAttemptsInFlightDrainsWithTheLast(t *testing.T) {
 	if n != 2 {
 		t.Errorf("Pools reached %d pools, want 2 (b, and a draining)", n)
 	}
-	if rep := s.Done(a, t0, time.Millisecond, policy.Success, 0); rep.Drained != nil {
+	if rep := s.Done(a, t0, time.Millisecond, policy.Success, Answer{}); rep.Drained != nil {
 		t.Fatal("drained with an attempt still in flight")
 	}
-	if rep := s.Done(a2, t0, time.Millisecond, policy.Success, 0); rep.Drained != a {
+	if rep := s.Done(a2, t0, time.Millisecond, policy.Success, Answer{}); rep.Drained != a {
 		t.Fatalf("the last attempt's Done drained %v, want lane a", rep.Drained)
 	}
 	n = 0
@@ -586,7 +612,7 @@ func TestLanesComeAndGoWhileCallsRun(t *testing.T) {
 				if (i+g)%7 == 0 {
 					o = policy.Failure
 				}
-				s.Done(l, now, time.Millisecond, o, 0)
+				s.Done(l, now, time.Millisecond, o, Answer{})
 			}
 		})
 	}
@@ -610,7 +636,7 @@ func TestTakeAllocatesNothing(t *testing.T) {
 	s := newSet(policy.Replicas{})
 	if n := testing.AllocsPerRun(1000, func() {
 		l := s.Take(t0, 0b1)
-		s.Done(l, t0, time.Millisecond, policy.Success, 0)
+		s.Done(l, t0, time.Millisecond, policy.Success, Answer{})
 	}); n != 0 {
 		t.Errorf("Take and Done allocate %v times, want 0", n)
 	}
@@ -623,7 +649,7 @@ func BenchmarkTake(b *testing.B) {
 			now := time.Now()
 			for range n * 10 {
 				l := s.Take(now, 0)
-				s.Done(l, now, time.Millisecond, policy.Success, 0)
+				s.Done(l, now, time.Millisecond, policy.Success, Answer{})
 			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
@@ -642,7 +668,7 @@ func BenchmarkTakeAndDone(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		l := s.Take(now, 0)
-		s.Done(l, now, time.Millisecond, policy.Success, 0)
+		s.Done(l, now, time.Millisecond, policy.Success, Answer{})
 	}
 }
 
@@ -651,7 +677,7 @@ func BenchmarkTakeSerial(b *testing.B) {
 	now := time.Now()
 	for range 40 {
 		l := s.Take(now, 0)
-		s.Done(l, now, time.Millisecond, policy.Success, 0)
+		s.Done(l, now, time.Millisecond, policy.Success, Answer{})
 	}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -692,12 +718,12 @@ func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
 	// (the key's evidence) until it answers.
 	s := newSet(policy.Replicas{})
 	for i := 1; i < 4; i++ {
-		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+		s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, Answer{})
 	}
 	bad := s.view.Load().lanes[0]
 	for i, want := range []bool{false, true, true} {
 		l := s.Take(t0, 0b1110)
-		rep := s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+		rep := s.Done(l, t0, time.Millisecond, policy.Failure, Answer{})
 		if got := l.Redial.Load(); got != want {
 			t.Errorf("failure %d in a row: Redial %v, want %v", i+1, got, want)
 		}
@@ -711,13 +737,13 @@ func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
 	if bad.consecutive != 3 {
 		t.Errorf("%d failures in a row after three, want 3: dialing anew keeps them", bad.consecutive)
 	}
-	s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, 0)
+	s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Success, Answer{})
 	if bad.Redial.Load() {
 		t.Error("Redial still set after the lane succeeded")
 	}
 	// Placed on the failing replica again and again, it is ejected.
 	for range 5 {
-		s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Failure, 0)
+		s.Done(s.Take(t0, 0b1110), t0, time.Millisecond, policy.Failure, Answer{})
 	}
 	if !bad.ejectedAt(s.nanos(t0)) {
 		t.Error("not ejected after five failures in a row")
@@ -727,12 +753,12 @@ func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
 		s := newSet(policy.Replicas{ConsecutiveFailures: -1})
 		for i := range 4 { // each lane known to fail
 			l := s.Take(t0, 0b1111&^(1<<i))
-			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, Answer{})
 			l.Redial.Store(false)
 		}
 		for range 100 {
 			l := s.Take(t0, 0)
-			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, Answer{})
 			if l.Redial.Load() {
 				t.Fatalf("lane %d dialed anew with every lane failing: the host fails, not its connections", l.Index)
 			}
@@ -743,11 +769,11 @@ func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
 		s.StartRefresh(t0)
 		s.Update(t0, []string{"a", "b", "c", "d"}, nil)
 		for i := 1; i < 4; i++ {
-			s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, 0)
+			s.Done(s.Take(t0, 0b1111&^(1<<i)), t0, 2*time.Millisecond, policy.Success, Answer{})
 		}
 		for range 3 {
 			l := s.Take(t0, 0b1110)
-			s.Done(l, t0, time.Millisecond, policy.Failure, 0)
+			s.Done(l, t0, time.Millisecond, policy.Failure, Answer{})
 			if l.Redial.Load() {
 				t.Fatal("an address lane dialed anew: its address is its replica")
 			}

@@ -1,6 +1,7 @@
 package lane
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 	"slices"
@@ -25,15 +26,19 @@ func (s *Set[P]) StartRefresh(now time.Time) bool {
 		return false
 	}
 	s.refreshAt.Store(math.MaxInt64)
+	s.askedT = t
 	return true
 }
 
 // Update ends the refresh StartRefresh began with Endpoints' answer at now.
 // A good answer (no error, at least one address) becomes the set: a lane
 // whose address is still in it keeps its slot, its estimate and its
-// health; a new address gets a lane of its own, with the mean estimate of
-// the lanes kept; a lane whose address left (and, after the first good
-// answer, the lane that dialed the request's own address) is draining. The
+// health; a new address gets a lane of its own, nothing known of it (one
+// probe at a time until it answers, then a slow start); a lane whose
+// address left (and, after the first good answer, the lane that dialed
+// the request's own address) is draining. MaxEjected holds on the new
+// set: when more of its lanes are ejected than it allows, those ejected
+// the longest ago return first, as new lanes. The
 // next refresh is due Refresh later. A failed or empty answer changes
 // nothing, and the next refresh is due after a wait that starts at 1 s and
 // doubles with each failure in a row, up to Refresh.
@@ -69,14 +74,15 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 
 	old := s.view.Load()
 	nv := new(view[P])
-	var kept, sum float64
+	var ejected []*Lane[P]
 	for m := old.mask; m != 0; m &= m - 1 {
 		l := old.lanes[bits.TrailingZeros64(m)]
 		if slices.Contains(uniq, l.Addr) { // never the first lane, dialing the request's own address ("")
 			nv.lanes[l.Index] = l
 			nv.mask |= 1 << l.Index
-			kept++
-			sum += l.estimate(t)
+			if l.ejectedAt(t) {
+				ejected = append(ejected, l)
+			}
 			continue
 		}
 		l.removed = true
@@ -86,21 +92,26 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 			s.draining = append(s.draining, l)
 		}
 	}
-	est := 0.0
-	if kept > 0 {
-		est = sum / kept
-	}
 	for _, a := range uniq {
 		if slices.ContainsFunc(nv.lanes[:], func(l *Lane[P]) bool { return l != nil && l.Addr == a }) { // kept
 			continue
 		}
 		i := bits.TrailingZeros64(^nv.mask)
-		l := s.newLane(a, i, est)
+		l := s.newLane(a, i, 0)
 		l.stamp.Store(t)
 		nv.lanes[i] = l
 		nv.mask |= 1 << i
 	}
 	nv.n = bits.OnesCount64(nv.mask)
+	if over := len(ejected) - s.maxEject(nv.n); over > 0 {
+		// The longest ejected first: by when its ejection began.
+		slices.SortFunc(ejected, func(a, b *Lane[P]) int {
+			return cmp.Compare(a.until.Load()-int64(a.last.For), b.until.Load()-int64(b.last.For))
+		})
+		for _, l := range ejected[:over] {
+			l.until.Store(t) // reblockLocked returns it
+		}
+	}
 	s.view.Store(nv)
 	s.reblockLocked(t)
 	return drained

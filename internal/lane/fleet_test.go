@@ -1,0 +1,379 @@
+package lane
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// sim is a key's traffic over a Set in virtual time, one step a
+// millisecond: calls arrive open loop, each is sent on the lane Take
+// picks, and its answer comes back after what serve says. While the
+// client is paused, nothing runs: answers due then are read at the
+// pause's end, and the calls that should have arrived arrive then, at
+// once.
+type sim struct {
+	s     *Set[pool]
+	now   time.Time
+	every time.Duration // between calls
+	// serve says how an attempt sent on l at now goes: its latency to
+	// headers (or error), its outcome and what it told of the lane.
+	serve func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer)
+	// paused reports whether the client is paused at now.
+	paused func(now time.Time) bool
+
+	next     time.Time // the next call's arrival
+	inflight []flight
+	ejected  []Ejection[pool]
+	hits     map[string]int // address or index → attempts sent, this window
+}
+
+type flight struct {
+	l    *Lane[pool]
+	sent time.Time
+	due  time.Time
+	o    policy.Outcome
+	a    Answer
+}
+
+func newSim(s *Set[pool], every time.Duration, serve func(*Lane[pool], time.Time) (time.Duration, policy.Outcome, Answer)) *sim {
+	return &sim{s: s, now: t0, next: t0, every: every, serve: serve, paused: func(time.Time) bool { return false }, hits: map[string]int{}}
+}
+
+func name(l *Lane[pool]) string { return policy.LaneName(l.Addr, l.Index) }
+
+// run advances the simulation by d.
+func (m *sim) run(d time.Duration) {
+	for end := m.now.Add(d); m.now.Before(end); {
+		m.now = m.now.Add(time.Millisecond)
+		if m.paused(m.now) {
+			continue
+		}
+		// Answers first, in the order they came back.
+		slices.SortFunc(m.inflight, func(a, b flight) int { return a.due.Compare(b.due) })
+		k := 0
+		for _, f := range m.inflight {
+			if f.due.After(m.now) {
+				m.inflight[k] = f
+				k++
+				continue
+			}
+			m.ejected = append(m.ejected, m.s.Done(f.l, m.now, m.now.Sub(f.sent), f.o, f.a).Ejected...)
+		}
+		m.inflight = m.inflight[:k]
+		for ; !m.next.After(m.now); m.next = m.next.Add(m.every) {
+			l := m.s.Take(m.now, 0)
+			m.hits[name(l)]++
+			lat, o, a := m.serve(l, m.now)
+			m.inflight = append(m.inflight, flight{l: l, sent: m.now, due: m.now.Add(lat), o: o, a: a})
+		}
+	}
+}
+
+// window runs d and returns each lane's share of the attempts sent in it.
+func (m *sim) window(d time.Duration) map[string]float64 {
+	clear(m.hits)
+	m.run(d)
+	n := 0
+	for _, h := range m.hits {
+		n += h
+	}
+	share := map[string]float64{}
+	for k, h := range m.hits {
+		share[k] = float64(h) / float64(n)
+	}
+	return share
+}
+
+func addrSet(t *testing.T, cfg policy.Replicas, addrs ...string) *Set[pool] {
+	t.Helper()
+	cfg.Endpoints = stub{}
+	s := newSet(cfg)
+	if !s.StartRefresh(t0) {
+		t.Fatal("no refresh due at the start")
+	}
+	s.Update(t0, addrs, nil)
+	return s
+}
+
+func healthy(time.Duration) func(*Lane[pool], time.Time) (time.Duration, policy.Outcome, Answer) {
+	return func(*Lane[pool], time.Time) (time.Duration, policy.Outcome, Answer) {
+		return 5 * time.Millisecond, policy.Success, Answer{}
+	}
+}
+
+func TestALaneAddedByARefreshGetsOneProbeAtATime(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	for i := range 300 { // known lanes, answering in 5ms
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		s.Done(s.Take(now, 0), now, 5*time.Millisecond, policy.Success, Answer{})
+	}
+	now := t0.Add(time.Second)
+	s.refreshAt.Store(0)
+	s.StartRefresh(now)
+	s.Update(now, []string{"a", "b", "c", "d"}, nil)
+	// 16 callers at once, none answered yet.
+	on := 0
+	for range 16 {
+		if l := s.Take(now, 0); l.Addr == "d" {
+			on++
+		}
+	}
+	if on != 1 {
+		t.Errorf("16 callers put %d attempts on the new lane before its first answer, want 1", on)
+	}
+}
+
+func TestASetShrunkToEjectedLanes(t *testing.T) {
+	// Four dead replicas, two of them ejected; then Endpoints answers
+	// only those two.
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+	now := t0
+	for range 200 {
+		now = now.Add(time.Millisecond)
+		s.Done(s.Take(now, 0), now, time.Millisecond, policy.Failure, Answer{})
+	}
+	var ejected []string
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		if l := v.lanes[trailing(m)]; l.ejectedAt(s.nanos(now)) {
+			ejected = append(ejected, l.Addr)
+		}
+	}
+	if len(ejected) != 2 {
+		t.Fatalf("ejected %q, want two of four", ejected)
+	}
+	s.refreshAt.Store(0)
+	s.StartRefresh(now)
+	s.Update(now, ejected, nil)
+	if c := s.Counts(now); c.Ejected != 1 {
+		t.Errorf("2 lanes left, %d ejected, want 1 (MaxEjected holds on the new set)", c.Ejected)
+	}
+	unexplained := 0
+	for range 100 {
+		now = now.Add(time.Millisecond)
+		l := s.Take(now, 0)
+		if !s.Done(l, now, time.Millisecond, policy.Failure, Answer{}).Explained {
+			unexplained++
+		}
+	}
+	if unexplained < 90 {
+		t.Errorf("%d of 100 failures reach the key's breaker with no lane left to explain them, want at least 90", unexplained)
+	}
+}
+
+func TestTheLongestEjectedReturnFirstWhenTheSetShrinks(t *testing.T) {
+	s := addrSet(t, policy.Replicas{MaxEjected: 1}, "a", "b", "c", "d", "e")
+	now := t0
+	fail := func(addr string) {
+		for range 5 {
+			now = now.Add(time.Millisecond)
+			var used uint64
+			v := s.view.Load()
+			for m := v.mask; m != 0; m &= m - 1 {
+				if l := v.lanes[trailing(m)]; l.Addr != addr {
+					used |= 1 << l.Index
+				}
+			}
+			l := s.Take(now, used)
+			if l.Addr != addr {
+				t.Fatalf("took %s, want %s", l.Addr, addr)
+			}
+			s.Done(l, now, time.Millisecond, policy.Failure, Answer{})
+		}
+	}
+	for _, a := range []string{"b", "c", "d"} {
+		fail(a)
+		now = now.Add(time.Second)
+	}
+	s.refreshAt.Store(0)
+	s.StartRefresh(now)
+	s.Update(now, []string{"b", "c", "d"}, nil) // two may be ejected of three
+	var still []string
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		if l := v.lanes[trailing(m)]; l.ejectedAt(s.nanos(now)) {
+			still = append(still, l.Addr)
+		}
+	}
+	if fmt.Sprint(still) != "[c d]" {
+		t.Errorf("ejected after the set shrank: %q, want [c d] (b, the longest ejected, back)", still)
+	}
+}
+
+func TestEveryLaneSlowTogetherEjectsNone(t *testing.T) {
+	// The client's own process is paused 200ms of every 500ms: every
+	// answer that straddles a pause is read 200ms late, and the calls
+	// that should have arrived meanwhile go out at once, on every lane
+	// alike.
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	paused := func(now time.Time) bool { return now.Sub(t0)%(500*time.Millisecond) >= 300*time.Millisecond }
+	var free time.Time
+	serve := func(_ *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		// The client reads each answer in turn, 2ms each, 3ms after
+		// its server answers: the calls of the burst at a pause's end
+		// queue behind each other, in the order they were sent.
+		free = later(free, now).Add(2 * time.Millisecond)
+		return 3*time.Millisecond + free.Sub(now), policy.Success, Answer{}
+	}
+	m := newSim(s, 5*time.Millisecond, serve)
+	m.run(2 * time.Second) // warm, unpaused
+	m.paused = paused
+	shares := m.window(10 * time.Second)
+	if len(m.ejected) != 0 {
+		t.Errorf("ejected %v with every lane slow together", m.ejected)
+	}
+	for _, a := range []string{"a", "b", "c"} {
+		if shares[a] < 1.0/3/2 {
+			t.Errorf("lane %s got %.1f%% of the calls while the client stalled, want at least half its fair share (%v)", a, 100*shares[a], shares)
+		}
+	}
+}
+
+func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
+	for _, every := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 50 * time.Millisecond} {
+		t.Run(fmt.Sprint(int(time.Second/every), " calls a second"), func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+			serve := func(l *Lane[pool], _ time.Time) (time.Duration, policy.Outcome, Answer) {
+				if l.Addr == "d" {
+					return 100 * time.Millisecond, policy.Success, Answer{}
+				}
+				return 5 * time.Millisecond, policy.Success, Answer{}
+			}
+			m := newSim(s, every, serve)
+			m.run(time.Second)
+			shares := m.window(10 * time.Second)
+			for _, e := range m.ejected {
+				if e.Lane.Addr != "d" || e.Reason != policy.EjectLatency {
+					t.Errorf("ejected %s for %v, want only d for its latency", e.Lane.Addr, e.Reason)
+				}
+			}
+			if shares["d"] > 0.02 {
+				t.Errorf("the 20x slower lane got %.1f%% of the calls, want at most 2%%", 100*shares["d"])
+			}
+		})
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// trailing is bits.TrailingZeros64, for the tests' loops over a mask.
+func trailing(m uint64) int {
+	i := 0
+	for m&1 == 0 {
+		m >>= 1
+		i++
+	}
+	return i
+}
+
+func TestARefusedDialTakesItsLaneOutAtOnce(t *testing.T) {
+	s := addrSet(t, policy.Replicas{Refresh: 5 * time.Second}, "a", "b", "c")
+	now := t0
+	for range 30 {
+		now = now.Add(time.Millisecond)
+		s.Done(s.Take(now, 0), now, 5*time.Millisecond, policy.Success, Answer{})
+	}
+	c := s.view.Load().lanes[2]
+	refused := func() Report[pool] {
+		t.Helper()
+		l := s.Take(now, 0b011)
+		if l != c {
+			t.Fatalf("took %s, want c", l.Addr)
+		}
+		return s.Done(l, now, time.Millisecond, policy.Failure, Answer{Unreached: true})
+	}
+	now = t0.Add(300 * time.Millisecond)
+	if rep := refused(); !rep.Explained || len(rep.Ejected) != 0 {
+		t.Errorf("a refused dial with two lanes open: %+v, want explained, and no ejection", rep)
+	}
+	for i := range 100 {
+		at := now.Add(time.Duration(i) * 9 * time.Millisecond) // within 1s
+		l := s.Take(at, 0)
+		if l == c {
+			t.Fatalf("c taken %v after its dial was refused", at.Sub(now))
+		}
+		s.Done(l, at, 5*time.Millisecond, policy.Success, Answer{})
+	}
+	// Endpoints is asked again early, but not twice within a second.
+	if s.StartRefresh(t0.Add(999 * time.Millisecond)) {
+		t.Error("a refresh started within 1s of the last")
+	}
+	if !s.StartRefresh(t0.Add(time.Second)) {
+		t.Fatal("no refresh due 1s after the last, with a dial refused")
+	}
+	s.Update(t0.Add(time.Second), []string{"a", "b", "c"}, nil)
+	// Refused again and again, for 10s: never ejected, probed each second.
+	for range 10 {
+		now = now.Add(time.Second)
+		refused()
+		if c := s.Counts(now); c.Ejected != 0 {
+			t.Fatalf("%d lanes ejected by refused dials, want none", c.Ejected)
+		}
+	}
+	// It listens again: within 1s one attempt, and one only, tries it.
+	now = now.Add(time.Second)
+	on := 0
+	var held []*Lane[pool]
+	for range 16 {
+		l := s.Take(now, 0)
+		if l == c {
+			on++
+		}
+		held = append(held, l)
+	}
+	if on != 1 {
+		t.Errorf("%d of 16 concurrent attempts on the lane 1s after its dial was refused, want 1", on)
+	}
+	for _, l := range held {
+		s.Done(l, now, 5*time.Millisecond, policy.Success, Answer{})
+	}
+
+	t.Run("every lane refusing", func(t *testing.T) {
+		s := addrSet(t, policy.Replicas{}, "a", "b")
+		unexplained := 0
+		for range 20 {
+			if !s.Done(s.Take(t0, 0), t0, time.Millisecond, policy.Failure, Answer{Unreached: true}).Explained {
+				unexplained++
+			}
+		}
+		if unexplained < 19 {
+			t.Errorf("%d of 20 refused dials reach the key's breaker with every lane refusing, want at least 19", unexplained)
+		}
+	})
+}
+
+// recovery is how long after a 2 s outage a lane is back to its share, as
+// the failurePenalty doc states it.
+const recovery = 3 * time.Second
+
+func TestALanesShareAfterA2sOutage(t *testing.T) {
+	// Three replicas at 200 calls/s; c's dials are refused from 2s to
+	// 4s (a restart), then it answers as the others do.
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	down := func(now time.Time) bool { d := now.Sub(t0); return d >= 2*time.Second && d < 4*time.Second }
+	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		if l.Addr == "c" && down(now) {
+			return time.Millisecond, policy.Failure, Answer{Unreached: true}
+		}
+		return 5 * time.Millisecond, policy.Success, Answer{}
+	}
+	m := newSim(s, 5*time.Millisecond, serve)
+	m.run(4 * time.Second)
+	m.run(recovery)
+	share := m.window(time.Second)
+	if share["c"] < 0.8/3 {
+		t.Errorf("c got %.1f%% of the calls %v after a 2s outage, want at least 80%% of its fair share (%v)", 100*share["c"], recovery, share)
+	}
+	if len(m.ejected) != 0 {
+		t.Errorf("ejected %v", m.ejected)
+	}
+}
