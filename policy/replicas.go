@@ -128,11 +128,12 @@ import (
 // Lanes cost no goroutine and no timer: ejections end and refreshes fall
 // due lazily, from the time of the calls; a refresh runs on a goroutine
 // of its own, started by the call that found it due, and ends with
-// Resolve. A key's lanes cost about 1.4 KB a lane beyond its
+// Resolve. A key's lanes cost about 1.5 KB a lane beyond its
 // connections (the key's share included), 900 bytes of which are the
 // lane's clone of the base (go test -run '^$' -bench ScopeMemory
-// -benchtime=1x ./transport: 5.7 KB a key with four connection lanes,
-// 5.9 KB with four of Endpoints), and a pool holds connections only while in use or idle (the
+// -benchtime=1x ./transport: 6.2 KB a key with four connection lanes,
+// 6.4 KB with four of Endpoints), and a pool holds connections only
+// while in use or idle (the
 // base's IdleConnTimeout). Each lane has the base's per-host limits
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
 // lanes times those.
