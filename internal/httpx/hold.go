@@ -12,21 +12,6 @@ import (
 // round up to at least 1 s.
 const HoldHeader = "Resilix-Retry-After-Ms"
 
-// PushbackHold returns how long a 429 or 503 asks its server to be left
-// alone, for holding back that server alone (a lane): its Retry-After, or
-// its PushbackHint when shorter, and whether the response asked at all (a
-// valid Retry-After). It allocates nothing.
-func PushbackHold(resp *http.Response, now time.Time) (time.Duration, bool) {
-	d, ok := ParseRetryAfter(PushbackValue(resp), now)
-	if !ok {
-		return 0, false
-	}
-	if h, ok := PushbackHint(resp); ok && h < d {
-		d = h
-	}
-	return d, true
-}
-
 // PushbackHint returns the HoldHeader's wait of a 429 or 503 that has a
 // Retry-After, and whether it has a valid one. It is a hint that only
 // shortens: without a Retry-After it is not read, and a reader takes it
