@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,41 +167,52 @@ func TestHedgeLoserIsCancelledAfterItsGrace(t *testing.T) {
 // TestLoopbackHedgeLosersKeepTheirConnections: over HTTP/1.1 a request
 // cancelled in flight takes its connection with it. Against a loopback
 // server whose every measured call is hedged, and whose hedge answers 2ms
-// after the first leg has won, the losing hedges bring their headers
-// within their grace and keep their connection: two connections in all,
-// not one more for each hedge.
+// after the call has returned the first leg's answer, the losing hedges
+// bring their headers within their grace and keep their connection: two
+// connections in all, not one more for each hedge. The hedge waits for
+// the call's return, not for a moment on the server's clock, so that a
+// busy machine cannot let it win.
 func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 	const calls = 10
 	var (
 		inflight atomic.Int32
-		mu       sync.Mutex
-		firstOut = make(chan struct{})
 		measured atomic.Bool
+		returned [calls]chan struct{} // closed when call i has returned
 	)
+	for i := range returned {
+		returned[i] = make(chan struct{})
+	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !measured.Load() {
 			time.Sleep(20 * time.Millisecond) // what the window learns
+			return
+		}
+		i, err := strconv.Atoi(r.Header.Get("Call"))
+		if err != nil || i < 0 || i >= calls {
+			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
 		if inflight.Add(1) == 1 {
 			// The first leg: slow enough to be hedged.
 			time.Sleep(60 * time.Millisecond)
 			inflight.Add(-1)
-			mu.Lock()
-			close(firstOut)
-			firstOut = make(chan struct{})
-			mu.Unlock()
 			return
 		}
-		// The hedge: it answers just after the first leg did.
-		mu.Lock()
-		out := firstOut
-		mu.Unlock()
-		<-out
+		// The hedge: it answers just after the call has returned.
+		<-returned[i]
 		time.Sleep(2 * time.Millisecond)
 		inflight.Add(-1)
 	}))
 	defer srv.Close()
+	defer func() { // a call that failed leaves no hedge waiting
+		for _, ch := range returned {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}()
 	var dials atomic.Int64
 	base := dialCounting(4, &dials)
 	defer base.CloseIdleConnections()
@@ -211,8 +223,10 @@ func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 	}
 	set := policy.Set{Hedge: &policy.Hedge{MinSamples: 5, MaxConcurrent: 2}, Budget: policy.Budget{Ratio: -1}}
 	c := &http.Client{Transport: mustNew(t, Config{Base: base, Policies: set, Observer: obs})}
-	get := func() {
-		resp, err := c.Get(srv.URL)
+	get := func(i int) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("Call", strconv.Itoa(i))
+		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,11 +234,12 @@ func TestLoopbackHedgeLosersKeepTheirConnections(t *testing.T) {
 		resp.Body.Close()
 	}
 	for range 5 {
-		get()
+		get(0)
 	}
 	measured.Store(true)
-	for range calls {
-		get()
+	for i := range calls {
+		get(i)
+		close(returned[i])
 		for inflight.Load() > 0 { // the loser's answer, on its way
 			time.Sleep(time.Millisecond)
 		}
