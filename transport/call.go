@@ -141,37 +141,36 @@ func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
 	}
 }
 
-// priority reads the call's priority: the context's, else the header's,
-// else Critical, and whether the call named it (by the context, or a
-// header that parses). A malformed header is tolerated, and counted in s
-// unless s is nil.
+// priority reads the call's priority: the context's, else the header's
+// (under any spelling of its name, see httpx.First), else Critical, and
+// whether the call named it (by the context, or a header that parses). A
+// malformed header is tolerated, and counted in s unless s is nil.
 func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bool) {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
 		return p, true
 	}
-	vs := req.Header[t.priorityHeader]
-	if len(vs) == 0 {
+	v, ok := httpx.First(req.Header, t.priorityHeader)
+	if !ok {
 		return shedding.Critical, false
 	}
-	p, err := shedding.ParsePriority(vs[0])
+	p, err := shedding.ParsePriority(v)
 	if err != nil {
 		if s != nil {
-			t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+			t.malformed(req.Context(), s, t.priorityHeader, v)
 		}
 		return p, false
 	}
 	return p, true
 }
 
-// tenant reads the call's tenant id: the context's, else the header's.
+// tenant reads the call's tenant id: the context's, else the header's,
+// under any spelling of its name.
 func (t *Transport) tenant(req *http.Request) string {
 	if id, ok := tenant.From(req.Context()); ok {
 		return id
 	}
-	if vs := req.Header[t.tenantHeader]; len(vs) > 0 {
-		return vs[0]
-	}
-	return ""
+	v, _ := httpx.First(req.Header, t.tenantHeader)
+	return v
 }
 
 func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {

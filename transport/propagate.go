@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -57,11 +58,16 @@ func (c *call) stamp(l *leg) {
 	var w headerWriter
 	if l.kind == policy.AttemptHedge {
 		w = headerWriter{h: l.req.Header, free: make([]string, n)}
+		for k := range w.h {
+			if t.spells(k) {
+				delete(w.h, k)
+			}
+		}
 	} else {
 		if l.req == c.req {
 			l.req = c.req.WithContext(l.ctx)
 		}
-		w = cloneHeader(c.req.Header, n)
+		w = cloneHeader(c.req.Header, n, t.spells)
 		l.req.Header = w.h
 	}
 	w.put(t.priorityHeader, prio)
@@ -93,10 +99,20 @@ func (w *headerWriter) put(key, v string) {
 	w.set(key, v)
 }
 
+// spells reports whether the key k is one of the four headers spelled
+// otherwise than in canonical form, which stamp removes: a Header built
+// in-process may hold one (h["resilix-tenant"]), net/http writes it as it
+// is, and the next tier reads it as the header (see httpx.First).
+func (t *Transport) spells(k string) bool {
+	return httpx.Spells(k, t.priorityHeader) || httpx.Spells(k, t.tenantHeader) ||
+		httpx.Spells(k, t.timeoutHeader) || httpx.Spells(k, t.attemptHeader)
+}
+
 // cloneHeader returns a writer over a deep copy of h, as Header.Clone
 // makes it (nil values stay nil, so that a header the caller suppressed
-// stays suppressed), with room for extra more keys and values.
-func cloneHeader(h http.Header, extra int) headerWriter {
+// stays suppressed), without the keys that skip reports, and with room
+// for extra more keys and values.
+func cloneHeader(h http.Header, extra int, skip func(string) bool) headerWriter {
 	nv := extra
 	for _, vs := range h {
 		nv += len(vs)
@@ -104,7 +120,10 @@ func cloneHeader(h http.Header, extra int) headerWriter {
 	sv := make([]string, nv)
 	h2 := make(http.Header, len(h)+extra)
 	for k, vs := range h {
-		if vs == nil {
+		switch {
+		case skip(k):
+			continue
+		case vs == nil:
 			h2[k] = nil
 			continue
 		}

@@ -714,6 +714,25 @@ func TestPropagateCarriesExactlyWhatItDerives(t *testing.T) {
 			own:  http.Header{hPriority: {"Best-Effort", "bulk"}, hTenant: {"beta", "x"}},
 			want: http.Header{hPriority: {"best_effort"}, hTenant: {"beta"}},
 		},
+		{
+			// A Header built in-process may spell a name in any case;
+			// net/http writes each spelling as it is, and the next tier
+			// reads them all as one header.
+			name: "any spelling is the header",
+			own:  http.Header{"resilix-priority": {"degraded"}, "RESILIX-TENANT": {"beta"}, "resilix-timeout-ms": {"99999"}, "Resilix-attempt": {"7"}},
+			want: http.Header{hPriority: {"degraded"}, hTenant: {"beta"}},
+		},
+		{
+			name: "none derived, none sent, in any spelling",
+			ctx:  func(ctx context.Context) context.Context { return tenant.With(ctx, "") },
+			own:  http.Header{"resilix-priority": {"urgent"}, "resilix-tenant": {"victim"}, hTenant: {"evil"}, "RESILIX-TIMEOUT-MS": {"99999"}, "resilix-Attempt": {"7"}},
+			want: http.Header{},
+		},
+		{
+			name: "the canonical spelling's value first",
+			own:  http.Header{"resilix-tenant": {"victim"}, hTenant: {"beta"}, "resilix-priority": {"bulk"}, hPriority: {"degraded"}},
+			want: http.Header{hPriority: {"degraded"}, hTenant: {"beta"}},
+		},
 	}
 	for _, leg := range legs {
 		for _, tc := range cases {

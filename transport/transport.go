@@ -162,7 +162,11 @@
 // transport derives for the call, one value each, and only when there is
 // one: a value the request carried for one of them is replaced, or
 // removed where the transport has none, so that a request copied from an
-// incoming one (a reverse proxy's) forwards nothing its caller wrote:
+// incoming one (a reverse proxy's) forwards nothing its caller wrote. A
+// name is the header in any spelling: a Header built in-process may hold
+// h["resilix-tenant"], which net/http writes as it is and the next tier
+// reads as Resilix-Tenant, so the transport reads it (the canonical
+// spelling's value first) and removes it with the others:
 //
 //   - Config.PriorityHeader: the call's priority as the transport reads it
 //     (the context's, shedding.WithPriority, else the request's header's
