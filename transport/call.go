@@ -485,7 +485,9 @@ var noWait = func() context.Context {
 // admit passes leg l through the admission gates in their order,
 // throttler → breaker → limiter → bulkhead → rate limit, and either records
 // their permits in l or returns the refusal, a *policy.RejectedError,
-// having released what earlier gates granted. With wait false, gates that
+// having released what earlier gates granted. A hedge leg is not asked
+// the rate limit here: its round takes that token last, as the leg is
+// sent, since it cannot be given back (see round.hedge). With wait false, gates that
 // would queue refuse instead. When the caller's own context ends while a
 // gate waits, it returns that context's error rather than a refusal.
 //
@@ -544,7 +546,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 		}
 		l.bulkhead = true
 	}
-	if s.rate != nil {
+	if s.rate != nil && kind != policy.AttemptHedge {
 		if ok, ra := s.rate.AcquireFor(ctx, now, c.prio); !ok {
 			c.unadmit(l, now)
 			if err := c.callerDone(); wait && err != nil {

@@ -244,3 +244,49 @@ func TestRateLimiterPriorityAllocs(t *testing.T) {
 		t.Fatalf("Bulk refused: %v allocs, want 0", allocs)
 	}
 }
+
+// TestRateLimiterHedges: a hedge leg takes a token only from a bucket full
+// but for one, never leaving less than its call's reserve (at least
+// Degraded's), and never waits, whatever MaxWait; for a bucket of one or
+// two tokens that is a full bucket. Its hint is the time until the bucket
+// holds what it needs.
+func TestRateLimiterHedges(t *testing.T) {
+	for _, tc := range []struct {
+		burst int
+		p     shedding.Priority
+		need  float64
+	}{
+		{1, shedding.Critical, 1},
+		{2, shedding.Critical, 2},
+		{5, shedding.Critical, 4},
+		{5, shedding.Bulk, 4},
+		{10, shedding.Critical, 9},
+		{10, shedding.Degraded, 9},
+		{100, shedding.Critical, 99},
+	} {
+		l := newRateLimiter(policy.RateLimit{PerSecond: 10, Burst: tc.burst, MaxWait: time.Second})
+		if got := l.hedgeNeed(max(tc.p, shedding.Degraded)); got != tc.need {
+			t.Errorf("burst %d, %v: a hedge needs %v tokens, want %v", tc.burst, tc.p, got, tc.need)
+		}
+		// Drain to one token short of what a hedge needs, with Critical
+		// calls at one instant.
+		for range tc.burst - int(tc.need) + 1 {
+			if ok, _ := l.AcquireFor(t.Context(), rlStart, shedding.Critical); !ok {
+				t.Fatalf("burst %d: a Critical call refused by a bucket with tokens", tc.burst)
+			}
+		}
+		ok, retry := l.AcquireHedge(t.Context(), rlStart, tc.p)
+		if ok || retry != 100*time.Millisecond {
+			t.Errorf("burst %d, %v: a hedge at %v tokens got %v, %v; want refused at once, a token due in 100ms",
+				tc.burst, tc.p, l.available(rlStart), ok, retry)
+		}
+		now := rlStart.Add(100 * time.Millisecond)
+		if ok, _ := l.AcquireHedge(t.Context(), now, tc.p); !ok || l.available(now) != tc.need-1 {
+			t.Errorf("burst %d, %v: a hedge at %v tokens refused, or left %v", tc.burst, tc.p, tc.need, l.available(now))
+		}
+	}
+	var off *RateLimiter
+	if ok, _ := off.AcquireHedge(t.Context(), rlStart, shedding.Critical); !ok {
+		t.Error("a nil RateLimiter refused a hedge")
+	}
+}
