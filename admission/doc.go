@@ -64,7 +64,8 @@
 //
 // The timeout is a whole number of milliseconds the caller will still
 // wait, counted from the request's arrival (when ServeHTTP is called; the
-// transit time is the caller's to subtract). It becomes a deadline on
+// transit time is the caller's to subtract: a resilix transport takes a
+// millisecond off for it). It becomes a deadline on
 // next's context, unless that context already has an earlier one. The
 // attempt number is 1 for a caller's first wire attempt and more for a
 // retry or a hedge; a resilix transport inside next that finds a number

@@ -15,8 +15,8 @@ import (
 // still take, and the attempt's number. Each is exactly what the call
 // derives: a value the request carried for one of them is replaced, or
 // removed where the call has none. prepare calls it once l.req is the
-// request the leg sends and its per-attempt timer runs, before the leg is
-// timed.
+// request the leg sends; the time left is written later, in send, as
+// late as the request allows (see leftHeader).
 //
 // The headers go on a Header of the leg's own: a hedge leg has one
 // already (prepare gives it a deep copy, Request.Clone); any other leg
@@ -26,7 +26,7 @@ import (
 // more.
 func (c *call) stamp(l *leg) {
 	t := c.t
-	var prio, id, left string
+	var prio, id string
 	n := 1 // values to write: the attempt number always has one
 	if c.named {
 		prio = c.prio.String()
@@ -43,15 +43,15 @@ func (c *call) stamp(l *leg) {
 			t.malformed(c.ctx, c.s, t.tenantHeader, v)
 		}
 	}
-	d, bounded := c.timeout, c.timeout > 0
-	if dl, ok := c.ctx.Deadline(); ok {
-		if rest := time.Until(dl); !bounded || rest < d {
-			d = rest
-		}
-		bounded = true
-	}
+	// The time left is written in send, as the request is handed to the
+	// base: the caller's deadline, or the per-attempt timeout when that is
+	// shorter.
+	l.until, l.left = time.Time{}, nil
+	dl, bounded := c.ctx.Deadline()
 	if bounded {
-		left = strconv.FormatInt(int64(max(d, 0)/time.Millisecond), 10)
+		l.until = dl
+	}
+	if bounded = bounded || c.timeout > 0; bounded {
 		n++
 	}
 
@@ -72,8 +72,41 @@ func (c *call) stamp(l *leg) {
 	}
 	w.put(t.priorityHeader, prio)
 	w.put(t.tenantHeader, id)
-	w.put(t.timeoutHeader, left)
+	if bounded {
+		l.left = w.free[:1:1]
+		w.set(t.timeoutHeader, "0")
+	} else {
+		delete(w.h, t.timeoutHeader)
+	}
 	w.set(t.attemptHeader, strconv.Itoa(l.n))
+}
+
+// transitMargin is taken off the time left that a propagated attempt
+// announces, besides rounding it down to the millisecond: it covers what
+// cannot be measured, the time from handing the request to the base to
+// the next tier's reading it (writing it, the network, the server's
+// reading it), which is about half a millisecond over a quiet loopback
+// (TestPropagatedDeadlineLoopback). So the next tier's deadline, arrival
+// plus the time announced, is earlier than the caller's by up to 2ms
+// less that transit, and later only by what the transit takes beyond
+// the margin and the rounding: a connection dialled for the request, a
+// network hop of more than a millisecond, a busy server's scheduling.
+const transitMargin = time.Millisecond
+
+// leftHeader writes, on a propagated attempt, the time it may still take
+// as of now, the moment its request is handed to the base: the time left
+// before the caller's deadline, or the per-attempt timeout (whole: its
+// timer started a moment ago) when that is shorter, less transitMargin,
+// in whole milliseconds rounded down, 0 when no more is left. l.left is
+// the timeout header's value, which stamp made room for.
+func (c *call) leftHeader(l *leg, now time.Time) {
+	d := c.timeout
+	if !l.until.IsZero() {
+		if rest := l.until.Sub(now); d <= 0 || rest < d {
+			d = rest
+		}
+	}
+	l.left[0] = strconv.FormatInt(int64(max(d-transitMargin, 0)/time.Millisecond), 10)
 }
 
 // headerWriter sets header values from one preallocated array.
