@@ -290,3 +290,27 @@ func TestRateLimiterHedges(t *testing.T) {
 		t.Error("a nil RateLimiter refused a hedge")
 	}
 }
+
+// TestSharedFallbackHedges: while the store fails with FailOpen, a hedge
+// leg takes a token of the local bucket as it would without a store: only
+// from a bucket full but for one (4 of 5), and without waiting.
+func TestSharedFallbackHedges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &fakeStore{down: true}
+		l := newShared(policy.RateLimit{PerSecond: 10, Burst: 5, MaxWait: time.Second, FailOpen: true}, store, nil)
+		ctx := context.Background()
+		l.AcquireHedge(ctx, time.Now(), shedding.Critical) // the first ask fails
+		synctest.Wait()
+		var admitted int
+		for range 5 {
+			if ok, _ := l.AcquireHedge(ctx, time.Now(), shedding.Critical); ok {
+				admitted++
+			}
+		}
+		synctest.Wait()
+		if admitted != 2 {
+			t.Fatalf("hedges admitted %d times by the fallback bucket of 5, want 2 (5 and 4 tokens)", admitted)
+		}
+		time.Sleep(time.Second) // the backoff's asks end
+	})
+}
