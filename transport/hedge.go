@@ -235,8 +235,15 @@ func (r *round) fire() {
 func (r *round) hedge(now time.Time) {
 	c := &r.c
 	firing := false
+	reserved := false // the budget's token is taken and the leg not sent
 	defer func() {
 		p := recover()
+		if reserved {
+			// Refused after the budget, or a panic (GetBody, an
+			// observer): RefundHedge gives back exactly what
+			// WithdrawHedge took.
+			c.s.budget.RefundHedge(now)
+		}
 		if firing {
 			// No leg after all: the round must not wait for one.
 			r.mu.Lock()
@@ -299,19 +306,16 @@ func (r *round) hedge(now time.Time) {
 		}
 		return
 	}
+	reserved = true // given back as hedge returns, unless the leg is sent
 	r.mu.Unlock()
-	// From here on, a refusal gives the budget's token back: RefundHedge
-	// returns exactly what WithdrawHedge took.
 	body, why := r.body()
 	if why != 0 {
-		c.s.budget.RefundHedge(now)
 		c.suppress(why)
 		return
 	}
 	l := new(leg)
 	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
 		closeBody(body)
-		c.s.budget.RefundHedge(now)
 		c.suppress(policy.HedgeRejected)
 		return
 	}
@@ -325,7 +329,6 @@ func (r *round) hedge(now time.Time) {
 		r.mu.Unlock()
 		closeBody(body)
 		c.unadmit(l, now)
-		c.s.budget.RefundHedge(now)
 		if !rated {
 			c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
 			c.suppress(policy.HedgeRejected)
@@ -336,7 +339,7 @@ func (r *round) hedge(now time.Time) {
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, body, true, now)
-	l.round, l.paid = r, true
+	l.round, l.paid, reserved = r, true, false
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
