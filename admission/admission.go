@@ -294,13 +294,18 @@ func (s *server) release(ctx context.Context, p gate.LimiterPermit, now time.Tim
 	}
 }
 
-// without returns a copy of h without the headers in drop, for next's
-// request: h is the caller's, and is not modified.
+// without returns a copy of h without the headers in drop, under every
+// spelling of their names, for next's request: h is the caller's, and is
+// not modified.
 func (s *server) without(h http.Header, drop dropped) http.Header {
 	h = h.Clone()
-	for i, name := range [...]string{s.prioHeader, s.tenHeader, s.timeHeader, s.attHeader} {
-		if drop&(1<<i) != 0 {
-			delete(h, name)
+	names := [...]string{s.prioHeader, s.tenHeader, s.timeHeader, s.attHeader}
+	for k := range h {
+		for i, name := range names {
+			if drop&(1<<i) != 0 && (k == name || httpx.Spells(k, name)) {
+				delete(h, k)
+				break
+			}
 		}
 	}
 	return h
@@ -320,8 +325,8 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 	prio, hasPrio := shedding.PriorityFrom(ctx)
 	hasPrio = hasPrio && prio.Valid()
 	id, hasTenant := tenant.From(ctx)
-	pv, sentPrio := first(h, s.prioHeader)
-	tv, sentTenant := first(h, s.tenHeader)
+	pv, sentPrio := httpx.First(h, s.prioHeader)
+	tv, sentTenant := httpx.First(h, s.tenHeader)
 	trusted := false
 	if (sentPrio && !hasPrio) || (sentTenant && !hasTenant) {
 		trusted = s.trust != nil && s.trust(r)
@@ -361,10 +366,10 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 
 	if n, ok := attempt.From(ctx); ok {
 		q.attempt = n
-		if _, sent := h[s.attHeader]; sent {
+		if httpx.Has(h, s.attHeader) {
 			q.drop |= dropAttempt
 		}
-	} else if v, sent := first(h, s.attHeader); sent {
+	} else if v, sent := httpx.First(h, s.attHeader); sent {
 		if n, ok := parseAttempt(v); ok {
 			q.attempt = n
 			q.ctx = attempt.With(q.ctx, n)
@@ -375,7 +380,7 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 	}
 
 	q.deadline, q.expires = ctx.Deadline()
-	if v, sent := first(h, s.timeHeader); sent {
+	if v, sent := httpx.First(h, s.timeHeader); sent {
 		if ms, ok := parseMillis(v); !ok {
 			s.malformedHeader(ctx, s.timeHeader, v)
 			q.drop |= dropTimeout
@@ -384,15 +389,6 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 		}
 	}
 	return q
-}
-
-// first returns the first value of the header name (canonical), and
-// whether there is one.
-func first(h http.Header, name string) (string, bool) {
-	if vs := h[name]; len(vs) > 0 {
-		return vs[0], true
-	}
-	return "", false
 }
 
 func (s *server) malformedHeader(ctx context.Context, header, value string) {

@@ -997,3 +997,73 @@ func TestNextGetsOnlyTheHeadersAdmissionTook(t *testing.T) {
 		})
 	}
 }
+
+// TestAnySpellingIsTheHeader: a request built in-process may hold one of
+// the four headers under any spelling (h["resilix-tenant"]; Go's server
+// canonicalizes what it reads off the wire). Admission reads it as the
+// header, the canonical spelling's value first, and removes every
+// spelling of a header whose value it does not take, so that an
+// untrusted tenant or priority cannot reach next, or a transport behind
+// it, in lower case.
+func TestAnySpellingIsTheHeader(t *testing.T) {
+	spelled := func(kv ...string) *http.Request {
+		r := newRequest(context.Background())
+		for i := 0; i+1 < len(kv); i += 2 {
+			r.Header[kv[i]] = append(r.Header[kv[i]], kv[i+1])
+		}
+		return r
+	}
+	odd := []string{"resilix-priority", "bulk", "RESILIX-TENANT", "victim", "resilix-timeout-ms", "250", "resilix-Attempt", "2", "x-other", "1"}
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		kv      []string
+		prio    shedding.Priority
+		tenant  string
+		headers []string // the keys next sees, sorted
+	}{
+		{"trusted", Config{Trust: trustAll}, odd, shedding.Bulk, "victim",
+			[]string{"RESILIX-TENANT", "resilix-Attempt", "resilix-priority", "resilix-timeout-ms", "x-other"}},
+		{"untrusted", Config{}, odd, shedding.Critical, "",
+			[]string{"resilix-Attempt", "resilix-timeout-ms", "x-other"}},
+		{"untrusted, both spellings", Config{}, []string{"Resilix-Tenant", "acme", "resilix-tenant", "victim", "resilix-priority", "critical"}, shedding.Critical, "",
+			nil},
+		{"the canonical spelling first", Config{Trust: trustAll}, []string{"resilix-tenant", "victim", "Resilix-Tenant", "acme", "resilix-priority", "bulk", "Resilix-Priority", "degraded"}, shedding.Degraded, "acme",
+			[]string{"Resilix-Priority", "Resilix-Tenant", "resilix-priority", "resilix-tenant"}},
+		{"malformed in any spelling", Config{Trust: trustAll}, []string{"resilix-priority", "urgent", "resilix-timeout-ms", "soon", "RESILIX-ATTEMPT", "0"}, shedding.Critical, "",
+			nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var s seen
+				var keys []string
+				next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					probe(&s).ServeHTTP(w, r)
+					keys = slices.Sorted(maps.Keys(r.Header))
+				})
+				h := mustHandler(t, next, tc.cfg)
+				r := spelled(tc.kv...)
+				before := r.Header.Clone()
+				arrival := time.Now()
+				if w := serve(h, r); w.Code != http.StatusOK {
+					t.Fatalf("status %d", w.Code)
+				}
+				if s.prio != tc.prio || s.tenant != tc.tenant {
+					t.Errorf("next's priority %v and tenant %q, want %v and %q", s.prio, s.tenant, tc.prio, tc.tenant)
+				}
+				if slices.Contains(tc.kv, "250") && (!s.hasDeadline || !s.deadline.Equal(arrival.Add(250*time.Millisecond))) {
+					t.Errorf("next's deadline %v after arrival (%v), want 250ms", s.deadline.Sub(arrival), s.hasDeadline)
+				}
+				if slices.Contains(tc.kv, "resilix-Attempt") && s.attempt != 2 {
+					t.Errorf("next's attempt %d, want 2", s.attempt)
+				}
+				if diff := cmp.Diff(tc.headers, keys); diff != "" {
+					t.Errorf("next's headers (-want +got):\n%s", diff)
+				}
+				if diff := cmp.Diff(before, r.Header); diff != "" {
+					t.Errorf("the caller's request was modified (-before +after):\n%s", diff)
+				}
+			})
+		})
+	}
+}

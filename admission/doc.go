@@ -34,7 +34,10 @@
 // the request's context already carries (put there by a middleware in
 // front of admission, say from the caller's authenticated identity) wins
 // over the header, as it does in the transport. Only the first value of a
-// header is read.
+// header is read. A name is matched in any spelling, as a server reading
+// the wire would match it: a request built in-process may hold
+// h["resilix-tenant"], which Go's server would have made Resilix-Tenant;
+// the canonical spelling's value is read first.
 //
 // Priority and tenant are the caller's word about itself, honoured only
 // when Config.Trust says so: an untrusted caller cannot raise its own
@@ -50,17 +53,19 @@
 // retries.
 //
 // The request next gets carries only those of the four headers whose
-// value admission took, all the others' values removed: a priority or a
-// tenant from an untrusted caller, or that the request's context
-// overrides; a priority, a timeout or an attempt number that cannot be
-// read; an attempt number the context overrides. So a transport behind
+// value admission took, all the others' values removed, under every
+// spelling of their names: a priority or a tenant from an untrusted
+// caller, or that the request's context overrides; a priority, a timeout
+// or an attempt number that cannot be read; an attempt number the context
+// overrides. So a transport behind
 // next, a reverse proxy's with policy.Set.Propagate or without, cannot
 // forward an outside caller's word about itself to a service that trusts
 // this one. The caller's own request keeps its headers: next gets a copy.
 //
 // The timeout is a whole number of milliseconds the caller will still
 // wait, counted from the request's arrival (when ServeHTTP is called; the
-// transit time is the caller's to subtract). It becomes a deadline on
+// transit time is the caller's to subtract: a resilix transport takes a
+// millisecond off for it). It becomes a deadline on
 // next's context, unless that context already has an earlier one. The
 // attempt number is 1 for a caller's first wire attempt and more for a
 // retry or a hedge; a resilix transport inside next that finds a number

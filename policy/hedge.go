@@ -53,9 +53,11 @@ import (
 // due before then waits for the body and is sent as it completes, unless
 // the first leg answers first (HedgeBodyPending).
 //
-// Each hedge withdraws one token from the scope's Budget as it starts,
-// after the admission gates, and gives it back if it wins: only the hedges
-// that lose or fail stay spent (HedgeBudget when none is left).
+// Each hedge takes one token from the scope's Budget before the admission
+// gates are asked, gives it back if a later step refuses it, and if it
+// wins: only the hedges that lose or fail keep it spent (HedgeBudget when
+// none is left). On a key with a RateLimit a hedge takes a token only
+// from a bucket full but for one, and never waits (see RateLimit).
 type Hedge struct {
 	// Quantile of recent attempt latency after which a hedge is
 	// considered, in (0, 1). If zero, 0.95 is used.
@@ -154,13 +156,14 @@ func (h Hedge) WithDefaults() Hedge {
 type SuppressReason uint8
 
 // The hedging gates. When a hedge timer fires they are asked in this
-// order: HedgeWarming to HedgeValue; a body still being sent is waited
-// for (HedgeBodyPending if the first leg answers first); a budget with no
-// token refuses (HedgeBudget) before the admission gates are asked
-// (HedgeRejected), since what admitting spends (a rate limit's token) is
-// not given back; then the body (HedgeBodyError, HedgeBodyTooLarge); and
-// the budget is charged last, so that its token is spent only on a hedge
-// that starts.
+// order: HedgeWarming to HedgeValue, which spend nothing; a body still
+// being sent is waited for (HedgeBodyPending if the first leg answers
+// first); the budget's token is taken (HedgeBudget), then the body
+// (HedgeBodyError, HedgeBodyTooLarge), then the admission gates, the
+// rate limit last (HedgeRejected). A refusal gives back what the steps
+// before it took (the budget's token, the gates' permits); the rate
+// limit's token, which cannot be given back, is the last thing taken, and
+// WinRate's credit is spent only once the hedge is sent.
 const (
 	// HedgeWarming: the latency window holds fewer than MinSamples,
 	// so there is no threshold yet. Counted once per round (each first

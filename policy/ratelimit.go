@@ -29,6 +29,17 @@ import (
 // (TestRateLimitPriorityFlood in transport). With a Burst of 1 there is no
 // reserve: lower priorities differ only in never waiting.
 //
+// A hedge leg is optional work, whatever its call's priority: it takes a
+// token only when the bucket is full but for one (most likely the token
+// its own call took), never leaves less than Degraded's reserve (and its
+// call's), and never waits. With a Burst of 1 or 2 the bucket must be
+// full. So hedges take only tokens the bucket would soon have had no room
+// for: at 48 untagged calls/s against 50/s, burst 10, Critical calls are
+// refused and wait exactly as often with Hedge as without, and at 20/s the
+// slow calls are still hedged (TestHedgesLeaveCriticalTheirTokens in
+// transport). Every wire attempt that is sent, retries and hedges
+// included, spends one token.
+//
 // # Beyond one process
 //
 // With Shared set, the limit is a fleet's: a quota that every process
@@ -69,7 +80,9 @@ import (
 //     is the fallback). The store knows nothing of priority: it grants
 //     tokens to whichever process asks, so a fleet's Critical calls are
 //     favoured over its lower ones within each process, not across them.
-//     A call below Critical never waits for a lease.
+//     A call below Critical never waits for a lease; a hedge leg takes a
+//     leased token as a Degraded call does (a lease, sized to the demand,
+//     is seldom near full), and never waits for one either.
 //
 // Observer.StoreTransition hears each change of the store's state, once,
 // and transport.Transport.Measured shows it (Snapshot.RateLimitStore).

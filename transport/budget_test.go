@@ -322,9 +322,9 @@ func TestNoRefundForATokenNotWithdrawn(t *testing.T) {
 // not sent, and spends none of the rate limit's tokens, however many times
 // its round asks again. The budget holds one hedge, which the first slow
 // call's losing hedge spends; the second slow call's hedges are all
-// refused; the rate limit has exactly a token for each wire call (30
-// warm-up calls, two legs, one, one), so the third call is admitted only
-// if the refused hedges took none.
+// refused; the rate limit (5/s, burst 40, full again after the warm-up)
+// has spent a token on each wire call after it (two legs, one, one) and
+// no more.
 func TestBudgetRefusedHedgesSpendNoRateLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &legBase{latency: func(i int) time.Duration {
@@ -339,9 +339,11 @@ func TestBudgetRefusedHedgesSpendNoRateLimit(t *testing.T) {
 		ev := &hedgeEvents{}
 		set := hedgeSet()
 		set.Budget = policy.Budget{Ratio: 0.0001, MinPerSecond: -1, Max: 2} // one hedge
-		set.RateLimit = &policy.RateLimit{PerSecond: 0.0001, Burst: 34}
+		set.RateLimit = &policy.RateLimit{PerSecond: 5, Burst: 40}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 30)
+		time.Sleep(10 * time.Second) // the bucket refills; the latency window keeps its samples
+		full := time.Now()
 		for i := range 3 {
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://up.test/", nil)
 			resp, err := tr.RoundTrip(req)
@@ -353,6 +355,10 @@ func TestBudgetRefusedHedgesSpendNoRateLimit(t *testing.T) {
 		}
 		if started, _ := ev.counts(); started != 1 || ev.reason(policy.HedgeBudget) == 0 {
 			t.Fatalf("hedges started %d, suppressed for the budget %d; want 1 and some", started, ev.reason(policy.HedgeBudget))
+		}
+		accrued := time.Since(full).Seconds()
+		if left, want := tokensLeft(tr, "up.test"), int(40-4+5*accrued); base.calls != 34 || left != want {
+			t.Fatalf("%d rate-limit tokens left after %d wire calls, want 34 calls and %d left", left, base.calls, want)
 		}
 	})
 }

@@ -142,37 +142,36 @@ func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
 	}
 }
 
-// priority reads the call's priority: the context's, else the header's,
-// else Critical, and whether the call named it (by the context, or a
-// header that parses). A malformed header is tolerated, and counted in s
-// unless s is nil.
+// priority reads the call's priority: the context's, else the header's
+// (under any spelling of its name, see httpx.First), else Critical, and
+// whether the call named it (by the context, or a header that parses). A
+// malformed header is tolerated, and counted in s unless s is nil.
 func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bool) {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
 		return p, true
 	}
-	vs := req.Header[t.priorityHeader]
-	if len(vs) == 0 {
+	v, ok := httpx.First(req.Header, t.priorityHeader)
+	if !ok {
 		return shedding.Critical, false
 	}
-	p, err := shedding.ParsePriority(vs[0])
+	p, err := shedding.ParsePriority(v)
 	if err != nil {
 		if s != nil {
-			t.malformed(req.Context(), s, t.priorityHeader, vs[0])
+			t.malformed(req.Context(), s, t.priorityHeader, v)
 		}
 		return p, false
 	}
 	return p, true
 }
 
-// tenant reads the call's tenant id: the context's, else the header's.
+// tenant reads the call's tenant id: the context's, else the header's,
+// under any spelling of its name.
 func (t *Transport) tenant(req *http.Request) string {
 	if id, ok := tenant.From(req.Context()); ok {
 		return id
 	}
-	if vs := req.Header[t.tenantHeader]; len(vs) > 0 {
-		return vs[0]
-	}
-	return ""
+	v, _ := httpx.First(req.Header, t.tenantHeader)
+	return v
 }
 
 func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
@@ -516,7 +515,9 @@ var noWait = func() context.Context {
 // admit passes leg l through the admission gates in their order,
 // throttler → breaker → limiter → bulkhead → rate limit, and either records
 // their permits in l or returns the refusal, a *policy.RejectedError,
-// having released what earlier gates granted. With wait false, gates that
+// having released what earlier gates granted. A hedge leg is not asked
+// the rate limit here: its round takes that token last, as the leg is
+// sent, since it cannot be given back (see round.hedge). With wait false, gates that
 // would queue refuse instead. When the caller's own context ends while a
 // gate waits, it returns that context's error rather than a refusal.
 //
@@ -575,7 +576,7 @@ func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, 
 		}
 		l.bulkhead = true
 	}
-	if s.rate != nil {
+	if s.rate != nil && kind != policy.AttemptHedge {
 		if ok, ra := s.rate.AcquireFor(ctx, now, c.prio); !ok {
 			c.unadmit(l, now)
 			if err := c.callerDone(); wait && err != nil {

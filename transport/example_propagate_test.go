@@ -34,7 +34,8 @@ func resilixHeaders(h http.Header) string {
 // Propagate is on for the internal service only: each of its wire
 // attempts, the retry included, carries the call's priority and tenant,
 // the time it may take (here the per-attempt timeout, as the call has no
-// deadline) and its own number. The third-party API gets none of it.
+// deadline, less a millisecond for the request's transit) and its own
+// number. The third-party API gets none of it.
 func ExampleConfig_propagate() {
 	var mu sync.Mutex
 	calls := 0
@@ -72,8 +73,8 @@ func ExampleConfig_propagate() {
 		resp.Body.Close()
 	}
 	// Output:
-	// orders.internal: Resilix-Attempt=1 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=2000
-	// orders.internal: Resilix-Attempt=2 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=2000
+	// orders.internal: Resilix-Attempt=1 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1999
+	// orders.internal: Resilix-Attempt=2 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1999
 	// api.partner.example: none
 }
 

@@ -235,8 +235,15 @@ func (r *round) fire() {
 func (r *round) hedge(now time.Time) {
 	c := &r.c
 	firing := false
+	reserved := false // the budget's token is taken and the leg not sent
 	defer func() {
 		p := recover()
+		if reserved {
+			// Refused after the budget, or a panic (GetBody, an
+			// observer): RefundHedge gives back exactly what
+			// WithdrawHedge took.
+			c.s.budget.RefundHedge(now)
+		}
 		if firing {
 			// No leg after all: the round must not wait for one.
 			r.mu.Lock()
@@ -263,65 +270,76 @@ func (r *round) hedge(now time.Time) {
 		return
 	}
 
-	// A body the first leg is still sending is waited for before any
-	// gate is asked: unadmit gives back a permit, not what admitting
-	// spent (a rate limit's token), and the hedge passes the gates when
-	// it is sent.
+	// What a hedge takes, it takes in an order where nothing stays spent
+	// when a later step refuses it: first what can be given back exactly
+	// (the budget's token), then the body, then the admission gates,
+	// whose permits unadmit gives back, and last, under the round's lock
+	// with the check that the round may still send a leg, the rate
+	// limit's token, which cannot be given back (a hedge takes one only
+	// from a bucket full but for one, and never waits: see
+	// gate.RateLimiter.AcquireHedge). WinRate's credit is spent once the
+	// leg is sent (hedge.State.Started).
+	//
+	// A body the first leg is still sending is waited for before anything
+	// is taken: the hedge is decided again, from the hedging gates, once
+	// the body is in.
 	if r.bodyPending() {
 		if !r.awaitBody() {
 			c.suppress(policy.HedgeBodyPending)
 		}
 		return
 	}
-	// A hedge the budget would refuse is refused before the gates are
-	// asked, for the same reason: what admitting spends is not all given
-	// back. The budget is charged below, once the leg is sure to start.
-	if !c.s.budget.CanHedge(now) {
-		r.mu.Lock()
-		ended := r.budgetRefusedLocked(now)
-		firing = firing && ended
-		r.mu.Unlock()
-		if !ended {
-			c.suppress(policy.HedgeBudget)
-		}
-		return
-	}
-	l := new(leg)
-	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
-		c.suppress(policy.HedgeRejected)
-		return
-	}
-	body, why := r.body()
-	if why != 0 {
-		c.unadmit(l, now)
-		c.suppress(why)
-		return
-	}
-
-	// The budget is charged last, under the round's lock, so that a token
-	// is spent only on a hedge that starts. Hedges come due in bursts (a
-	// hiccup makes every call in flight cross the threshold at once) and
-	// a burst can empty the budget, which refills with traffic within a
-	// few thresholds; a call still on the wire one threshold later is very
-	// likely a slow one. So a round the budget refused asks again one
-	// threshold later, three times, then backing off (two, four, ...), so
-	// that the timer work of a round whose budget stays empty is bounded.
+	// Hedges come due in bursts (a hiccup makes every call in flight
+	// cross the threshold at once) and a burst can empty the budget,
+	// which refills with traffic within a few thresholds; a call still on
+	// the wire one threshold later is very likely a slow one. So a round
+	// the budget refused asks again one threshold later, three times,
+	// then backing off (two, four, ...), so that the timer work of a
+	// round whose budget stays empty is bounded.
 	r.mu.Lock()
 	if r.ended() || !c.s.budget.WithdrawHedge(now) {
 		ended := r.budgetRefusedLocked(now)
 		firing = firing && ended
 		r.mu.Unlock()
-		closeBody(body)
-		c.unadmit(l, now)
 		if !ended {
 			c.suppress(policy.HedgeBudget)
 		}
 		return
 	}
+	reserved = true // given back as hedge returns, unless the leg is sent
+	r.mu.Unlock()
+	body, why := r.body()
+	if why != 0 {
+		c.suppress(why)
+		return
+	}
+	l := new(leg)
+	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
+		closeBody(body)
+		c.suppress(policy.HedgeRejected)
+		return
+	}
+	r.mu.Lock()
+	ended := r.ended()
+	rated, retryAfter := true, time.Duration(0)
+	if !ended {
+		rated, retryAfter = c.s.rate.AcquireHedge(c.ctx, now, c.prio)
+	}
+	if ended || !rated {
+		r.mu.Unlock()
+		closeBody(body)
+		c.unadmit(l, now)
+		if !rated {
+			c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
+			c.suppress(policy.HedgeRejected)
+		}
+		return
+	}
+
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, body, true, now)
-	l.round, l.paid = r, true
+	l.round, l.paid, reserved = r, true, false
 	r.legs = append(r.legs, l)
 	r.live++
 	r.firing, firing = false, false
@@ -451,8 +469,8 @@ func (r *round) bodyRead() {
 	r.armLocked(now)
 }
 
-// gate asks the hedging gates, in their order (see hedge.State.Gate);
-// the budget, the last, is charged by fire as the leg starts. r.mu is
+// gate asks the hedging gates, in their order (see hedge.State.Gate),
+// which take nothing; the budget, the last, is asked by hedge. r.mu is
 // held.
 func (r *round) gate(now time.Time) policy.SuppressReason {
 	c := &r.c

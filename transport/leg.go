@@ -56,6 +56,13 @@ type leg struct {
 	// success (see refund).
 	paid bool
 
+	// until is the caller's deadline (zero: none) and left the value of
+	// a propagated attempt's timeout header, written by send as the
+	// request is handed to the base (see leftHeader); nil when there is
+	// none.
+	until time.Time
+	left  []string
+
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
 	resp     *http.Response
 	err      error
@@ -186,6 +193,9 @@ func (c *call) send(l *leg) {
 	if s.lanes != nil {
 		rt = c.takeLane(l)
 		l.tookLane()
+	}
+	if l.left != nil {
+		c.leftHeader(l, time.Now())
 	}
 	resp, err := rt.RoundTrip(l.req)
 	sent = true

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -14,8 +15,8 @@ import (
 // still take, and the attempt's number. Each is exactly what the call
 // derives: a value the request carried for one of them is replaced, or
 // removed where the call has none. prepare calls it once l.req is the
-// request the leg sends and its per-attempt timer runs, before the leg is
-// timed.
+// request the leg sends; the time left is written later, in send, as
+// late as the request allows (see leftHeader).
 //
 // The headers go on a Header of the leg's own: a hedge leg has one
 // already (prepare gives it a deep copy, Request.Clone); any other leg
@@ -25,7 +26,7 @@ import (
 // more.
 func (c *call) stamp(l *leg) {
 	t := c.t
-	var prio, id, left string
+	var prio, id string
 	n := 1 // values to write: the attempt number always has one
 	if c.named {
 		prio = c.prio.String()
@@ -42,32 +43,70 @@ func (c *call) stamp(l *leg) {
 			t.malformed(c.ctx, c.s, t.tenantHeader, v)
 		}
 	}
-	d, bounded := c.timeout, c.timeout > 0
-	if dl, ok := c.ctx.Deadline(); ok {
-		if rest := time.Until(dl); !bounded || rest < d {
-			d = rest
-		}
-		bounded = true
-	}
+	// The time left is written in send, as the request is handed to the
+	// base: the caller's deadline, or the per-attempt timeout when that is
+	// shorter.
+	l.until, l.left = time.Time{}, nil
+	dl, bounded := c.ctx.Deadline()
 	if bounded {
-		left = strconv.FormatInt(int64(max(d, 0)/time.Millisecond), 10)
+		l.until = dl
+	}
+	if bounded = bounded || c.timeout > 0; bounded {
 		n++
 	}
 
 	var w headerWriter
 	if l.kind == policy.AttemptHedge {
 		w = headerWriter{h: l.req.Header, free: make([]string, n)}
+		for k := range w.h {
+			if t.spells(k) {
+				delete(w.h, k)
+			}
+		}
 	} else {
 		if l.req == c.req {
 			l.req = c.req.WithContext(l.ctx)
 		}
-		w = cloneHeader(c.req.Header, n)
+		w = cloneHeader(c.req.Header, n, t.spells)
 		l.req.Header = w.h
 	}
 	w.put(t.priorityHeader, prio)
 	w.put(t.tenantHeader, id)
-	w.put(t.timeoutHeader, left)
+	if bounded {
+		l.left = w.free[:1:1]
+		w.set(t.timeoutHeader, "0")
+	} else {
+		delete(w.h, t.timeoutHeader)
+	}
 	w.set(t.attemptHeader, strconv.Itoa(l.n))
+}
+
+// transitMargin is taken off the time left that a propagated attempt
+// announces, besides rounding it down to the millisecond: it covers what
+// cannot be measured, the time from handing the request to the base to
+// the next tier's reading it (writing it, the network, the server's
+// reading it), which is about half a millisecond over a quiet loopback
+// (TestPropagatedDeadlineLoopback). So the next tier's deadline, arrival
+// plus the time announced, is earlier than the caller's by up to 2ms
+// less that transit, and later only by what the transit takes beyond
+// the margin and the rounding: a connection dialled for the request, a
+// network hop of more than a millisecond, a busy server's scheduling.
+const transitMargin = time.Millisecond
+
+// leftHeader writes, on a propagated attempt, the time it may still take
+// as of now, the moment its request is handed to the base: the time left
+// before the caller's deadline, or the per-attempt timeout (whole: its
+// timer started a moment ago) when that is shorter, less transitMargin,
+// in whole milliseconds rounded down, 0 when no more is left. l.left is
+// the timeout header's value, which stamp made room for.
+func (c *call) leftHeader(l *leg, now time.Time) {
+	d := c.timeout
+	if !l.until.IsZero() {
+		if rest := l.until.Sub(now); d <= 0 || rest < d {
+			d = rest
+		}
+	}
+	l.left[0] = strconv.FormatInt(int64(max(d-transitMargin, 0)/time.Millisecond), 10)
 }
 
 // headerWriter sets header values from one preallocated array.
@@ -93,10 +132,20 @@ func (w *headerWriter) put(key, v string) {
 	w.set(key, v)
 }
 
+// spells reports whether the key k is one of the four headers spelled
+// otherwise than in canonical form, which stamp removes: a Header built
+// in-process may hold one (h["resilix-tenant"]), net/http writes it as it
+// is, and the next tier reads it as the header (see httpx.First).
+func (t *Transport) spells(k string) bool {
+	return httpx.Spells(k, t.priorityHeader) || httpx.Spells(k, t.tenantHeader) ||
+		httpx.Spells(k, t.timeoutHeader) || httpx.Spells(k, t.attemptHeader)
+}
+
 // cloneHeader returns a writer over a deep copy of h, as Header.Clone
 // makes it (nil values stay nil, so that a header the caller suppressed
-// stays suppressed), with room for extra more keys and values.
-func cloneHeader(h http.Header, extra int) headerWriter {
+// stays suppressed), without the keys that skip reports, and with room
+// for extra more keys and values.
+func cloneHeader(h http.Header, extra int, skip func(string) bool) headerWriter {
 	nv := extra
 	for _, vs := range h {
 		nv += len(vs)
@@ -104,7 +153,10 @@ func cloneHeader(h http.Header, extra int) headerWriter {
 	sv := make([]string, nv)
 	h2 := make(http.Header, len(h)+extra)
 	for k, vs := range h {
-		if vs == nil {
+		switch {
+		case skip(k):
+			continue
+		case vs == nil:
 			h2[k] = nil
 			continue
 		}

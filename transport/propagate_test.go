@@ -104,7 +104,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 				return tenant.With(ctx, "acme")
 			},
 			deadline: 2 * time.Second,
-			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "2000", hAttempt: "1"},
+			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "1999", hAttempt: "1"},
 		},
 		{
 			name: "the request's own headers, as the transport reads them",
@@ -123,7 +123,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 			name:     "the request's own timeout is the time left",
 			deadline: 2 * time.Second,
 			own:      map[string]string{hTimeout: "99999"},
-			want:     map[string]string{hTimeout: "2000", hAttempt: "1"},
+			want:     map[string]string{hTimeout: "1999", hAttempt: "1"},
 		},
 		{
 			name: "an empty tenant in the context removes the request's",
@@ -146,7 +146,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 		{
 			name:    "a per-attempt timeout and no deadline",
 			timeout: 1500 * time.Millisecond,
-			want:    map[string]string{hTimeout: "1500", hAttempt: "1"},
+			want:    map[string]string{hTimeout: "1499", hAttempt: "1"},
 		},
 		{
 			name: "an empty tenant and an invalid priority are no values",
@@ -328,7 +328,7 @@ func TestPropagateUsesTheConfiguredNames(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		want := http.Header{"X-Crit": {"bulk"}, "X-Customer": {"acme"}, "X-Deadline-Ms": {"1000"}, "X-Try": {"1"}}
+		want := http.Header{"X-Crit": {"bulk"}, "X-Customer": {"acme"}, "X-Deadline-Ms": {"999"}, "X-Try": {"1"}}
 		if diff := cmp.Diff(want, rec.sent()[0].header); diff != "" {
 			t.Errorf("headers (-want +got):\n%s", diff)
 		}
@@ -356,7 +356,8 @@ func TestNewValidatesThePropagationHeaders(t *testing.T) {
 
 // checkLeft checks a wire attempt's timeout header against its own
 // arrival: whole milliseconds, rounded down, of the time left before the
-// caller's deadline or of the per-attempt timeout, whichever is smaller.
+// caller's deadline or of the per-attempt timeout, whichever is smaller,
+// less the transit margin.
 // The attempt context's deadline is the caller's (a per-attempt timeout
 // is a timer, not a deadline), and synctest's clock does not move between
 // the header being written and the base receiving it.
@@ -380,7 +381,7 @@ func checkLeft(t *testing.T, w wire, perAttempt time.Duration) {
 	if err != nil {
 		t.Fatalf("attempt %s: %s %q: %v", w.header.Get(hAttempt), hTimeout, got, err)
 	}
-	if want := int64(max(left, 0) / time.Millisecond); ms != want {
+	if want := int64(max(left-transitMargin, 0) / time.Millisecond); ms != want {
 		t.Errorf("attempt %s: %s = %d, want %d (%v left)", w.header.Get(hAttempt), hTimeout, ms, want, left)
 	}
 	if !w.deadline.IsZero() && time.Duration(ms)*time.Millisecond > max(w.deadline.Sub(w.at), 0) {
@@ -389,9 +390,10 @@ func checkLeft(t *testing.T, w wire, perAttempt time.Duration) {
 }
 
 // TestPropagatedTimeoutNeverExceedsTheCallersTime: the timeout header is
-// the time left before the caller's deadline, rounded down to the
-// millisecond, or the per-attempt timeout when that is shorter; a retry
-// after a slow attempt and a backoff carries what is left then.
+// the time left before the caller's deadline, or the per-attempt timeout
+// when that is shorter, less the transit margin (1ms), rounded down to
+// the millisecond; a retry after a slow attempt and a backoff carries
+// what is left then.
 func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -401,13 +403,15 @@ func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
 		want     string        // "": no header
 	}{
 		{"no deadline, no timeout", 0, 0, 0, ""},
-		{"deadline", 1500 * time.Millisecond, 0, 0, "1500"},
-		{"deadline rounded down", 1500*time.Millisecond + 999*time.Microsecond, 0, 0, "1500"},
+		{"deadline", 1500 * time.Millisecond, 0, 0, "1499"},
+		{"deadline rounded down", 1500*time.Millisecond + 999*time.Microsecond, 0, 0, "1499"},
+		{"a millisecond and more", 1500*time.Millisecond + time.Millisecond, 0, 0, "1500"},
 		{"less than a millisecond left", 400 * time.Microsecond, 0, 0, "0"},
-		{"per-attempt shorter", 1500 * time.Millisecond, 300 * time.Millisecond, 0, "300"},
-		{"deadline shorter", 250 * time.Millisecond, time.Second, 0, "250"},
-		{"override shorter", time.Second, 2 * time.Second, 200 * time.Millisecond, "200"},
-		{"per-attempt, no deadline", 0, 2 * time.Second, 0, "2000"},
+		{"per-attempt shorter", 1500 * time.Millisecond, 300 * time.Millisecond, 0, "299"},
+		{"deadline shorter", 250 * time.Millisecond, time.Second, 0, "249"},
+		{"override shorter", time.Second, 2 * time.Second, 200 * time.Millisecond, "199"},
+		{"per-attempt, no deadline", 0, 2 * time.Second, 0, "1999"},
+		{"no more than the margin left", time.Millisecond + 999*time.Microsecond, 0, 0, "0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -466,8 +470,9 @@ func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
 			for _, w := range rec.sent() {
 				got = append(got, w.header.Get(hTimeout))
 			}
-			// 1s, then 1s less the first attempt's 50ms and the 100ms backoff.
-			if want := []string{"1000", "850"}; !slices.Equal(got, want) {
+			// 1s, then 1s less the first attempt's 50ms and the 100ms backoff,
+			// each less the transit margin.
+			if want := []string{"999", "849"}; !slices.Equal(got, want) {
 				t.Errorf("%s = %q, want %q", hTimeout, got, want)
 			}
 		})
@@ -714,6 +719,25 @@ func TestPropagateCarriesExactlyWhatItDerives(t *testing.T) {
 			own:  http.Header{hPriority: {"Best-Effort", "bulk"}, hTenant: {"beta", "x"}},
 			want: http.Header{hPriority: {"best_effort"}, hTenant: {"beta"}},
 		},
+		{
+			// A Header built in-process may spell a name in any case;
+			// net/http writes each spelling as it is, and the next tier
+			// reads them all as one header.
+			name: "any spelling is the header",
+			own:  http.Header{"resilix-priority": {"degraded"}, "RESILIX-TENANT": {"beta"}, "resilix-timeout-ms": {"99999"}, "Resilix-attempt": {"7"}},
+			want: http.Header{hPriority: {"degraded"}, hTenant: {"beta"}},
+		},
+		{
+			name: "none derived, none sent, in any spelling",
+			ctx:  func(ctx context.Context) context.Context { return tenant.With(ctx, "") },
+			own:  http.Header{"resilix-priority": {"urgent"}, "resilix-tenant": {"victim"}, hTenant: {"evil"}, "RESILIX-TIMEOUT-MS": {"99999"}, "resilix-Attempt": {"7"}},
+			want: http.Header{},
+		},
+		{
+			name: "the canonical spelling's value first",
+			own:  http.Header{"resilix-tenant": {"victim"}, hTenant: {"beta"}, "resilix-priority": {"bulk"}, hPriority: {"degraded"}},
+			want: http.Header{hPriority: {"degraded"}, hTenant: {"beta"}},
+		},
 	}
 	for _, leg := range legs {
 		for _, tc := range cases {
@@ -899,4 +923,84 @@ func BenchmarkRoundTripPropagate(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestPropagatedDeadlineIsNeverLater: the next tier's deadline, its
+// arrival plus the milliseconds announced, is never later than the
+// caller's, on the same clock, when the request takes up to the transit
+// margin to arrive: for deadlines at every tenth of a millisecond's
+// fraction, and for a hedge leg whose start an observer held up (the time
+// left is measured as the request is handed to the base, not when the leg
+// was prepared).
+func TestPropagatedDeadlineIsNeverLater(t *testing.T) {
+	// arrive has the request take the transit margin to arrive, and
+	// returns by how much the deadline it announces is later than dl.
+	arrive := func(r *http.Request, dl time.Time) time.Duration {
+		time.Sleep(transitMargin)
+		ms, err := strconv.ParseInt(r.Header.Get(hTimeout), 10, 64)
+		if err != nil {
+			panic(err)
+		}
+		return time.Now().Add(time.Duration(ms) * time.Millisecond).Sub(dl)
+	}
+	t.Run("every fraction", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var late time.Duration
+			var dl time.Time
+			base := fakeRT(func(r *http.Request) (*http.Response, error) {
+				late = arrive(r, dl)
+				return respond(r, 200), nil
+			})
+			tr := mustNew(t, Config{Base: base, Policies: policy.Set{Propagate: true}})
+			for i := range 30 {
+				left := 100*time.Millisecond + time.Duration(i)*100*time.Microsecond
+				dl = time.Now().Add(left)
+				ctx, cancel := context.WithDeadline(t.Context(), dl)
+				if _, err := do(t, ctx, tr); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+				if late > 0 {
+					t.Errorf("%v left: the next tier's deadline is %v later than the caller's", left, late)
+				}
+			}
+		})
+	})
+	t.Run("a hedge held up", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var mu sync.Mutex
+			var lates []time.Duration
+			var dl time.Time
+			base := &slowRT{latency: func(i int64, r *http.Request) (time.Duration, int) {
+				if i >= 30 {
+					late := arrive(r, dl)
+					mu.Lock()
+					lates = append(lates, late)
+					mu.Unlock()
+				}
+				return 10 * time.Millisecond, 200
+			}}
+			tr := mustNew(t, Config{Base: base, Policies: policy.Set{Propagate: true, Hedge: &policy.Hedge{MaxConcurrent: 2}},
+				Observer: &policy.Observer{HedgeStarted: func(policy.HedgeInfo) { time.Sleep(5 * time.Millisecond) }}})
+			warm(t, tr, 30)
+			base.slowOnce(time.Second)
+			dl = time.Now().Add(300 * time.Millisecond)
+			ctx, cancel := context.WithDeadline(t.Context(), dl)
+			defer cancel()
+			if _, err := do(t, ctx, tr); err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(lates) != 2 {
+				t.Fatalf("%d legs measured, want the first and its hedge", len(lates))
+			}
+			for i, late := range lates {
+				if late > 0 {
+					t.Errorf("leg %d's next tier has a deadline %v later than the caller's", i+1, late)
+				}
+			}
+		})
+	})
 }

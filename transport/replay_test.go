@@ -436,9 +436,10 @@ func TestHedgeWaitsForTheBodyStillSending(t *testing.T) {
 
 // TestHedgeWaitingForTheBodyTakesOneToken: a hedge that waits for the
 // body the first leg is still sending passes the gates once, when it is
-// sent: with a rate limit of exactly one token a wire call (30 warm-up
-// calls, the first leg and its hedge), the hedge is sent, not refused for
-// a token its wait spent.
+// sent: a hedge takes a token only from a bucket full but for one, and
+// the bucket (5/s, burst 40), full after the warm-up, holds 39 tokens and
+// what accrued meanwhile once the first leg is admitted; the hedge is
+// sent, not refused for a token its wait spent.
 func TestHedgeWaitingForTheBodyTakesOneToken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		payload := randomBytes(4 << 10)
@@ -450,9 +451,10 @@ func TestHedgeWaitingForTheBodyTakesOneToken(t *testing.T) {
 		}}
 		ev := &hedgeEvents{}
 		set := hedgeSet()
-		set.RateLimit = &policy.RateLimit{PerSecond: 0.0001, Burst: 32}
+		set.RateLimit = &policy.RateLimit{PerSecond: 5, Burst: 40}
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 30)
+		time.Sleep(10 * time.Second) // the bucket refills; the latency window keeps its samples
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://up.test/", trickle(payload))
 		resp, err := tr.RoundTrip(req)
 		if err != nil || resp.StatusCode != 200 {

@@ -167,7 +167,11 @@
 // transport derives for the call, one value each, and only when there is
 // one: a value the request carried for one of them is replaced, or
 // removed where the transport has none, so that a request copied from an
-// incoming one (a reverse proxy's) forwards nothing its caller wrote:
+// incoming one (a reverse proxy's) forwards nothing its caller wrote. A
+// name is the header in any spelling: a Header built in-process may hold
+// h["resilix-tenant"], which net/http writes as it is and the next tier
+// reads as Resilix-Tenant, so the transport reads it (the canonical
+// spelling's value first) and removes it with the others:
 //
 //   - Config.PriorityHeader: the call's priority as the transport reads it
 //     (the context's, shedding.WithPriority, else the request's header's
@@ -187,10 +191,16 @@
 //   - Config.TimeoutHeader: how long the attempt may still take, in whole
 //     milliseconds rounded down: the time left before the caller's
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
-//     the call's Override narrows it) when that is shorter. It is never
-//     more than the caller has left, and 0 when that is less than a
-//     millisecond. It is written only when there is a deadline or a
-//     per-attempt timeout.
+//     the call's Override narrows it) when that is shorter, measured as
+//     the request is handed to Config.Base, less a transit margin of 1ms
+//     for the time it takes to reach the next tier. It is 0 when no more
+//     than the margin is left, and written only when there is a deadline
+//     or a per-attempt timeout. So the next tier's deadline (its arrival
+//     plus the time announced) is up to 2ms earlier than the caller's,
+//     less the transit, and later only when the transit takes more than
+//     the margin and the rounding left: a connection dialled for the
+//     request, a network hop of more than a millisecond, a busy server
+//     slow to read it.
 //   - Config.AttemptHeader: the attempt's number among the call's wire
 //     attempts: 1 for the first, then each retry and hedge leg its own
 //     next number, as Envoy's x-envoy-attempt-count counts them. The

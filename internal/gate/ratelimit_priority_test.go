@@ -244,3 +244,73 @@ func TestRateLimiterPriorityAllocs(t *testing.T) {
 		t.Fatalf("Bulk refused: %v allocs, want 0", allocs)
 	}
 }
+
+// TestRateLimiterHedges: a hedge leg takes a token only from a bucket full
+// but for one, never leaving less than its call's reserve (at least
+// Degraded's), and never waits, whatever MaxWait; for a bucket of one or
+// two tokens that is a full bucket. Its hint is the time until the bucket
+// holds what it needs.
+func TestRateLimiterHedges(t *testing.T) {
+	for _, tc := range []struct {
+		burst int
+		p     shedding.Priority
+		need  float64
+	}{
+		{1, shedding.Critical, 1},
+		{2, shedding.Critical, 2},
+		{5, shedding.Critical, 4},
+		{5, shedding.Bulk, 4},
+		{10, shedding.Critical, 9},
+		{10, shedding.Degraded, 9},
+		{100, shedding.Critical, 99},
+	} {
+		l := newRateLimiter(policy.RateLimit{PerSecond: 10, Burst: tc.burst, MaxWait: time.Second})
+		if got := l.hedgeNeed(max(tc.p, shedding.Degraded)); got != tc.need {
+			t.Errorf("burst %d, %v: a hedge needs %v tokens, want %v", tc.burst, tc.p, got, tc.need)
+		}
+		// Drain to one token short of what a hedge needs, with Critical
+		// calls at one instant.
+		for range tc.burst - int(tc.need) + 1 {
+			if ok, _ := l.AcquireFor(t.Context(), rlStart, shedding.Critical); !ok {
+				t.Fatalf("burst %d: a Critical call refused by a bucket with tokens", tc.burst)
+			}
+		}
+		ok, retry := l.AcquireHedge(t.Context(), rlStart, tc.p)
+		if ok || retry != 100*time.Millisecond {
+			t.Errorf("burst %d, %v: a hedge at %v tokens got %v, %v; want refused at once, a token due in 100ms",
+				tc.burst, tc.p, l.available(rlStart), ok, retry)
+		}
+		now := rlStart.Add(100 * time.Millisecond)
+		if ok, _ := l.AcquireHedge(t.Context(), now, tc.p); !ok || l.available(now) != tc.need-1 {
+			t.Errorf("burst %d, %v: a hedge at %v tokens refused, or left %v", tc.burst, tc.p, tc.need, l.available(now))
+		}
+	}
+	var off *RateLimiter
+	if ok, _ := off.AcquireHedge(t.Context(), rlStart, shedding.Critical); !ok {
+		t.Error("a nil RateLimiter refused a hedge")
+	}
+}
+
+// TestSharedFallbackHedges: while the store fails with FailOpen, a hedge
+// leg takes a token of the local bucket as it would without a store: only
+// from a bucket full but for one (4 of 5), and without waiting.
+func TestSharedFallbackHedges(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &fakeStore{down: true}
+		l := newShared(policy.RateLimit{PerSecond: 10, Burst: 5, MaxWait: time.Second, FailOpen: true}, store, nil)
+		ctx := context.Background()
+		l.AcquireHedge(ctx, time.Now(), shedding.Critical) // the first ask fails
+		synctest.Wait()
+		var admitted int
+		for range 5 {
+			if ok, _ := l.AcquireHedge(ctx, time.Now(), shedding.Critical); ok {
+				admitted++
+			}
+		}
+		synctest.Wait()
+		if admitted != 2 {
+			t.Fatalf("hedges admitted %d times by the fallback bucket of 5, want 2 (5 and 4 tokens)", admitted)
+		}
+		time.Sleep(time.Second) // the backoff's asks end
+	})
+}

@@ -30,7 +30,7 @@ type State struct {
 
 	mu        sync.Mutex
 	allowance float64   // hedges allowed per opportunity, in [MinAllowance, 1]
-	credit    float64   // deficit accounting: a hedge starts when it reaches 1
+	credit    float64   // deficit accounting: a hedge goes when it reaches 1 (see worth); below 0 after a debt
 	judged    time.Time // when the allowance was last judged
 	started   uint64    // hedges started since judged
 	won       uint64    // of which won
@@ -99,12 +99,15 @@ type Due struct {
 //  5. health: the scope's error rate has reached SuppressAt of the trip
 //     point (the breaker's, or, without one, this window's outcomes
 //     against the breaker's defaults);
-//  6. value: with WinRate, the allowance's credit (spent when this gate
-//     passes, so it is asked last);
+//  6. value: with WinRate, the allowance's credit reaches a hedge (see
+//     worth); it is spent by Started, once the hedge is sent;
 //  7. budget: one token from the scope's Budget, which the transport
-//     withdraws only as the hedge starts, after the admission gates, so
-//     that a token is spent only on a hedge that is sent (and given back
-//     if the hedge wins).
+//     takes after these gates, and gives back if a later step refuses
+//     the hedge (see transport's round.hedge for the steps, in order).
+//
+// Gate spends nothing: a hedge it lets through may still be refused, by
+// the budget, the admission gates or its body, and whatever the hedge
+// takes is either taken last or given back.
 func (h *State) Gate(now time.Time, d Due) policy.SuppressReason {
 	if _, warm := h.lat.Threshold(now); !warm {
 		return policy.HedgeWarming
@@ -118,7 +121,7 @@ func (h *State) Gate(now time.Time, d Due) policy.SuppressReason {
 		return policy.HedgePriority
 	case !h.healthy(now, d.Breaker):
 		return policy.HedgeHealth
-	case !h.spend(now):
+	case !h.worth(now):
 		return policy.HedgeValue
 	}
 	return 0
@@ -164,21 +167,24 @@ func (h *State) healthy(now time.Time, b *gate.Breaker) bool {
 	return !r.Reached(h.cfg.SuppressAt)
 }
 
-// spend is the value gate: with WinRate set, it spends the allowance's
-// credit, deficit-accounted (each opportunity adds the allowance; a hedge
-// starts when the credit reaches 1). Without WinRate it always passes.
-func (h *State) spend(now time.Time) bool {
+// worth is the value gate, deficit-accounted: with WinRate set, each
+// opportunity adds the allowance to the credit, and a hedge costs 1. It
+// reports whether the credit with this opportunity's share reaches 1; a
+// refusal keeps the share (the credit accumulates), a pass takes nothing:
+// Started spends the credit once the hedge is sent, so that a hedge a
+// later step refuses costs none, however often its round asks again.
+// Without WinRate it always passes.
+func (h *State) worth(now time.Time) bool {
 	if h.cfg.WinRate == nil {
 		return true
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.judge(now)
-	h.credit = min(h.credit+h.allowance, 1+h.allowance)
-	if h.credit < 1 {
+	if h.credit+h.allowance < 1 {
+		h.credit += h.allowance
 		return false
 	}
-	h.credit--
 	return true
 }
 
@@ -214,19 +220,30 @@ func (h *State) Allowance(now time.Time) float64 {
 	return h.allowance
 }
 
-// Started records a hedge that was sent.
-func (h *State) Started(now time.Time) { h.count(now, hedgeStarted, &h.started) }
+// Started records a hedge that was sent and, with WinRate, spends its
+// credit: the opportunity's share of the allowance, less the hedge's 1.
+// Two rounds whose value gates passed on the same credit are both sent:
+// the second leaves the credit below zero, a debt that the next
+// opportunities pay off, so that over a judging period hedges sent stay
+// the allowance's share of the opportunities.
+func (h *State) Started(now time.Time) {
+	h.win.Add(now, hedgeStarted, 1)
+	if h.cfg.WinRate == nil {
+		return
+	}
+	h.mu.Lock()
+	h.judge(now)
+	h.credit = min(h.credit+h.allowance, 1+h.allowance) - 1
+	h.started++
+	h.mu.Unlock()
+}
 
 // Won records a hedge that answered first.
-func (h *State) Won(now time.Time) { h.count(now, hedgeWon, &h.won) }
-
-// count adds one to the window's counter i and, with WinRate, to the
-// judging period's *n.
-func (h *State) count(now time.Time, i int, n *uint64) {
-	h.win.Add(now, i, 1)
+func (h *State) Won(now time.Time) {
+	h.win.Add(now, hedgeWon, 1)
 	if h.cfg.WinRate != nil {
 		h.mu.Lock()
-		*n++
+		h.won++
 		h.mu.Unlock()
 	}
 }

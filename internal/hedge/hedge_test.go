@@ -65,19 +65,65 @@ func TestValueIsDeficitAccounted(t *testing.T) {
 	if a := h.Allowance(now); a != 0.25 {
 		t.Fatalf("allowance %v, want 0.25", a)
 	}
+	h.credit = 0 // the hedges above were sent without asking the gate
 	// At 0.25, credit accumulates a quarter per opportunity: exactly one in
 	// four passes, and the spending is spread, not bunched.
 	var passed []int
 	for i := range 12 {
-		if h.spend(now) {
+		if h.worth(now) {
+			h.Started(now)
 			passed = append(passed, i)
 		}
 	}
 	if len(passed) != 3 || passed[0] != 3 || passed[1] != 7 || passed[2] != 11 {
 		t.Fatalf("passed at %v, want every fourth opportunity", passed)
 	}
-	if !newState(policy.Hedge{}, t0).spend(t0) {
+	if !newState(policy.Hedge{}, t0).worth(t0) {
 		t.Fatal("without policy.WinRate the value gate always passes")
+	}
+}
+
+// TestValueIsSpentWhenSent: the value gate spends nothing when it passes;
+// Started spends the credit, as the hedge is sent. A hedge that a later
+// step refuses (the budget, admission, the body) leaves the credit as it
+// was, however often its round asks again, and the next opportunity
+// passes as it would have.
+func TestValueIsSpentWhenSent(t *testing.T) {
+	h := newState(policy.Hedge{Window: 10 * time.Second,
+		WinRate: &policy.WinRate{Floor: 0.5, MinAllowance: 0.5, MinSamples: 1}}, t0)
+	h.Started(t0)
+	now := t0.Add(15 * time.Second) // judged once: 0.5
+	if a := h.Allowance(now); a != 0.5 {
+		t.Fatalf("allowance %v, want 0.5", a)
+	}
+	if h.worth(now) {
+		t.Fatal("the first opportunity at 0.5 passed: the credit was not 0")
+	}
+	for i := range 5 {
+		if !h.worth(now) {
+			t.Fatalf("re-ask %d of a hedge refused after the value gate was refused for value: the pass spent credit", i)
+		}
+	}
+	h.Started(now)
+	if h.worth(now) {
+		t.Fatal("the opportunity after a hedge was sent passed: Started spent nothing")
+	}
+	if !h.worth(now) {
+		t.Fatal("the second opportunity after a hedge was sent was refused")
+	}
+	// Two hedges that passed the gate at once are both sent: the second
+	// leaves a debt, which the next opportunities pay off.
+	h.Started(now)
+	h.Started(now)
+	var passed int
+	for range 6 {
+		if h.worth(now) {
+			h.Started(now)
+			passed++
+		}
+	}
+	if passed != 2 {
+		t.Fatalf("%d of 6 opportunities passed after a debt of one hedge, want 2", passed)
 	}
 }
 
