@@ -118,22 +118,6 @@ func (b *Budget) TakeBack(d Deposited) {
 	b.mu.Unlock()
 }
 
-// CanHedge reports whether WithdrawHedge would find a token and one of the
-// hedges' allowance at now, without taking them, so that a hedge the
-// budget would refuse is refused before anything else is spent on it.
-func (b *Budget) CanHedge(now time.Time) bool {
-	if b == nil {
-		return true
-	}
-	if b.full.Load() {
-		return b.hedgeMax >= 1
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.accrue(now)
-	return b.tokens >= 1 && b.hedges >= 1
-}
-
 // Withdraw takes one token for a retry, and reports whether there was one
 // to take.
 func (b *Budget) Withdraw(now time.Time) bool { return b.withdraw(now, false) }

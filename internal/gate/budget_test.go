@@ -303,46 +303,18 @@ func TestBudgetTakeBackEarnsNoHedges(t *testing.T) {
 	}
 }
 
-// TestBudgetCanHedge: CanHedge answers what WithdrawHedge would, and
-// takes nothing.
-func TestBudgetCanHedge(t *testing.T) {
-	now := time.Unix(0, 0)
-	b := NewBudget(policy.Budget{Ratio: 0.2, MinPerSecond: -1, Max: 2}, now)
-	for range 3 {
-		if !b.CanHedge(now) {
-			t.Fatal("a full budget cannot hedge")
-		}
-	}
-	if !b.WithdrawHedge(now) {
-		t.Fatal("a full budget refused a hedge")
-	}
-	if b.CanHedge(now) || b.WithdrawHedge(now) {
-		t.Fatal("a budget whose one hedge is spent can hedge")
-	}
-	var off *Budget
-	if !off.CanHedge(now) {
-		t.Fatal("no budget refuses a hedge")
-	}
-}
-
 // TestBudgetHedgesLeaveTheRetriesHalf: whatever Max, a burst of hedges
 // that all lose, from a full bucket, takes at most half of it, so the retry
 // after them still goes. Below a Max of 2 the allowance holds less than a
 // token and no hedge draws from it: with Max 1, one losing hedge would
 // take the one token the next 503's retry needs. From a Max of 2 at least
-// one hedge goes. CanHedge answers the same.
+// one hedge goes.
 func TestBudgetHedgesLeaveTheRetriesHalf(t *testing.T) {
 	for _, max := range []float64{1, 1.5, 1.99, 2, 2.5, 3, 5, 20, 21, 40, 100} {
 		b := newBudget(policy.Budget{Max: max, MinPerSecond: -1}, t0)
 		hedges := 0
-		for b.CanHedge(t0) {
-			if !b.WithdrawHedge(t0) {
-				t.Fatalf("Max %v: CanHedge true, WithdrawHedge refused", max)
-			}
+		for b.WithdrawHedge(t0) {
 			hedges++
-		}
-		if b.WithdrawHedge(t0) {
-			t.Fatalf("Max %v: CanHedge false, WithdrawHedge took a token", max)
 		}
 		if float64(hedges) > max/2 {
 			t.Errorf("Max %v: %d hedges from a full bucket, want at most %v (half of it)", max, hedges, max/2)
