@@ -233,6 +233,65 @@ func TestEveryLaneSlowTogetherEjectsNone(t *testing.T) {
 	}
 }
 
+// warmLanes sends n attempts one after another on s, each answered after
+// d, from now, and returns the time the last came back.
+func warmLanes(s *Set[pool], now time.Time, n int, d time.Duration) time.Time {
+	for range n {
+		l := s.Take(now, 0)
+		now = now.Add(d)
+		s.Done(l, now, d, policy.Success, Answer{})
+	}
+	return now
+}
+
+// maxEstimate returns the largest latency estimate of s's lanes at now.
+func maxEstimate(s *Set[pool], now time.Time) time.Duration {
+	t := s.nanos(now)
+	v := s.view.Load()
+	e := 0.0
+	for m := v.mask; m != 0; m &= m - 1 {
+		e = max(e, v.lanes[trailing(m)].estimate(t))
+	}
+	return time.Duration(e)
+}
+
+// TestAStallTheOnlyAnswerStraddledIsNetted: a stall of the client's own
+// process through which one attempt alone was in flight is a stall all
+// the same: the answer that straddled it is sampled net of it, and no
+// lane's estimate jumps to it (a peak of 205ms would keep that lane from
+// being picked for as long as the estimate takes to decay, tens of
+// seconds). The attempt that ended was not counted as in flight.
+func TestAStallTheOnlyAnswerStraddledIsNetted(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	now := warmLanes(s, t0, 400, 5*time.Millisecond)
+	l := s.Take(now, 0)
+	now = now.Add(205 * time.Millisecond) // 5ms of service, 200ms stalled
+	s.Done(l, now, 205*time.Millisecond, policy.Success, Answer{})
+	if e := maxEstimate(s, now); e > 10*time.Millisecond {
+		t.Errorf("a lane's estimate is %v after a 200ms stall of the client, want it near the 5ms its replicas take", e)
+	}
+}
+
+// TestABacklogAfterAStallMovesNoTraffic: the calls a stall held back go
+// out together and come back slowed in the order they were sent, none
+// overtaking another (the client works through them): every lane slow
+// together, so no lane's estimate takes the peak of such an answer.
+func TestABacklogAfterAStallMovesNoTraffic(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	now := warmLanes(s, t0, 400, 5*time.Millisecond)
+	var burst []*Lane[pool]
+	for range 30 {
+		burst = append(burst, s.Take(now, 0))
+	}
+	for k, l := range burst {
+		d := 5*time.Millisecond + time.Duration(k)*time.Millisecond
+		s.Done(l, now.Add(d), d, policy.Success, Answer{})
+	}
+	if e := maxEstimate(s, now.Add(35*time.Millisecond)); e > 10*time.Millisecond {
+		t.Errorf("a lane's estimate is %v after a backlog of 30 calls answered in the order sent, want it near the 5ms its replicas take", e)
+	}
+}
+
 func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
 	for _, every := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 50 * time.Millisecond} {
 		t.Run(fmt.Sprint(int(time.Second/every), " calls a second"), func(t *testing.T) {

@@ -91,6 +91,10 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
+	// peakFactor: a sample slower than a lane's estimate replaces it at
+	// once (the peak) only when another lane answered at least
+	// peakFactor times faster over the same moments (see sampleLocked).
+	peakFactor = 2.0
 	// A gap is a stretch in which no attempt of the key ended for
 	// stallGaps × the mean time between its ends or more (and
 	// latencyFactor/2 × the lowest typical latency of its lanes or
@@ -544,7 +548,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 // doneLocked is Done's learning, with s.mu held.
 func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	var rep Report[P]
-	s.endedLocked(t)
+	s.endedLocked(t, t-int64(latency))
 	down := false
 	switch {
 	case o == policy.Success:
@@ -554,7 +558,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 				l.warm.Store(t) // its first answer: the slow start begins
 			}
 			n := s.netLocked(t, x)
-			s.sampleLocked(l, t, n)
+			s.sampleLocked(l, t, x, n)
 			s.slowLocked(l, t, x, n, true, &rep)
 			l.lastS, l.lastX = t-int64(latency), n
 		}
@@ -588,7 +592,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	case o == policy.Discarded && latency > 0:
 		x := float64(latency)
 		n := s.netLocked(t, x)
-		s.sampleLocked(l, t, n)
+		s.sampleLocked(l, t, x, n)
 		s.slowLocked(l, t, x, n, false, &rep)
 		return rep
 	default:
@@ -656,13 +660,13 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 	}
 }
 
-// endedLocked notes that an attempt ended at t. A stretch since the last
-// one of stallGaps × the key's mean time between ends or more (and
-// s.quiet or more), through which another attempt was in flight (it
-// still is), is remembered as a gap: the key's own process may have been
-// stalled through it. A key that was idle had nothing else in flight.
-// s.mu is held.
-func (s *Set[P]) endedLocked(t int64) {
+// endedLocked notes that an attempt sent at sent ended at t. A stretch
+// since the last end of stallGaps × the key's mean time between ends or
+// more (and s.quiet or more), through which an attempt was in flight
+// (this one, sent before the stretch began, or another that still is),
+// is remembered as a gap: the key's own process may have been stalled
+// through it. A key that was idle had nothing in flight. s.mu is held.
+func (s *Set[P]) endedLocked(t, sent int64) {
 	if t <= s.lastDone {
 		return
 	}
@@ -672,7 +676,7 @@ func (s *Set[P]) endedLocked(t int64) {
 	case s.meanGap == 0:
 		s.meanGap = d
 	default:
-		if d >= max(float64(s.quiet), stallGaps*s.meanGap) && s.inFlightLocked() {
+		if d >= max(float64(s.quiet), stallGaps*s.meanGap) && (sent <= s.lastDone || s.inFlightLocked()) {
 			s.gaps[s.gapNext] = gap{s.lastDone, t}
 			s.gapNext = (s.gapNext + 1) % gapRing
 		}
@@ -805,16 +809,26 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	}
 }
 
-// sampleLocked folds a latency sample x (ns), net of the key's stalls
-// (netLocked), into l's estimate at t: Finagle's peak EWMA. s.mu is held,
-// so that samples do not race.
-func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x float64) {
+// sampleLocked folds an answer that came back at t into l's estimate:
+// Finagle's peak EWMA over n, its time net of the key's stalls
+// (netLocked), x as it was. The peak (a slower sample replacing the
+// estimate at once) is taken only for the lane's first sample, or when
+// the other lanes answered peakFactor times faster over the same moments
+// (overtakenLocked); otherwise a slower sample is averaged in like a
+// faster one. After a stall of the client's own process, the calls it
+// held back go out at once and come back slowed in the order they were
+// sent, none overtaking another: averaged in, they move no traffic,
+// where a peak would keep a healthy lane from being picked for as long
+// as the estimate takes to decay (tens of seconds). A lane slower than
+// the others has them overtake it while it is awaited. s.mu is held, so
+// that samples do not race.
+func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x, n float64) {
 	e := math.Float64frombits(l.est.Load())
-	if x > e {
-		e = x
+	if n > e && (e == 0 || s.overtakenLocked(l, t, x, n/peakFactor)) {
+		e = n
 	} else {
 		w := decayed(t - l.stamp.Load())
-		e = e*w + x*(1-w)
+		e = e*w + n*(1-w)
 	}
 	l.est.Store(math.Float64bits(e))
 	l.stamp.Store(t)
