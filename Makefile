@@ -130,7 +130,7 @@ replicas:
 ## checking counts and limits only.
 .PHONY: redis
 redis:
-	cd redisrate && RESILIX_REDIS_TIMING=1 $(GO) test -count=1 -run 'TestFailover|TestCluster|TestFleet|TestTakeIsExact' -v .
+	cd redisrate && RESILIX_REDIS_TIMING=1 $(GO) test -count=1 -run 'TestFailover|TestCluster|TestFleet|TestTakeIsExact|TestRoundTripsPerLease' -v .
 
 .PHONY: scenarios
 scenarios:
