@@ -195,3 +195,17 @@ func TestSlogDurationsInMilliseconds(t *testing.T) {
 		t.Errorf("latency_ms = %#v in %s, want the number 3.5", got["latency_ms"], buf.Bytes())
 	}
 }
+
+// TestSlogCountingAllocatesNothing: at Info, a per-call event of a key
+// already counting is counted with no allocation.
+func TestSlogCountingAllocatesNothing(t *testing.T) {
+	h := slog.NewJSONHandler(io.Discard, nil) // Info
+	obs := slogobserver.New(slog.New(h), slogobserver.Options{Summary: time.Hour})
+	ctx := context.Background()
+	failed := policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Failure, StatusCode: 503}
+	refused := policy.Refusal{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Gate: policy.GateRateLimit, Priority: shedding.Bulk}
+	obs.AttemptDone(failed)
+	if n := testing.AllocsPerRun(100, func() { obs.AttemptDone(failed); obs.Refused(refused) }); n != 0 {
+		t.Errorf("%v allocations a counted event, want 0", n)
+	}
+}

@@ -3,6 +3,8 @@ package slogobserver
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -185,7 +187,7 @@ func (o *observer) count(ctx context.Context, key string, c int) {
 	if o.opts.Summary < 0 {
 		return
 	}
-	ctx, h, ok := o.enabled(ctx, slog.LevelInfo)
+	_, h, ok := o.enabled(ctx, slog.LevelInfo)
 	if !ok {
 		return
 	}
@@ -217,6 +219,7 @@ func (o *observer) count(ctx context.Context, key string, c int) {
 		delete(o.tallies, k)
 	}
 	o.mu.Unlock()
+	slices.SortFunc(done, func(a, b summary) int { return strings.Compare(a.key, b.key) })
 	for _, s := range done {
 		s.emit(context.Background(), h) // no one call's: the summary is the key's
 	}
@@ -406,8 +409,7 @@ func (o *observer) refused(r policy.Refusal) {
 		g = 0
 	}
 	o.count(r.Context, r.Key, countRefused+g)
-	level := slog.LevelDebug
-	ctx, h, ok := o.enabled(r.Context, level)
+	ctx, h, ok := o.enabled(r.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -422,7 +424,7 @@ func (o *observer) refused(r policy.Refusal) {
 	if r.Err != nil && r.Err.RetryAfter > 0 {
 		attrs = append(attrs, millis(attrRetryAfter, r.Err.RetryAfter))
 	}
-	emit(ctx, h, level, msgRefused, attrs...)
+	emit(ctx, h, slog.LevelDebug, msgRefused, attrs...)
 }
 
 func (o *observer) breakerTransition(b policy.BreakerTransition) {
