@@ -161,7 +161,7 @@ func scrape(t *testing.T, url string) string {
 }
 
 // counted sums the counters of family in text, a scrape, whose labels
-// include want.
+// include want, or the counts of its histograms.
 func counted(t *testing.T, text, family string, want map[string]string) float64 {
 	t.Helper()
 	p := expfmt.NewTextParser(model.LegacyValidation)
@@ -178,7 +178,7 @@ func counted(t *testing.T, text, family string, want map[string]string) float64 
 			}
 		}
 		if n == len(want) {
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return sum

@@ -300,6 +300,38 @@ func TestPrometheus(t *testing.T) {
 			t.Logf("run %d of the phase made no %v: again", try, missing)
 		}
 	}
+	// The hedges' rates (the win rate, the threshold) need an increase
+	// after Prometheus's first sample of their series: on a busy machine
+	// every hedge may have come before it. Wait for the samples, then run
+	// the steady phase until there are more hedges.
+	hedges := []want{
+		{"resilix_hedges_total", map[string]string{"outcome": "started"}},
+		{"resilix_hedges_total", map[string]string{"outcome": "won"}},
+		{"resilix_hedge_threshold_seconds", nil},
+	}
+	api.await(t, "a sample of the hedges won", `resilix_hedges_total{outcome="won"}`, 30*time.Second)
+	api.await(t, "a sample of the hedge threshold", `resilix_hedge_threshold_seconds_count`, 30*time.Second)
+	var seen []float64
+	text := scrape(t, d.metricsURL())
+	for _, w := range hedges {
+		seen = append(seen, counted(t, text, w.family, w.labels))
+	}
+	for try := 1; ; try++ {
+		if err := d.play(t.Context(), scenario{Steady: time.Second, Rate: 200}, nil); err != nil {
+			t.Fatal(err)
+		}
+		text := scrape(t, d.metricsURL())
+		more := true
+		for i, w := range hedges {
+			more = more && counted(t, text, w.family, w.labels) > seen[i]
+		}
+		if more {
+			break
+		}
+		if try == 10 {
+			t.Fatalf("after %d more runs of the steady phase, no more hedges started and won than %v", try, seen)
+		}
+	}
 	end := time.Now()
 	// Two scrapes after the last event, so that rate() has two samples
 	// of every series, and a rule evaluation after them.
