@@ -125,7 +125,7 @@ replicas:
 ## redis: redisrate's failover, cluster and fleet tests with their timing
 ## checks on (RESILIX_REDIS_TIMING=1): the rates within 20% of the limits,
 ## no call waiting past StoreTimeout, the shared limit back within a second
-## of Redis (2.5s of a cluster's failover); about 60s. No -race, for the
+## of Redis (2.5s of a cluster's failover); about 40s. No -race, for the
 ## reason given at flaky; make test runs the same tests under -race,
 ## checking counts and limits only.
 .PHONY: redis
