@@ -25,8 +25,10 @@ test-root:
 
 # redisrate, the shared rate limit on Redis, is its own module, so that
 # the Redis client stays out of resilix's go.mod (./... does not reach a
-# nested module); its tests start their own redis-server, which must be
-# in PATH (.ci/run installs it).
+# nested module); its tests start their own redis-server and redis-cli:
+# they skip where those are not in PATH, and fail if CI=true (.ci/run
+# installs them). Here they check counts and limits; make redis checks
+# the rates and waits too.
 test-redisrate:
 	cd redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
@@ -158,6 +160,16 @@ fleet-pushback:
 ## (TestFlashCrowdLoopback), and a rate-limited API shared by Critical and
 ## Bulk callers (TestPricingLoopback). No -race, for the reason given at
 ## flaky. make test builds them under -race and skips them.
+## redis: redisrate's failover, cluster and fleet tests with their timing
+## checks on (RESILIX_REDIS_TIMING=1): the rates within 20% of the limits,
+## no call waiting past StoreTimeout, the shared limit back within a second
+## of Redis (2.5s of a cluster's failover); about 40s. No -race, for the
+## reason given at flaky; make test runs the same tests under -race,
+## checking counts and limits only.
+.PHONY: redis
+redis:
+	cd redisrate && RESILIX_REDIS_TIMING=1 $(GO) test -count=1 -run 'TestFailover|TestCluster|TestFleet|TestTakeIsExact|TestRoundTripsPerLease' -v .
+
 .PHONY: scenarios
 scenarios:
 	RESILIX_HEDGE_RECOVERY=1 $(GO) test -count=1 -run '^TestHedgeRecovery$$' -v ./transport/

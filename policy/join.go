@@ -34,6 +34,7 @@ func JoinObservers(observers ...*Observer) *Observer {
 		Pushback:          join(os, func(o *Observer) func(Pushback) { return o.Pushback }),
 		LaneEjected:       join(os, func(o *Observer) func(LaneEjection) { return o.LaneEjected }),
 		LaneReturned:      join(os, func(o *Observer) func(LaneEjection) { return o.LaneReturned }),
+		LanesChanged:      join(os, func(o *Observer) func(LaneSetChange) { return o.LanesChanged }),
 	}
 }
 

@@ -102,6 +102,28 @@ type Observer struct {
 	// after its time ends: ejections end lazily, so a lane that is not
 	// picked again is not reported back.
 	LaneEjected, LaneReturned func(LaneEjection)
+
+	// LanesChanged is called when an answer of a key's Replicas.Endpoints
+	// changes the key's lanes (addresses added or removed; the first good
+	// answer adds every address), once per such answer, from the
+	// goroutine that asked it. An answer that fails, or names the
+	// addresses the lanes already have, is not reported.
+	LanesChanged func(LaneSetChange)
+}
+
+// LaneSetChange describes a change of a key's lanes by an answer of its
+// Replicas.Endpoints.
+type LaneSetChange struct {
+	// Context is context.Background(): Endpoints is asked in the
+	// background, on behalf of every call to the key. Never nil.
+	Context context.Context
+	Key     string
+	// Added and Removed are the addresses that got a lane, and those
+	// whose lane is draining, in the answer's order and the lanes' order.
+	// Bounded: at most MaxLanes each.
+	Added, Removed []string
+	// Lanes is how many lanes the key has now.
+	Lanes int
 }
 
 // StateSource reports the current state of every key a transport holds.

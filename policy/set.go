@@ -92,6 +92,50 @@ type Set struct {
 	Replicas *Replicas
 }
 
+// With returns s changed by changes, field by field: each field of
+// changes that is set replaces s's, and each that is not keeps it. Set
+// means a non-nil policy, Classify or Replicas; a non-zero Attempts,
+// ReplayBuffer or Budget; a true Propagate. A field is replaced whole: a
+// policy of changes is not merged with s's, so &Breaker{} in changes is
+// the Breaker at its defaults, whatever s's was. Neither s nor changes
+// is modified; the result shares the policies it takes from each, which
+// is safe, since transport.New copies what it keeps.
+//
+// It is the way to write a key's set in transport.Config.PerKey as the
+// common set plus what differs, so that a policy added to the common set
+// later reaches that key too:
+//
+//	api := base.With(policy.Set{RateLimit: &policy.RateLimit{PerSecond: 50}})
+//
+// Since a nil field of changes keeps s's, With cannot turn a policy off:
+// assign the result's field, which says so where it is read:
+//
+//	api.Breaker = nil  // no breaker for this key
+//	api.Propagate = false
+//
+// The result is validated like any set (Validate; transport.New validates
+// every PerKey entry): a change can make a valid set invalid (Attempts 1
+// with s's Retry set, say), and New reports it, naming the field.
+func (s Set) With(changes Set) Set {
+	s.Attempts = or(changes.Attempts, s.Attempts)
+	if changes.Classify != nil {
+		s.Classify = changes.Classify
+	}
+	s.Budget = or(changes.Budget, s.Budget)
+	s.ReplayBuffer = or(changes.ReplayBuffer, s.ReplayBuffer)
+	s.Propagate = s.Propagate || changes.Propagate
+	s.Retry = or(changes.Retry, s.Retry)
+	s.Hedge = or(changes.Hedge, s.Hedge)
+	s.Throttler = or(changes.Throttler, s.Throttler)
+	s.Breaker = or(changes.Breaker, s.Breaker)
+	s.Limiter = or(changes.Limiter, s.Limiter)
+	s.Bulkhead = or(changes.Bulkhead, s.Bulkhead)
+	s.RateLimit = or(changes.RateLimit, s.RateLimit)
+	s.Timeout = or(changes.Timeout, s.Timeout)
+	s.Replicas = or(changes.Replicas, s.Replicas)
+	return s
+}
+
 // DefaultReplayBuffer is the ReplayBuffer used when the field is zero.
 const DefaultReplayBuffer = 64 << 10
 

@@ -38,9 +38,7 @@ type redisCluster struct {
 // is ok and every replica is in sync with its master.
 func startCluster(t testing.TB) *redisCluster {
 	t.Helper()
-	if _, err := exec.LookPath("redis-cli"); err != nil {
-		t.Fatalf("these tests run a real Redis Cluster: put redis-cli in PATH (Debian: apt-get install redis-server): %v", err)
-	}
+	need(t, "redis-cli")
 	c := &redisCluster{t: t, admin: map[string]*redis.Client{}}
 	addrs := make([]string, 6)
 	for i := range addrs {
@@ -58,7 +56,7 @@ func startCluster(t testing.TB) *redisCluster {
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	c.await("the cluster to come up", 15*time.Second, func() error {
+	c.await("the cluster to come up", time.Minute, func() error {
 		for _, s := range c.nodes {
 			if err := c.clusterOK(s.addr); err != nil {
 				return err
@@ -215,9 +213,10 @@ func getOn(rt *transport.Transport, host string) (admitted, rateLimited bool, er
 // TestClusterSharesLimits: three transports, each with its own
 // ClusterClient, share a limit of 200 a second on three keys that three
 // masters own, for 3 seconds, each transport offering about 330 calls a
-// second on each key. Each key gets what its limit allows: 600, plus its
-// burst of 20 and a lease per transport, at most, and at least 90% of the
-// 600.
+// second on each key. While they run, each key is on its own master.
+// Each key gets no more than its limit allows: 600, plus its burst of 20
+// and a lease per transport; with timing() (make redis), at least 90% of
+// the 600.
 func TestClusterSharesLimits(t *testing.T) {
 	c := startCluster(t)
 	const transports, rate, burst, duration = 3, 200, 20, 3 * time.Second
@@ -260,13 +259,18 @@ func TestClusterSharesLimits(t *testing.T) {
 			}
 		})
 	}
-	// Midway, each key is where the slots say: on its own master.
-	time.Sleep(time.Until(start.Add(duration / 2)))
+	// While they run, each key is where the slots say: on its own
+	// master. (A key lives while its bucket is not full, so a busy
+	// machine that holds the transports back may let it expire a while.)
+	time.Sleep(time.Until(start))
 	for i, h := range hosts {
-		n, err := c.admin[masters[i]].Exists(t.Context(), DefaultPrefix+h).Result()
-		if err != nil || n != 1 {
-			t.Errorf("%s on %s: EXISTS = %d, %v; want it there", DefaultPrefix+h, masters[i], n, err)
-		}
+		c.await(DefaultPrefix+h+" on "+masters[i], time.Until(start.Add(duration)), func() error {
+			n, err := c.admin[masters[i]].Exists(t.Context(), DefaultPrefix+h).Result()
+			if err != nil || n != 1 {
+				return fmt.Errorf("EXISTS = %d, %v", n, err)
+			}
+			return nil
+		})
 	}
 	wg.Wait()
 	time.Sleep(2 * policy.DefaultStoreTimeout) // the last asks answer
@@ -280,7 +284,7 @@ func TestClusterSharesLimits(t *testing.T) {
 		}
 		hi := want + burst + transports*lease
 		t.Logf("%s: %d admitted (%v by transport), want %d to %d", h, total, each, want*9/10, hi)
-		if total > hi || total < want*9/10 {
+		if total > hi || timing() && total < want*9/10 {
 			t.Errorf("%s: %d admitted in %v at %d/s, want %d to %d (burst %d, a lease of %d per transport)",
 				h, total, duration, rate, want*9/10, hi, burst, lease)
 		}
@@ -294,12 +298,16 @@ func TestClusterSharesLimits(t *testing.T) {
 // ClusterClient, one with FailOpen and one failing closed, on two keys of
 // one master, each with a shared limit of 100 a second and offering 1000
 // calls a second, while that master is killed (SIGKILL) or hangs
-// (SIGSTOP) until its replica has taken over. As with one Redis
-// (TestFailover): the first ask after the failure fails within
-// StoreTimeout, no call waits longer, FailOpen calls go on at the local
-// rate, 300 a second, and failing closed none is let through. Once the
-// replica has taken over, the shared limit is back within 2.5s, and the
-// clients leave no goroutine behind.
+// (SIGSTOP) until its replica has taken over, as CLUSTER SLOTS and
+// CLUSTER INFO of another master say. As with one Redis (TestFailover):
+// the first ask after the failure fails, no call waits for the whole
+// failover, FailOpen calls go on under the local limit, and failing closed
+// none is let through; each client then finds the new master by itself,
+// and the clients leave no goroutine behind. With timing() (make redis):
+// the first ask fails within StoreTimeout, no call waits longer, the
+// rates are within 20% of the limits (the local one, 300 a second, while
+// the master is down), and the shared limit is back within 2.5s of the
+// failover.
 func TestClusterMasterFails(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -375,7 +383,7 @@ func testClusterMasterFails(t *testing.T, hang bool) {
 	} else {
 		c.node(victim).kill()
 	}
-	took := c.await("the failover", 15*time.Second, func() error {
+	took := c.await("the failover", time.Minute, func() error {
 		m, err := c.master(witness, DefaultPrefix+hosts[0])
 		if err != nil {
 			return err
@@ -387,7 +395,18 @@ func testClusterMasterFails(t *testing.T, hang bool) {
 	})
 	over := time.Now()
 	t.Logf("the replica took over %v after the failure", took.Round(time.Millisecond))
-	time.Sleep(3500 * time.Millisecond)
+	// Each client finds the new master by itself: wait until each has
+	// heard its store come back, and then for the 3.5s the timing
+	// checks look at.
+	c.await("the stores back after the failover", time.Minute, func() error {
+		for _, d := range drivers {
+			if !d.back(failed) {
+				return fmt.Errorf("the store of %s not back yet", d.host)
+			}
+		}
+		return nil
+	})
+	time.Sleep(time.Until(over.Add(3500 * time.Millisecond)))
 	close(stop)
 	wg.Wait()
 	time.Sleep(2 * timeout) // the last asks answer
@@ -410,6 +429,13 @@ func testClusterMasterFails(t *testing.T, hang bool) {
 	t.Logf("%d goroutines before the clients, %d after", goroutines, now)
 }
 
+// back reports whether d's store has been up again since t.
+func (d *clusterDriver) back(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.ContainsFunc(d.moves, func(m move) bool { return m.to == policy.StoreUp && m.at.After(t) })
+}
+
 // check is testFailover's, for one driver of testClusterMasterFails.
 func (d *clusterDriver) check(t *testing.T, start, failed, over time.Time, shared, local float64, timeout time.Duration) {
 	t.Helper()
@@ -418,24 +444,17 @@ func (d *clusterDriver) check(t *testing.T, start, failed, over time.Time, share
 	if d.failOpen {
 		name, failing = "FailOpen", policy.StoreFallback
 	}
-	// A busy machine may fail an ask before the failure; the store must
-	// be up again by then.
-	k := slices.IndexFunc(d.moves, func(m move) bool { return m.at.After(failed) })
-	if k < 0 || k+2 > len(d.moves) || d.moves[k].from != policy.StoreUp || d.moves[k].to != failing ||
-		d.moves[len(d.moves)-1].to != policy.StoreUp {
+	down, up, err := outage(d.moves, failed, failing)
+	if err != nil {
 		var errs []string
 		for _, a := range d.store.all() {
 			if a.err != nil && !slices.Contains(errs, a.err.Error()) {
 				errs = append(errs, a.err.Error())
 			}
 		}
-		t.Errorf("%s: transitions %+v, want up→%v first after the failure and →up last; the store's errors: %q", name, d.moves, failing, errs)
+		t.Errorf("%s: %v; the store's errors: %q", name, err, errs)
 		return
 	}
-	if k > 0 {
-		t.Logf("%s: %d transitions before the failure: %+v", name, k, d.moves[:k])
-	}
-	down, up := d.moves[k], d.moves[len(d.moves)-1]
 
 	asks := d.store.all()
 	i := 0
@@ -457,41 +476,47 @@ func (d *clusterDriver) check(t *testing.T, start, failed, over time.Time, share
 	t.Logf("%s: first ask %v after the failure failed after %v; the observer heard it %v after; %d transitions; errors %q",
 		name, first.start.Sub(failed).Round(time.Millisecond), took.Round(time.Millisecond),
 		down.at.Sub(failed).Round(time.Millisecond), len(d.moves), errs)
-	if first.err == nil || took > 2*timeout {
-		t.Errorf("%s: first ask after the failure: %v after %v, want an error within StoreTimeout (%v)", name, first.err, took, timeout)
+	if first.err == nil || took > bound(timeout) {
+		t.Errorf("%s: first ask after the failure: %v after %v, want an error within %v", name, first.err, took, bound(timeout))
 	}
 
 	var longest time.Duration
 	for _, c := range d.calls {
 		longest = max(longest, c.took)
 	}
-	if longest > 2*timeout {
-		t.Errorf("%s: a call took %v, want at most StoreTimeout (%v)", name, longest, timeout)
+	if longest > bound(timeout) {
+		t.Errorf("%s: a call took %v, want at most %v (StoreTimeout is %v)", name, longest, bound(timeout), timeout)
 	}
 
 	rate := func(from, to time.Time) (float64, int) { return admittedRate(d.calls, from, to) }
 	settle := 200 * time.Millisecond
 	before, _ := rate(start.Add(settle), failed)
 	during, inDown := rate(down.at.Add(settle), minTime(over, up.at))
-	after, _ := rate(up.at.Add(settle), d.calls[len(d.calls)-1].at)
+	after, inAfter := rate(up.at.Add(settle), d.calls[len(d.calls)-1].at)
 	t.Logf("%s: %d calls, longest %v; admitted a second: %.0f before, %.0f while the master was down (%d calls), %.0f after; back %v after the failover",
 		name, len(d.calls), longest.Round(time.Microsecond), before, during, inDown, after, up.at.Sub(over).Round(time.Millisecond))
 	within := func(what string, got, want float64) {
-		if got < 0.8*want || got > 1.2*want {
+		if timing() && (got < 0.8*want || got > 1.2*want) {
 			t.Errorf("%s, %s: %.0f admitted a second, want %v ± 20%%", name, what, got, want)
 		}
 	}
 	within("before", before, shared)
 	if d.failOpen {
 		within("master down", during, local)
+		if inDown == 0 {
+			t.Errorf("%s, master down: no call admitted", name)
+		}
 	} else if inDown > 0 {
 		t.Errorf("%s, master down: %d calls admitted, want none", name, inDown)
+	}
+	if inAfter == 0 {
+		t.Errorf("%s: no call admitted after the store was back", name)
 	}
 	// The asks fail a backoff apart (up to 500ms, jittered), each failed
 	// one reloads the map of the slots, within the client's ReadTimeout
 	// (500ms) when a node hangs, and an ask after a map of the new master
 	// finds it: two backoffs and a reload at most.
-	if back := up.at.Sub(over); back > 2500*time.Millisecond {
+	if back := up.at.Sub(over); timing() && back > 2500*time.Millisecond {
 		t.Errorf("%s: the shared limit was back %v after the failover, want within 2.5s", name, back)
 		return
 	}

@@ -83,50 +83,78 @@ func TestTake(t *testing.T) {
 // them: no token is lost to rounding, none is made up.
 func TestTakeIsExact(t *testing.T) {
 	s := startRedis(t)
-	l := mustNew(t, newClient(t, s.addr), Limit{Rate: contendRate, Burst: contendBurst})
-	c := contend(t, func(ctx context.Context, n int) (int, error) {
+	client := newClient(t, s.addr)
+	l := mustNew(t, client, Limit{Rate: contendRate, Burst: contendBurst})
+	c := contend(t, client, func(ctx context.Context, n int) (int, error) {
 		g, _, err := l.Take(ctx, "k", n)
 		return g, err
 	})
-	t.Logf("%d granted at %d/s with burst %d (%d partial grants); the clock gives %d to %d", c.granted, contendRate, contendBurst, c.partial, c.lo, c.hi)
-	// The last asks may leave the bucket a few tokens: two of the largest.
-	if c.granted > c.hi || c.granted < c.lo-2*13 {
-		t.Errorf("%d granted, want %d to %d", c.granted, c.lo-2*13, c.hi)
-	}
-	if c.partial < 50 {
-		t.Errorf("only %d partial grants: the test does not test them", c.partial)
+	t.Logf("%d granted at %d/s (%d partial grants of %d asks); the server's clock gives %d to %d",
+		c.granted, contendRate, c.partial, c.asks, c.lo, c.hi)
+	if c.granted > c.hi || c.granted < c.lo {
+		t.Errorf("%d granted, want %d to %d: every token the clock made, and no more", c.granted, c.lo, c.hi)
 	}
 }
 
-// The limit contend's asks share: a token every 500µs, 50 at once.
-const contendRate, contendBurst = 2000, 50
+// The limit contend's asks share: a token every 500µs. The burst is ten
+// seconds of them, so that no stall of a busy machine, the test's or the
+// server's, lets the bucket fill up and lose tokens while contend runs.
+const contendRate, contendBurst = 2000, 20000
 
 // contention is what contend saw.
 type contention struct {
+	// granted is every token granted after the first drain, the last
+	// drain's included.
 	granted int
-	// lo and hi bound what the limit allows: the burst and every token
-	// the clock made between the first ask and the start of the last
-	// (every one of them was there for it), or the end of the last.
+	// lo and hi bound what the limit made meanwhile, by the server's
+	// clock: from just after the first drain to just before the last,
+	// and from just before the first to just after the last, a token
+	// either way for the rounding.
 	lo, hi  int
+	asks    int
 	partial int // grants of fewer tokens than asked, but some
 }
 
-// contend has four goroutines ask take for 7, 9, 11 and 13 tokens in a
-// loop for half a second.
-func contend(t *testing.T, take func(ctx context.Context, n int) (int, error)) contention {
+// contend empties the bucket with an ask for all of it (it starts full),
+// has four goroutines ask take for 7, 9, 11 and 13 tokens in a loop for
+// half a second, and until they have had 100 partial grants (for at most
+// 10s), then empties it again; it reads the server's clock (TIME) around
+// both drains. Nothing in it depends on how fast the machine is.
+func contend(t *testing.T, client *redis.Client, take func(ctx context.Context, n int) (int, error)) contention {
+	t.Helper()
+	clock := func() time.Time {
+		now, err := client.Time(t.Context()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	drain := func() int {
+		g, err := take(t.Context(), contendBurst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
 	var (
-		mu        sync.Mutex
-		c         contention
-		lastStart time.Time
-		wg        sync.WaitGroup
+		mu sync.Mutex
+		c  contention
+		wg sync.WaitGroup
 	)
+	before := clock()
+	if g := drain(); g != contendBurst {
+		t.Fatalf("the first ask for the whole bucket got %d, want %d", g, contendBurst)
+	}
+	from := clock()
 	start := time.Now()
 	for i := range 4 {
 		wg.Go(func() {
 			n := 7 + 2*i
 			for {
-				at := time.Now()
-				if at.Sub(start) >= 500*time.Millisecond {
+				mu.Lock()
+				done := time.Since(start) >= 500*time.Millisecond && c.partial >= 100 || time.Since(start) >= 10*time.Second
+				mu.Unlock()
+				if done {
 					return
 				}
 				g, err := take(t.Context(), n)
@@ -136,19 +164,23 @@ func contend(t *testing.T, take func(ctx context.Context, n int) (int, error)) c
 				}
 				mu.Lock()
 				c.granted += g
+				c.asks++
 				if g > 0 && g < n {
 					c.partial++
-				}
-				if at.After(lastStart) {
-					lastStart = at
 				}
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	c.lo = contendBurst + int(contendRate*lastStart.Sub(start).Seconds())
-	c.hi = contendBurst + int(contendRate*time.Since(start).Seconds())
+	to := clock()
+	c.granted += drain()
+	after := clock()
+	c.lo = int(contendRate*to.Sub(from).Seconds()) - 1
+	c.hi = int(contendRate*after.Sub(before).Seconds()) + 1
+	if c.partial < 100 {
+		t.Errorf("only %d partial grants in %v: the test does not test them", c.partial, time.Since(start))
+	}
 	return c
 }
 

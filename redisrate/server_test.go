@@ -33,9 +33,7 @@ type redisServer struct {
 // ("--cluster-enabled", "yes", ...).
 func startRedis(t testing.TB, args ...string) *redisServer {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("these tests run a real Redis: put redis-server in PATH (Debian: apt-get install redis-server): %v", err)
-	}
+	need(t, "redis-server")
 	s := &redisServer{t: t, dir: t.TempDir(), args: args}
 	t.Cleanup(s.kill)
 	// A port found free may be taken before the server binds it: try
@@ -50,6 +48,29 @@ func startRedis(t testing.TB, args ...string) *redisServer {
 	t.Fatalf("redis-server did not start: %v", err)
 	return nil
 }
+
+// need skips t where the named binary of Debian's redis-server package
+// (redis-server, redis-cli) is not in PATH, and fails it instead when
+// CI=true: CI installs the package (.ci/run). The tests of
+// examples/prometheus follow the same rule.
+func need(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		msg := fmt.Sprintf("%s is not in PATH: install Redis (Debian: apt-get install redis-server) to run this test", name)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
+
+// timing reports whether the tests check how long things take and the
+// rates they reach (RESILIX_REDIS_TIMING=1, make redis): figures that the
+// scheduler of a busy machine moves, and the race detector's slowdown of
+// every call. Without it they log those figures and check what holds on
+// any machine: counts, the order of the transitions, the limits never
+// exceeded.
+func timing() bool { return os.Getenv("RESILIX_REDIS_TIMING") == "1" }
 
 func freeAddr(t testing.TB) string {
 	t.Helper()

@@ -26,84 +26,106 @@
 // other attributes are named as package otelmetrics names its attributes
 // (kind, outcome, reason, gate, priority, http.response.status_code,
 // http.header), or as package oteltrace names its event attributes,
-// without the resilix. prefix (attempt, latency, lane, threshold,
-// tenant.heavy, retry_after), or, for what neither has, from and to (a
-// transition's states or limits), for, duration, attempts, value,
-// body_too_large and error. Enum values are the names the policy package
-// gives them, as strings ("rate_limit", "half_open"); durations are
-// slog.Duration values.
+// without the resilix. prefix (attempt, lane, tenant.heavy), or, for what
+// neither has, from and to (a transition's states or limits), attempts,
+// value, body_too_large, added, removed, lanes and error. Enum values are
+// the names the policy package gives them, as strings ("rate_limit",
+// "half_open"). Durations are numbers of milliseconds, with their
+// fraction, in attributes named for the unit: latency_ms, duration_ms,
+// threshold_ms, retry_after_ms, for_ms, since_ms (slog's JSON handler
+// would write a time.Duration as integer nanoseconds, its text handler as
+// "1.5ms"; a number reads the same in both, and sums and sorts in a log
+// pipeline).
 //
 //	message              level               when, and its attributes
-//	attempt failed       Info                a wire attempt failed (Outcome Failure):
-//	                                         key, kind, attempt, outcome, latency, lane
-//	                                         (with Replicas), http.response.status_code
-//	                                         or error
-//	attempt invalid      Warn                net/http refused to send the request as it
-//	                                         is, the caller's bug (Outcome Invalid): as above
-//	attempt discarded    Debug               resilix cancelled a hedge race's loser: as above
-//	attempt done         Debug               with Options.Attempts only: every other attempt
-//	                                         (succeeded, or the caller gave up): as above
-//	call done            Debug, Info         with Options.Calls only: every call as RoundTrip
-//	                                         returns, Info unless it succeeded or was
-//	                                         canceled: key, outcome, priority, duration,
-//	                                         attempts (wire attempts),
-//	                                         http.response.status_code or error
-//	retry skipped        Info                a failed attempt was not retried although the
-//	                                         call had attempts left: key, attempt (the
-//	                                         failed one), priority, reason, gate (reason
-//	                                         gate), body_too_large (when true)
-//	hedge started        Debug               a hedge leg was sent: key, attempt, priority,
-//	                                         threshold
-//	hedge won            Debug               a hedge leg's response won: the same
-//	hedge suppressed     Debug               a hedge was due, a gate stopped it: key,
-//	                                         priority, reason
-//	refused              Debug, Info         an admission gate refused an attempt: key,
-//	                                         kind, gate, priority, tenant.heavy, retry_after
-//	                                         (when the gate gave one); Debug for the breaker
-//	                                         and the throttler, Info for every other gate
 //	breaker opened       Warn                the key's breaker opened: key, from, to
 //	breaker half-open    Info                it lets probes through: key, from, to
 //	breaker closed       Info                a probe closed it, or an operator did
 //	                                         (Release, ResetBreaker): key, from, to
 //	breaker isolated     Warn                an operator isolated the key
 //	                                         (transport.Transport.Isolate): key, from, to
-//	limit changed        Debug               the key's adaptive limit moved: key, from, to
 //	store failing        Warn                the shared store of the key's RateLimit failed:
 //	                                         key, from, to (fallback or refusing), error
 //	store recovered      Info                it answers again: key, from, to
 //	lane ejected         Warn                a lane of the key was ejected (Replicas): key,
-//	                                         lane, reason, for
+//	                                         lane, reason, for_ms
 //	lane returned        Info                the first attempt on it after its ejection: key,
-//	                                         lane, reason, for
-//	pushback             Info                a 429 or 503 armed or extended the throttler's
+//	                                         lane, reason, for_ms
+//	lanes changed        Info                an answer of the key's Endpoints changed its
+//	                                         lanes: key, added, removed (addresses), lanes
+//	summary              Info                at most once per key each Options.Summary
+//	                                         (10s), when the key had any of the per-call
+//	                                         records below that are counted: key, since_ms
+//	                                         (the span counted), and each count that is not
+//	                                         zero: attempts_failed, attempts_invalid,
+//	                                         retries_skipped, pushbacks, malformed_headers,
+//	                                         and refused, a group by gate (refused.limiter)
+//	attempt failed       Debug, counted      a wire attempt failed (Outcome Failure):
+//	                                         key, kind, attempt, outcome, latency_ms, lane
+//	                                         (with Replicas), http.response.status_code
+//	                                         or error
+//	attempt invalid      Debug, counted      net/http refused to send the request as it
+//	                                         is, the caller's bug (Outcome Invalid): as above
+//	retry skipped        Debug, counted      a failed attempt was not retried although the
+//	                                         call had attempts left: key, attempt (the
+//	                                         failed one), priority, reason, gate (reason
+//	                                         gate), body_too_large (when true)
+//	refused              Debug, counted      an admission gate refused an attempt: key,
+//	                                         kind, gate, priority, tenant.heavy,
+//	                                         retry_after_ms (when the gate gave one)
+//	pushback             Debug, counted      a 429 or 503 armed or extended the throttler's
 //	                                         pushback: key, http.response.status_code,
-//	                                         retry_after
-//	malformed header     Info                a header resilix reads did not parse (or a
+//	                                         retry_after_ms
+//	malformed header     Debug, counted      a header resilix reads did not parse (or a
 //	                                         tenant id could not be written): key,
 //	                                         http.header, value (at most its first 64 bytes)
+//	attempt discarded    Debug               resilix cancelled a hedge race's loser: key,
+//	                                         kind, attempt, outcome, latency_ms, lane, error
+//	hedge started        Debug               a hedge leg was sent: key, attempt, priority,
+//	                                         threshold_ms
+//	hedge won            Debug               a hedge leg's response won: the same
+//	hedge suppressed     Debug               a hedge was due, a gate stopped it: key,
+//	                                         priority, reason
+//	limit changed        Debug               the key's adaptive limit moved: key, from, to
+//	attempt done         Debug               with Options.Attempts only: every other attempt
+//	                                         (succeeded, or the caller gave up): as attempt
+//	                                         failed
+//	call done            Debug, Info         with Options.Calls only: every call as RoundTrip
+//	                                         returns, Info unless it succeeded or was
+//	                                         canceled: key, outcome, priority, duration_ms,
+//	                                         attempts (wire attempts),
+//	                                         http.response.status_code or error
 //
 // The levels follow how often a record comes and whether it needs a
-// person. A transition comes once per change and is Warn when the key got
-// worse (a breaker opened, a store failing, a replica's lane ejected),
-// Info when it got better. What comes once per call or answer it concerns
-// is Info: a failed attempt, a skipped retry, a refusal, a pushback, a
-// malformed header. What is routine, or follows from a record already
-// logged, is Debug: hedges come on a few percent of a key's calls by
-// design, the adaptive limit moves all the time, and the refusals of an
-// open breaker and of the throttler come once per call for as long as a
-// key is failing, after its breaker opened or its failed attempts and
-// pushbacks were logged. A handler at Info (slog's default) thus logs what
-// went wrong and how resilix answered it; one at Debug logs hedging too.
+// person, so that a handler at Info (slog's default) can be left on: it
+// gets no line per call. A change comes once per change and is Warn when
+// the key got worse (a breaker opened, a store failing, a replica's lane
+// ejected), Info when it got better or moved (a key's lanes changed).
+// What comes once per call, a failed attempt, a refusal, a skipped retry,
+// is Debug, and counted: the key's summary line says at Info how many
+// there were. Hedges are routine by design and the adaptive limit moves
+// all the time: Debug, and not counted. A host failing a fifth of its
+// calls at 60 calls a second, half of them Bulk calls shed by its rate
+// limit, logs 2 lines at Info in 30 seconds, both summaries, where a line
+// per failed attempt and refusal would be about 1,170
+// (TestSlogOperatorScenario).
+//
+// The summary needs no timer: a key's counts are written by the first
+// event, of any key, after its interval; a key's next interval starts
+// with its next counted event. The Observer keeps the counts of the keys
+// counted in the last interval, and nothing when Summary is negative or
+// the handler is above Info.
 //
 // The lane attribute is the lane's address (host:port) for a lane of
 // Endpoints, or its index, "0" to "63", for a connection lane, as in
-// policy.AttemptInfo.Lane; for is how long the ejection lasts.
+// policy.AttemptInfo.Lane; for_ms is how long the ejection lasts.
 //
 // # Cost
 //
 // Each func asks the handler whether its level is enabled before it builds
 // anything: a record the handler filters out costs that call and no
-// allocation. Without Options.Calls the Observer has no CallDone, so the
+// allocation. A counted event, with the handler at Info, costs a lock and
+// a map lookup, and an allocation when its key starts counting. Without Options.Calls the Observer has no CallDone, so the
 // transport builds no CallInfo for it; its AttemptDone, which it needs for
 // failed attempts, makes the transport time every wire attempt, a clock
 // read it makes anyway for a key with a hedge, breaker, throttler or

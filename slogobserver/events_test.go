@@ -25,6 +25,7 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 } {
 	storeErr := errors.New("redis: connection refused")
 	invalid := errors.New("net/http: invalid header field name")
+	added, removed := []string{"10.0.0.8:443"}, []string{"10.0.0.7:443"}
 	rejected := &policy.RejectedError{Gate: policy.GateRateLimit, Err: policy.ErrRateLimited, Key: "api", RetryAfter: 2 * time.Second}
 	return []struct {
 		name string
@@ -33,18 +34,18 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 	}{
 		{"attempt failed", func() {
 			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptRetry, Attempt: 2, Outcome: policy.Failure, Latency: 3 * time.Millisecond, StatusCode: 503, Lane: "10.0.0.7:443"})
-		}, record{Level: slog.LevelInfo, Msg: "attempt failed", Attrs: map[string]string{
-			"key": "api", "kind": "retry", "attempt": "2", "outcome": "failure", "latency": "3ms", "lane": "10.0.0.7:443", "http.response.status_code": "503",
+		}, record{Level: slog.LevelDebug, Msg: "attempt failed", Attrs: map[string]string{
+			"key": "api", "kind": "retry", "attempt": "2", "outcome": "failure", "latency_ms": "3", "lane": "10.0.0.7:443", "http.response.status_code": "503",
 		}}},
 		{"attempt invalid", func() {
 			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Invalid, Err: invalid})
-		}, record{Level: slog.LevelWarn, Msg: "attempt invalid", Attrs: map[string]string{
-			"key": "api", "kind": "first", "attempt": "1", "outcome": "invalid", "latency": "0s", "error": "net/http: invalid header field name",
+		}, record{Level: slog.LevelDebug, Msg: "attempt invalid", Attrs: map[string]string{
+			"key": "api", "kind": "first", "attempt": "1", "outcome": "invalid", "latency_ms": "0", "error": "net/http: invalid header field name",
 		}}},
 		{"attempt discarded", func() {
 			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Discarded, Latency: time.Second, Err: context.Canceled})
 		}, record{Level: slog.LevelDebug, Msg: "attempt discarded", Attrs: map[string]string{
-			"key": "api", "kind": "first", "attempt": "1", "outcome": "discarded", "latency": "1s", "error": "context canceled",
+			"key": "api", "kind": "first", "attempt": "1", "outcome": "discarded", "latency_ms": "1000", "error": "context canceled",
 		}}},
 		{"attempt succeeded", func() {
 			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptRetry, Attempt: 2, Outcome: policy.Success, StatusCode: 200})
@@ -54,23 +55,23 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		}, record{}},
 		{"retry skipped", func() {
 			obs.RetrySkipped(policy.RetrySkip{Context: ctx, Key: "api", Priority: shedding.Degraded, Reason: policy.SkipNotReplayable, Attempt: 1, BodyTooLarge: true})
-		}, record{Level: slog.LevelInfo, Msg: "retry skipped", Attrs: map[string]string{
+		}, record{Level: slog.LevelDebug, Msg: "retry skipped", Attrs: map[string]string{
 			"key": "api", "attempt": "1", "priority": "degraded", "reason": "not_replayable", "body_too_large": "true",
 		}}},
 		{"retry skipped by a gate", func() {
 			obs.RetrySkipped(policy.RetrySkip{Context: ctx, Key: "api", Reason: policy.SkipGate, Gate: policy.GateBulkhead, Attempt: 2})
-		}, record{Level: slog.LevelInfo, Msg: "retry skipped", Attrs: map[string]string{
+		}, record{Level: slog.LevelDebug, Msg: "retry skipped", Attrs: map[string]string{
 			"key": "api", "attempt": "2", "priority": "critical", "reason": "gate", "gate": "bulkhead",
 		}}},
 		{"hedge started", func() {
 			obs.HedgeStarted(policy.HedgeInfo{Context: ctx, Key: "api", Attempt: 2, Threshold: 40 * time.Millisecond})
 		}, record{Level: slog.LevelDebug, Msg: "hedge started", Attrs: map[string]string{
-			"key": "api", "attempt": "2", "priority": "critical", "threshold": "40ms",
+			"key": "api", "attempt": "2", "priority": "critical", "threshold_ms": "40",
 		}}},
 		{"hedge won", func() {
 			obs.HedgeWon(policy.HedgeInfo{Context: ctx, Key: "api", Attempt: 2, Threshold: 40 * time.Millisecond})
 		}, record{Level: slog.LevelDebug, Msg: "hedge won", Attrs: map[string]string{
-			"key": "api", "attempt": "2", "priority": "critical", "threshold": "40ms",
+			"key": "api", "attempt": "2", "priority": "critical", "threshold_ms": "40",
 		}}},
 		{"hedge suppressed", func() {
 			obs.HedgeSuppressed(policy.HedgeSuppression{Context: ctx, Key: "api", Priority: shedding.Bulk, Reason: policy.HedgeBodyTooLarge})
@@ -79,12 +80,12 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		}}},
 		{"refused by the rate limit", func() {
 			obs.Refused(policy.Refusal{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Gate: policy.GateRateLimit, Err: rejected})
-		}, record{Level: slog.LevelInfo, Msg: "refused", Attrs: map[string]string{
-			"key": "api", "kind": "first", "gate": "rate_limit", "priority": "critical", "tenant.heavy": "false", "retry_after": "2s",
+		}, record{Level: slog.LevelDebug, Msg: "refused", Attrs: map[string]string{
+			"key": "api", "kind": "first", "gate": "rate_limit", "priority": "critical", "tenant.heavy": "false", "retry_after_ms": "2000",
 		}}},
 		{"refused by the limiter, heavy tenant", func() {
 			obs.Refused(policy.Refusal{Context: ctx, Key: "api", Kind: policy.AttemptRetry, Gate: policy.GateLimiter, Priority: shedding.BestEffort, HeavyTenant: true})
-		}, record{Level: slog.LevelInfo, Msg: "refused", Attrs: map[string]string{
+		}, record{Level: slog.LevelDebug, Msg: "refused", Attrs: map[string]string{
 			"key": "api", "kind": "retry", "gate": "limiter", "priority": "best_effort", "tenant.heavy": "true",
 		}}},
 		{"refused by the throttler", func() {
@@ -121,22 +122,27 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		{"lane ejected", func() {
 			obs.LaneEjected(policy.LaneEjection{Context: ctx, Key: "api", Addr: "10.0.0.7:443", Index: 3, Reason: policy.EjectConsecutive, For: 30 * time.Second})
 		}, record{Level: slog.LevelWarn, Msg: "lane ejected", Attrs: map[string]string{
-			"key": "api", "lane": "10.0.0.7:443", "reason": "consecutive", "for": "30s",
+			"key": "api", "lane": "10.0.0.7:443", "reason": "consecutive", "for_ms": "30000",
 		}}},
 		{"lane returned", func() {
 			obs.LaneReturned(policy.LaneEjection{Context: ctx, Key: "api", Index: 3, Reason: policy.EjectRate, For: time.Minute})
 		}, record{Level: slog.LevelInfo, Msg: "lane returned", Attrs: map[string]string{
-			"key": "api", "lane": "3", "reason": "rate", "for": "1m0s",
+			"key": "api", "lane": "3", "reason": "rate", "for_ms": "60000",
 		}}},
 		{"pushback", func() {
 			obs.Pushback(policy.Pushback{Context: ctx, Key: "api", StatusCode: 429, RetryAfter: 5 * time.Second})
-		}, record{Level: slog.LevelInfo, Msg: "pushback", Attrs: map[string]string{
-			"key": "api", "http.response.status_code": "429", "retry_after": "5s",
+		}, record{Level: slog.LevelDebug, Msg: "pushback", Attrs: map[string]string{
+			"key": "api", "http.response.status_code": "429", "retry_after_ms": "5000",
 		}}},
 		{"malformed header", func() {
 			obs.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: "api", Header: "Retry-After", Value: "soon"})
-		}, record{Level: slog.LevelInfo, Msg: "malformed header", Attrs: map[string]string{
+		}, record{Level: slog.LevelDebug, Msg: "malformed header", Attrs: map[string]string{
 			"key": "api", "http.header": "Retry-After", "value": "soon",
+		}}},
+		{"lanes changed", func() {
+			obs.LanesChanged(policy.LaneSetChange{Context: ctx, Key: "api", Added: added, Removed: removed, Lanes: 4})
+		}, record{Level: slog.LevelInfo, Msg: "lanes changed", Attrs: map[string]string{
+			"key": "api", "added": "[10.0.0.8:443]", "removed": "[10.0.0.7:443]", "lanes": "4",
 		}}},
 	}
 }
@@ -145,7 +151,7 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 // and the event's context handed to the handler.
 func TestSlogEvents(t *testing.T) {
 	rec := &recorder{level: slog.LevelDebug}
-	obs := slogobserver.New(slog.New(rec), slogobserver.Options{})
+	obs := slogobserver.New(slog.New(rec), slogobserver.Options{Summary: -1})
 	ctx := context.WithValue(context.Background(), requestIDKey{}, "req-1")
 	for _, e := range events(obs, ctx) {
 		e.call()
@@ -179,13 +185,13 @@ func TestSlogCalls(t *testing.T) {
 		attrs map[string]string
 	}{
 		{policy.CallInfo{Context: ctx, Key: "api", Outcome: policy.Success, Duration: 12 * time.Millisecond, WireAttempts: 2, StatusCode: 200},
-			slog.LevelDebug, map[string]string{"key": "api", "outcome": "success", "priority": "critical", "duration": "12ms", "attempts": "2", "http.response.status_code": "200"}},
+			slog.LevelDebug, map[string]string{"key": "api", "outcome": "success", "priority": "critical", "duration_ms": "12", "attempts": "2", "http.response.status_code": "200"}},
 		{policy.CallInfo{Context: ctx, Key: "api", Outcome: policy.Canceled, Priority: shedding.Bulk, Err: context.Canceled},
-			slog.LevelDebug, map[string]string{"key": "api", "outcome": "canceled", "priority": "bulk", "duration": "0s", "attempts": "0", "error": "context canceled"}},
+			slog.LevelDebug, map[string]string{"key": "api", "outcome": "canceled", "priority": "bulk", "duration_ms": "0", "attempts": "0", "error": "context canceled"}},
 		{policy.CallInfo{Context: ctx, Key: "api", Outcome: policy.Failure, Duration: time.Second, WireAttempts: 3, StatusCode: 503},
-			slog.LevelInfo, map[string]string{"key": "api", "outcome": "failure", "priority": "critical", "duration": "1s", "attempts": "3", "http.response.status_code": "503"}},
+			slog.LevelInfo, map[string]string{"key": "api", "outcome": "failure", "priority": "critical", "duration_ms": "1000", "attempts": "3", "http.response.status_code": "503"}},
 		{policy.CallInfo{Context: ctx, Key: "api", Outcome: policy.Rejected, Err: policy.ErrCircuitOpen},
-			slog.LevelInfo, map[string]string{"key": "api", "outcome": "rejected", "priority": "critical", "duration": "0s", "attempts": "0", "error": "resilix: circuit open"}},
+			slog.LevelInfo, map[string]string{"key": "api", "outcome": "rejected", "priority": "critical", "duration_ms": "0", "attempts": "0", "error": "resilix: circuit open"}},
 	} {
 		obs.CallDone(c.info)
 		want := []record{{Level: c.level, Msg: "call done", Attrs: c.attrs}}

@@ -39,13 +39,16 @@ func (h requestIDs) WithGroup(name string) slog.Handler {
 }
 
 // Logging what resilix does to calls, each line with its request's
-// context, to a handler at Info: retries, a skipped retry, a breaker
-// opening, a refusal and a malformed header. Hedges are logged at Debug.
+// context, to a handler at Debug: retries, a skipped retry, a breaker
+// opening, a refusal and a malformed header. At Info, slog's default, the
+// breaker's opening alone would be written here, and, after Summary (10s),
+// a summary line per key with the counts of the rest.
 func Example() {
 	logger := slog.New(requestIDs{slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		Level: slog.LevelDebug,
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			switch a.Key {
-			case slog.TimeKey, "latency", "retry_after": // they vary from run to run
+			case slog.TimeKey, "latency_ms", "retry_after_ms": // they vary from run to run
 				return slog.Attr{}
 			}
 			return a
@@ -103,14 +106,15 @@ func Example() {
 	call(http.MethodGet, "http://search.internal/?q=b") // over the rate limit
 	call(http.MethodGet, "http://inventory.internal/items/7", "Resilix-Priority", "urgent")
 	// Output:
-	// level=INFO msg="attempt failed" key=inventory.internal kind=first attempt=1 outcome=failure http.response.status_code=503 request_id=req-1
-	// level=INFO msg="attempt failed" key=inventory.internal kind=retry attempt=2 outcome=failure http.response.status_code=503 request_id=req-1
-	// level=INFO msg="attempt failed" key=inventory.internal kind=first attempt=1 outcome=failure http.response.status_code=503 request_id=req-2
-	// level=INFO msg="retry skipped" key=inventory.internal attempt=1 priority=critical reason=not_replayable request_id=req-2
-	// level=INFO msg="attempt failed" key=billing.internal kind=first attempt=1 outcome=failure http.response.status_code=500 request_id=req-3
-	// level=INFO msg="attempt failed" key=billing.internal kind=retry attempt=2 outcome=failure http.response.status_code=500 request_id=req-3
+	// level=DEBUG msg="attempt failed" key=inventory.internal kind=first attempt=1 outcome=failure http.response.status_code=503 request_id=req-1
+	// level=DEBUG msg="attempt failed" key=inventory.internal kind=retry attempt=2 outcome=failure http.response.status_code=503 request_id=req-1
+	// level=DEBUG msg="attempt failed" key=inventory.internal kind=first attempt=1 outcome=failure http.response.status_code=503 request_id=req-2
+	// level=DEBUG msg="retry skipped" key=inventory.internal attempt=1 priority=critical reason=not_replayable request_id=req-2
+	// level=DEBUG msg="attempt failed" key=billing.internal kind=first attempt=1 outcome=failure http.response.status_code=500 request_id=req-3
+	// level=DEBUG msg="attempt failed" key=billing.internal kind=retry attempt=2 outcome=failure http.response.status_code=500 request_id=req-3
 	// level=WARN msg="breaker opened" key=billing.internal from=closed to=open request_id=req-3
-	// level=INFO msg="attempt failed" key=billing.internal kind=retry attempt=3 outcome=failure http.response.status_code=500 request_id=req-3
-	// level=INFO msg=refused key=search.internal kind=first gate=rate_limit priority=critical tenant.heavy=false request_id=req-6
-	// level=INFO msg="malformed header" key=inventory.internal http.header=Resilix-Priority value=urgent request_id=req-7
+	// level=DEBUG msg="attempt failed" key=billing.internal kind=retry attempt=3 outcome=failure http.response.status_code=500 request_id=req-3
+	// level=DEBUG msg=refused key=billing.internal kind=first gate=breaker priority=critical tenant.heavy=false request_id=req-4
+	// level=DEBUG msg=refused key=search.internal kind=first gate=rate_limit priority=critical tenant.heavy=false request_id=req-6
+	// level=DEBUG msg="malformed header" key=inventory.internal http.header=Resilix-Priority value=urgent request_id=req-7
 }

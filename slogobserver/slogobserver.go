@@ -3,6 +3,9 @@ package slogobserver
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/resilix/resilix/policy"
@@ -22,7 +25,22 @@ type Options struct {
 	// up on. If false, only failed, invalid and discarded attempts are
 	// logged.
 	Attempts bool
+
+	// Summary is how often a key's summary line comes at most: the
+	// counts of what went wrong in its calls since its last one (failed
+	// and invalid attempts, skipped retries, refusals by gate, pushbacks,
+	// malformed headers), each of which is logged one by one at Debug
+	// only. A key's summary is written by the first event of any key
+	// after Summary has passed since its counting began, so that no timer
+	// runs: a key whose calls stopped has its last counts written by the
+	// next event of another key, or never. A key with nothing to count
+	// has no summary. If zero, DefaultSummary is used. If negative, no
+	// summary is written, and nothing is counted.
+	Summary time.Duration
 }
+
+// DefaultSummary is the Summary used when the field is zero.
+const DefaultSummary = 10 * time.Second
 
 // The messages, one per kind of record; the package doc lists them.
 const (
@@ -47,6 +65,8 @@ const (
 	msgLaneReturned     = "lane returned"
 	msgPushback         = "pushback"
 	msgMalformedHeader  = "malformed header"
+	msgLanesChanged     = "lanes changed"
+	msgSummary          = "summary"
 )
 
 // The attribute keys, named as otelmetrics' attributes and, for those it
@@ -57,8 +77,8 @@ const (
 	attrAttempt      = "attempt"
 	attrAttempts     = "attempts"
 	attrOutcome      = "outcome"
-	attrLatency      = "latency"
-	attrDuration     = "duration"
+	attrLatency      = "latency_ms"
+	attrDuration     = "duration_ms"
 	attrLane         = "lane"
 	attrStatus       = "http.response.status_code"
 	attrError        = "error"
@@ -66,15 +86,44 @@ const (
 	attrReason       = "reason"
 	attrGate         = "gate"
 	attrBodyTooLarge = "body_too_large"
-	attrThreshold    = "threshold"
+	attrThreshold    = "threshold_ms"
 	attrHeavy        = "tenant.heavy"
-	attrRetryAfter   = "retry_after"
+	attrRetryAfter   = "retry_after_ms"
 	attrFrom         = "from"
 	attrTo           = "to"
-	attrFor          = "for"
+	attrFor          = "for_ms"
 	attrHeader       = "http.header"
 	attrValue        = "value"
+	attrAdded        = "added"
+	attrRemoved      = "removed"
+	attrLanes        = "lanes"
+	attrSince        = "since_ms"
+	attrRefused      = "refused"
 )
+
+// The counts of a summary line, in the order it writes them.
+const (
+	countFailed  = iota // attempt failed
+	countInvalid        // attempt invalid
+	countSkipped        // retry skipped
+	countPushback
+	countMalformed
+	countRefused // one per Gate from here
+)
+
+var countNames = [countRefused]string{"attempts_failed", "attempts_invalid", "retries_skipped", "pushbacks", "malformed_headers"}
+
+// gates is how many counts of refusals a tally has: one per Gate, the
+// zero Gate standing for any other.
+const gates = 8
+
+// millis returns d as a number of milliseconds, with its fraction: slog's
+// JSON handler writes a time.Duration as integer nanoseconds, and its
+// text handler as "1.5ms"; a number in a field named for its unit reads
+// the same in both.
+func millis(key string, d time.Duration) slog.Attr {
+	return slog.Float64(key, float64(d)/float64(time.Millisecond))
+}
 
 // New returns an Observer that logs to l what resilix does to calls: the
 // package doc lists the records, their levels and their attributes. A nil
@@ -84,11 +133,16 @@ const (
 // Options is taken by value, as every resilix config is: New keeps a copy,
 // and the zero Options is the recommended setting.
 //
-// The Observer holds no state of its own, and is safe for concurrent use
-// and for sharing between transports. Combine it with others with
+// The Observer holds the summary's counts, per key, for the keys counted
+// in the last Options.Summary (one lock, taken only for the events it
+// counts), and is safe for concurrent use and for sharing between
+// transports. Combine it with others with
 // policy.JoinObservers.
 func New(l *slog.Logger, opts Options) *policy.Observer {
-	o := &observer{l: l, opts: opts}
+	if opts.Summary == 0 {
+		opts.Summary = DefaultSummary
+	}
+	o := &observer{l: l, opts: opts, tallies: map[string]*tally{}}
 	obs := &policy.Observer{
 		AttemptDone:       o.attemptDone,
 		Refused:           o.refused,
@@ -103,6 +157,7 @@ func New(l *slog.Logger, opts Options) *policy.Observer {
 		Pushback:          o.pushback,
 		LaneEjected:       o.laneEjected,
 		LaneReturned:      o.laneReturned,
+		LanesChanged:      o.lanesChanged,
 	}
 	if opts.Calls {
 		obs.CallDone = o.callDone
@@ -113,6 +168,94 @@ func New(l *slog.Logger, opts Options) *policy.Observer {
 type observer struct {
 	l    *slog.Logger // nil: slog.Default()
 	opts Options
+
+	mu      sync.Mutex
+	tallies map[string]*tally // by key, those counting now
+	due     time.Time         // the earliest end of a tally's interval
+}
+
+// tally is what a key's summary counts.
+type tally struct {
+	since time.Time
+	n     [countRefused + gates]int
+}
+
+// count counts one event of kind c for key, if the handler would write
+// its summary, and then writes the summaries that are due, with no lock
+// held. It allocates only for a key that starts counting, and to write.
+func (o *observer) count(ctx context.Context, key string, c int) {
+	if o.opts.Summary < 0 {
+		return
+	}
+	_, h, ok := o.enabled(ctx, slog.LevelInfo)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	o.mu.Lock()
+	t := o.tallies[key]
+	if t == nil {
+		t = &tally{since: now}
+		o.tallies[key] = t
+		if len(o.tallies) == 1 {
+			o.due = now.Add(o.opts.Summary)
+		}
+	}
+	t.n[c]++
+	if now.Before(o.due) {
+		o.mu.Unlock()
+		return
+	}
+	var done []summary
+	o.due = time.Time{}
+	for k, t := range o.tallies {
+		if end := t.since.Add(o.opts.Summary); now.Before(end) {
+			if o.due.IsZero() || end.Before(o.due) {
+				o.due = end
+			}
+			continue
+		}
+		done = append(done, summary{key: k, since: now.Sub(t.since), n: t.n})
+		delete(o.tallies, k)
+	}
+	o.mu.Unlock()
+	slices.SortFunc(done, func(a, b summary) int { return strings.Compare(a.key, b.key) })
+	for _, s := range done {
+		s.emit(context.Background(), h) // no one call's: the summary is the key's
+	}
+}
+
+// summary is a tally taken out to be written.
+type summary struct {
+	key   string
+	since time.Duration
+	n     [countRefused + gates]int
+}
+
+// emit writes the summary at Info: the key, the span counted, and each
+// count that is not zero, the refusals as a group by gate.
+func (s summary) emit(ctx context.Context, h slog.Handler) {
+	attrs := make([]slog.Attr, 0, 2+countRefused+1)
+	attrs = append(attrs, slog.String(attrKey, s.key), millis(attrSince, s.since))
+	for c, name := range countNames {
+		if s.n[c] > 0 {
+			attrs = append(attrs, slog.Int(name, s.n[c]))
+		}
+	}
+	var refused []any
+	for g, n := range s.n[countRefused:] {
+		if n > 0 {
+			name := "other"
+			if g > 0 {
+				name = policy.Gate(g).String()
+			}
+			refused = append(refused, slog.Int(name, n))
+		}
+	}
+	if len(refused) > 0 {
+		attrs = append(attrs, slog.Group(attrRefused, refused...))
+	}
+	emit(ctx, h, slog.LevelInfo, msgSummary, attrs...)
 }
 
 // enabled returns the handler to log a record at level to, and whether it
@@ -145,9 +288,11 @@ func (o *observer) attemptDone(a policy.AttemptInfo) {
 	level, msg := slog.LevelDebug, msgAttemptDone
 	switch a.Outcome {
 	case policy.Failure:
-		level, msg = slog.LevelInfo, msgAttemptFailed
+		msg = msgAttemptFailed
+		o.count(a.Context, a.Key, countFailed)
 	case policy.Invalid:
-		level, msg = slog.LevelWarn, msgAttemptInvalid
+		msg = msgAttemptInvalid
+		o.count(a.Context, a.Key, countInvalid)
 	case policy.Discarded:
 		msg = msgAttemptDiscarded
 	default: // the success path, or the caller gave up
@@ -165,7 +310,7 @@ func (o *observer) attemptDone(a policy.AttemptInfo) {
 		slog.String(attrKind, a.Kind.String()),
 		slog.Int(attrAttempt, a.Attempt),
 		slog.String(attrOutcome, a.Outcome.String()),
-		slog.Duration(attrLatency, a.Latency),
+		millis(attrLatency, a.Latency),
 	)
 	if a.Lane != "" {
 		attrs = append(attrs, slog.String(attrLane, a.Lane))
@@ -200,7 +345,7 @@ func (o *observer) callDone(c policy.CallInfo) {
 		slog.String(attrKey, c.Key),
 		slog.String(attrOutcome, c.Outcome.String()),
 		slog.String(attrPriority, c.Priority.String()),
-		slog.Duration(attrDuration, c.Duration),
+		millis(attrDuration, c.Duration),
 		slog.Int(attrAttempts, c.WireAttempts),
 	)
 	attrs = result(attrs, c.StatusCode, c.Err)
@@ -208,7 +353,8 @@ func (o *observer) callDone(c policy.CallInfo) {
 }
 
 func (o *observer) retrySkipped(s policy.RetrySkip) {
-	ctx, h, ok := o.enabled(s.Context, slog.LevelInfo)
+	o.count(s.Context, s.Key, countSkipped)
+	ctx, h, ok := o.enabled(s.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -225,7 +371,7 @@ func (o *observer) retrySkipped(s policy.RetrySkip) {
 	if s.BodyTooLarge {
 		attrs = append(attrs, slog.Bool(attrBodyTooLarge, true))
 	}
-	emit(ctx, h, slog.LevelInfo, msgRetrySkipped, attrs...)
+	emit(ctx, h, slog.LevelDebug, msgRetrySkipped, attrs...)
 }
 
 func (o *observer) hedgeStarted(i policy.HedgeInfo) { o.hedge(msgHedgeStarted, i) }
@@ -241,7 +387,7 @@ func (o *observer) hedge(msg string, i policy.HedgeInfo) {
 		slog.String(attrKey, i.Key),
 		slog.Int(attrAttempt, i.Attempt),
 		slog.String(attrPriority, i.Priority.String()),
-		slog.Duration(attrThreshold, i.Threshold),
+		millis(attrThreshold, i.Threshold),
 	)
 }
 
@@ -257,20 +403,13 @@ func (o *observer) hedgeSuppressed(s policy.HedgeSuppression) {
 	)
 }
 
-// refusalLevel is Debug for the gates whose refusals follow from a record
-// already logged, once per call held back: an open breaker (breaker
-// opened) and the throttler (pushback, or a key shedding its low
-// priorities as its upstream fails). Every other gate's refusal is Info.
-func refusalLevel(g policy.Gate) slog.Level {
-	if g == policy.GateBreaker || g == policy.GateThrottler {
-		return slog.LevelDebug
-	}
-	return slog.LevelInfo
-}
-
 func (o *observer) refused(r policy.Refusal) {
-	level := refusalLevel(r.Gate)
-	ctx, h, ok := o.enabled(r.Context, level)
+	g := int(r.Gate)
+	if g >= gates {
+		g = 0
+	}
+	o.count(r.Context, r.Key, countRefused+g)
+	ctx, h, ok := o.enabled(r.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -283,9 +422,9 @@ func (o *observer) refused(r policy.Refusal) {
 		slog.Bool(attrHeavy, r.HeavyTenant),
 	)
 	if r.Err != nil && r.Err.RetryAfter > 0 {
-		attrs = append(attrs, slog.Duration(attrRetryAfter, r.Err.RetryAfter))
+		attrs = append(attrs, millis(attrRetryAfter, r.Err.RetryAfter))
 	}
-	emit(ctx, h, level, msgRefused, attrs...)
+	emit(ctx, h, slog.LevelDebug, msgRefused, attrs...)
 }
 
 func (o *observer) breakerTransition(b policy.BreakerTransition) {
@@ -355,32 +494,50 @@ func (o *observer) lane(level slog.Level, msg string, e policy.LaneEjection) {
 		slog.String(attrKey, e.Key),
 		slog.String(attrLane, policy.LaneName(e.Addr, e.Index)),
 		slog.String(attrReason, e.Reason.String()),
-		slog.Duration(attrFor, e.For),
+		millis(attrFor, e.For),
 	)
 }
 
 func (o *observer) pushback(p policy.Pushback) {
-	ctx, h, ok := o.enabled(p.Context, slog.LevelInfo)
+	o.count(p.Context, p.Key, countPushback)
+	ctx, h, ok := o.enabled(p.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
-	emit(ctx, h, slog.LevelInfo, msgPushback,
+	emit(ctx, h, slog.LevelDebug, msgPushback,
 		slog.String(attrKey, p.Key),
 		slog.Int(attrStatus, p.StatusCode),
-		slog.Duration(attrRetryAfter, p.RetryAfter),
+		millis(attrRetryAfter, p.RetryAfter),
 	)
 }
 
 // malformedHeader logs the value as resilix gives it, at most its first 64
 // bytes: a handler quotes it as it quotes any string.
 func (o *observer) malformedHeader(m policy.MalformedHeader) {
-	ctx, h, ok := o.enabled(m.Context, slog.LevelInfo)
+	o.count(m.Context, m.Key, countMalformed)
+	ctx, h, ok := o.enabled(m.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
-	emit(ctx, h, slog.LevelInfo, msgMalformedHeader,
+	emit(ctx, h, slog.LevelDebug, msgMalformedHeader,
 		slog.String(attrKey, m.Key),
 		slog.String(attrHeader, m.Header),
 		slog.String(attrValue, m.Value),
+	)
+}
+
+// lanesChanged logs, at Info, a key's lanes after an answer of its
+// Endpoints that changed them: the addresses added and removed, and how
+// many lanes it has.
+func (o *observer) lanesChanged(c policy.LaneSetChange) {
+	ctx, h, ok := o.enabled(c.Context, slog.LevelInfo)
+	if !ok {
+		return
+	}
+	emit(ctx, h, slog.LevelInfo, msgLanesChanged,
+		slog.String(attrKey, c.Key),
+		slog.Any(attrAdded, c.Added),
+		slog.Any(attrRemoved, c.Removed),
+		slog.Int(attrLanes, c.Lanes),
 	)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -108,16 +109,16 @@ func TestSlogStorm(t *testing.T) {
 				t.Errorf("%q logged without the request's context", r.Msg)
 			}
 		}
-		check(t, recs, slog.LevelInfo, "attempt failed", map[string]string{
+		check(t, recs, slog.LevelDebug, "attempt failed", map[string]string{
 			"key": "api.test", "kind": "first", "attempt": "1", "outcome": "failure", "http.response.status_code": "503",
 		})
-		check(t, recs, slog.LevelInfo, "attempt failed", map[string]string{
+		check(t, recs, slog.LevelDebug, "attempt failed", map[string]string{
 			"key": "api.test", "kind": "retry", "attempt": "2", "outcome": "failure", "http.response.status_code": "503",
 		})
-		check(t, recs, slog.LevelInfo, "retry skipped", map[string]string{
+		check(t, recs, slog.LevelDebug, "retry skipped", map[string]string{
 			"key": "api.test", "reason": "budget", "priority": "critical",
 		})
-		check(t, recs, slog.LevelInfo, "retry skipped", map[string]string{
+		check(t, recs, slog.LevelDebug, "retry skipped", map[string]string{
 			"key": "api.test", "reason": "gate", "gate": "breaker",
 		})
 		check(t, recs, slog.LevelWarn, "breaker opened", map[string]string{
@@ -178,11 +179,11 @@ func TestSlogHedges(t *testing.T) {
 		started := check(t, recs, slog.LevelDebug, "hedge started", map[string]string{"key": "catalog.test", "attempt": "2", "priority": "critical"})
 		won := check(t, recs, slog.LevelDebug, "hedge won", map[string]string{"key": "catalog.test", "attempt": "2", "priority": "critical"})
 		// The threshold is the window's p95, about the 10ms the calls took.
-		if d, err := time.ParseDuration(started.Attrs["threshold"]); err != nil || d < 10*time.Millisecond || d > 11*time.Millisecond {
-			t.Errorf("hedge started with threshold %q, want about 10ms", started.Attrs["threshold"])
+		if ms, err := strconv.ParseFloat(started.Attrs["threshold_ms"], 64); err != nil || ms < 10 || ms > 11 {
+			t.Errorf("hedge started with threshold_ms %q, want about 10", started.Attrs["threshold_ms"])
 		}
-		if won.Attrs["threshold"] != started.Attrs["threshold"] {
-			t.Errorf("hedge won with threshold %q, started with %q", won.Attrs["threshold"], started.Attrs["threshold"])
+		if won.Attrs["threshold_ms"] != started.Attrs["threshold_ms"] {
+			t.Errorf("hedge won with threshold_ms %q, started with %q", won.Attrs["threshold_ms"], started.Attrs["threshold_ms"])
 		}
 		check(t, recs, slog.LevelDebug, "attempt discarded", map[string]string{"key": "catalog.test", "kind": "first", "attempt": "1", "outcome": "discarded"})
 		for _, r := range recs {
@@ -200,14 +201,14 @@ func TestSlogHedges(t *testing.T) {
 }
 
 // TestSlogMalformedPriority: a priority header that does not parse is
-// logged, at Info, with its name and value, and the call goes on.
+// logged, at Debug, with its name and value, and the call goes on.
 func TestSlogMalformedPriority(t *testing.T) {
 	c, rec := newClient(t, httptestutil.InMemory(http.NotFoundHandler()), policy.Set{}, slogobserver.Options{})
 	if code, err := get(t, c, "http://api.test/", "bad-header", "Resilix-Priority", "urgent!"); code != http.StatusNotFound {
 		t.Fatalf("%d, %v", code, err)
 	}
 	recs := rec.take()
-	check(t, recs, slog.LevelInfo, "malformed header", map[string]string{
+	check(t, recs, slog.LevelDebug, "malformed header", map[string]string{
 		"key": "api.test", "http.header": "Resilix-Priority", "value": "urgent!",
 	})
 	if len(recs) != 1 || recs[0].ReqID != "bad-header" {

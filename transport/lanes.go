@@ -109,9 +109,45 @@ func (t *Transport) resolve(s *scope, hostport string) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.Refresh)
 	addrs, err := r.Endpoints.Resolve(ctx, hostport)
 	cancel()
+	var added, removed []string
+	if was := s.laneAddrs; err == nil {
+		if now := laneAddrs(addrs); len(now) > 0 { // an answer Update takes
+			added, removed = missing(now, was), missing(was, now)
+			s.laneAddrs = now // before Update, whose lock orders it before the next refresh
+		}
+	}
 	for _, l := range s.lanes.Update(time.Now(), addrs, err) {
 		l.Pool.CloseIdleConnections()
 	}
+	if obs := t.obs; obs != nil && obs.LanesChanged != nil && len(added)+len(removed) > 0 {
+		obs.LanesChanged(policy.LaneSetChange{
+			Context: context.Background(), Key: s.key, Added: added, Removed: removed, Lanes: len(s.laneAddrs),
+		})
+	}
+}
+
+// laneAddrs returns the addresses of an answer of Endpoints that get a
+// lane, as lane.Set.Update takes them: empty ones and duplicates dropped,
+// the first policy.MaxLanes kept.
+func laneAddrs(answer []string) []string {
+	var addrs []string
+	for _, a := range answer {
+		if a != "" && !slices.Contains(addrs, a) && len(addrs) < policy.MaxLanes {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+// missing returns the addresses of a that b has not, in a's order.
+func missing(a, b []string) []string {
+	var m []string
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			m = append(m, x)
+		}
+	}
+	return m
 }
 
 // closeLanes closes the idle connections of every lane of s.

@@ -114,6 +114,9 @@ type scope struct {
 	rate     *gate.RateLimiter
 	hedge    *hedge.State
 	lanes    *lanes // nil: Replicas is off
+	// laneAddrs is the addresses of the lanes, as resolve last set them
+	// (one refresh runs at a time); nil before Endpoints' first good answer.
+	laneAddrs []string
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave

@@ -287,7 +287,9 @@ type Config struct {
 	Policies policy.Set
 
 	// PerKey replaces Policies for the keys it names (whole sets, not
-	// merged field by field). Every entry is validated by New.
+	// merged field by field). Every entry is validated by New. Write an
+	// entry as Policies.With(changes) (policy.Set.With) to keep the
+	// fields of Policies it does not change.
 	//
 	// With the default Key, an entry names a host as a URL's authority
 	// does, host[:port], and New canonicalizes it as the default Key does

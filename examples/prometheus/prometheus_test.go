@@ -240,13 +240,97 @@ func TestPrometheus(t *testing.T) {
 	// applies its targets that long after it starts (its discovery manager
 	// sends updates at most every 5s).
 	api.await(t, "the first scrape", `up{job="resilix"} == 1`, 15*time.Second)
-	s := scenario{
-		Steady: time.Second, Flood: time.Second, Storm: 2 * time.Second,
-		Recover: time.Second, Limited: time.Second, Calm: time.Second,
-		Rate: 200,
+	// Each phase of the scenario runs for its time, and again (up to ten
+	// times) until what it is there for has happened, as the example's
+	// own scrape says: on a busy machine fewer calls are made in a
+	// second, and a hedge may not win in the first.
+	type want struct {
+		family string
+		labels map[string]string
 	}
-	if err := d.play(t.Context(), s, t.Logf); err != nil {
-		t.Fatal(err)
+	for _, p := range []struct {
+		s    scenario
+		want []want
+	}{
+		{scenario{Steady: time.Second}, []want{
+			{"resilix_hedges_total", map[string]string{"outcome": "won"}},
+			{"resilix_hedges_total", map[string]string{"outcome": "suppressed"}},
+		}},
+		{scenario{Flood: time.Second}, []want{
+			{"resilix_shed_total", map[string]string{"gate": "limiter", "priority": "bulk"}},
+		}},
+		{scenario{Storm: 2 * time.Second}, []want{
+			{"resilix_shed_total", map[string]string{"gate": "breaker"}},
+			{"resilix_calls_total", map[string]string{"outcome": "rejected"}},
+			{"resilix_retries_skipped_total", map[string]string{"reason": "gate"}},
+			{"resilix_retries_skipped_total", map[string]string{"reason": "retry_after"}},
+			{"resilix_attempts_total", map[string]string{"kind": "retry"}},
+		}},
+		{scenario{Recover: time.Second}, nil},
+		{scenario{Limited: time.Second}, []want{
+			{"resilix_pushbacks_total", map[string]string{"http_response_status_code": "429"}},
+			{"resilix_shed_total", map[string]string{"gate": "throttler"}}, // the pushback held Bulk back
+		}},
+		{scenario{Calm: time.Second}, nil},
+	} {
+		p.s.Rate = 200
+		for try := 1; ; try++ {
+			logf := func(format string, args ...any) {
+				if len(args) == 2 && args[1] == time.Duration(0) {
+					return // the phases not run
+				}
+				t.Logf(format, args...)
+			}
+			if err := d.play(t.Context(), p.s, logf); err != nil {
+				t.Fatal(err)
+			}
+			text := scrape(t, d.metricsURL())
+			var missing []string
+			for _, w := range p.want {
+				if counted(t, text, w.family, w.labels) == 0 {
+					missing = append(missing, fmt.Sprint(w.family, w.labels))
+				}
+			}
+			if len(missing) == 0 {
+				break
+			}
+			if try == 10 {
+				t.Fatalf("after %d runs of the phase, still no %v", try, missing)
+			}
+			t.Logf("run %d of the phase made no %v: again", try, missing)
+		}
+	}
+	// The hedges' rates (the win rate, the threshold) need an increase
+	// after Prometheus's first sample of their series: on a busy machine
+	// every hedge may have come before it. Wait for the samples, then run
+	// the steady phase until there are more hedges.
+	hedges := []want{
+		{"resilix_hedges_total", map[string]string{"outcome": "started"}},
+		{"resilix_hedges_total", map[string]string{"outcome": "won"}},
+		{"resilix_hedge_threshold_seconds", nil},
+	}
+	api.await(t, "a sample of the hedges won", `resilix_hedges_total{outcome="won"}`, 30*time.Second)
+	api.await(t, "a sample of the hedge threshold", `resilix_hedge_threshold_seconds_count`, 30*time.Second)
+	var seen []float64
+	text := scrape(t, d.metricsURL())
+	for _, w := range hedges {
+		seen = append(seen, counted(t, text, w.family, w.labels))
+	}
+	for try := 1; ; try++ {
+		if err := d.play(t.Context(), scenario{Steady: time.Second, Rate: 200}, nil); err != nil {
+			t.Fatal(err)
+		}
+		text := scrape(t, d.metricsURL())
+		more := true
+		for i, w := range hedges {
+			more = more && counted(t, text, w.family, w.labels) > seen[i]
+		}
+		if more {
+			break
+		}
+		if try == 10 {
+			t.Fatalf("after %d more runs of the steady phase, no more hedges started and won than %v", try, seen)
+		}
 	}
 	end := time.Now()
 	// Two scrapes after the last event, so that rate() has two samples

@@ -44,6 +44,7 @@ type upstream struct {
 type row struct {
 	upstream, client string
 	ok, wire         int
+	took             time.Duration // the row's calls, first to last
 }
 
 func run(w io.Writer) ([]row, error) {
@@ -79,11 +80,13 @@ func run(w io.Writer) ([]row, error) {
 		}{{"net/http", plain}, {"resilix", rt}} {
 			up := httptestutil.NewUpstream(u.opts)
 			srv := httptest.NewServer(up)
+			start := time.Now()
 			r := httptestutil.Load{Calls: callsPerRow, Workers: workers, Timeout: 5 * time.Second}.
 				Run(&http.Client{Transport: client.rt}, srv.URL)
+			took := time.Since(start)
 			srv.Close()
 			wire := up.Stats().Requests
-			rows = append(rows, row{u.name, client.name, r.OK, int(wire)})
+			rows = append(rows, row{u.name, client.name, r.OK, int(wire), took})
 			budget := "-"
 			if client.rt == rt {
 				m := rt.Measured(strings.TrimPrefix(srv.URL, "http://"))
