@@ -144,11 +144,17 @@ func TestLoopbackUntrustedCertificateIsNotRetried(t *testing.T) {
 // TestLoopbackHedgeWaitsForTheBody: over real sockets, a PUT whose body has
 // no GetBody and trickles in past the hedge threshold is hedged once
 // net/http has written the whole body for the first leg, and both legs'
-// handlers receive it byte for byte; the hedge, answered at once, wins.
+// handlers receive it byte for byte; the hedge, answered as soon as the
+// first leg's handler has the body, wins. (net/http reads the body to its
+// end before it writes the last of it, so the hedge may go before the
+// first leg's server has it all; the hedge's answer waits for it, so that
+// the first leg, cancelled at once as the loser, is not cut short by a
+// busy machine.)
 func TestLoopbackHedgeWaitsForTheBody(t *testing.T) {
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 256) // 4 KiB
 	var mu sync.Mutex
 	bodies := map[string][]byte{}
+	firstRead := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPut {
 			return // the warm-up's GETs
@@ -162,8 +168,13 @@ func TestLoopbackHedgeWaitsForTheBody(t *testing.T) {
 			t.Errorf("attempt %s: reading the body: %v", n, err)
 		}
 		if n == "1" {
+			close(firstRead)
 			<-r.Context().Done() // slow: held until the hedge wins and it is cancelled
 			return
+		}
+		select {
+		case <-firstRead:
+		case <-time.After(5 * time.Second):
 		}
 		w.WriteHeader(http.StatusOK)
 	}))
