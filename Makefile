@@ -116,14 +116,14 @@ REPLICAS ?= 1
 replicas:
 	RESILIX_REPLICAS=$(REPLICAS) $(GO) test -count=1 -run '^TestReplicas$$' -v -timeout 6m ./transport/
 
-## fleet-ops: replicas through a fleet's daily life (issue 31), with real
+## fleet-ops: replicas through a fleet's daily life, with real
 ## parts: Debian's nginx as three replicas (six to scale) on 127.0.0.2 and
 ## up, named by dnsmasq on a loopback port, and a net/http and a resilix
 ## client (Replicas over that DNS), each in a process of its own, at 200
 ## calls/s; a rolling restart, a crash, a frozen replica, scaling out and
 ## in, a slow replica and the clients' own stalls, each 10s measured after
 ## a 2s warm-up, then make replicas' TestReplicas; one table per run,
-## checked against the issue's targets. FLEETOPS is all, or a list
+## checked against the targets in fleetops/'s TestFleetOps doc. FLEETOPS is all, or a list
 ## (FLEETOPS=crash,freeze); FLEETOPS_RUNS the runs of each (default 3:
 ## about 18 minutes, 10 of them make replicas' runs); FLEETOPS_PROTO=h2
 ## for HTTP/2 over TLS in place of HTTP/1.1 in the clear. Installs
@@ -136,6 +136,7 @@ FLEETOPS_RUNS ?= 3
 .PHONY: fleet-ops
 fleet-ops:
 	FLEETOPS=$(FLEETOPS) FLEETOPS_RUNS=$(FLEETOPS_RUNS) $(GO) test -count=1 -run '^TestFleetOps$$' -v -timeout 60m ./fleetops/
+
 ## fleet-pushback: four replicas behind admission.Handler (4, 4, 2, and 4
 ## workers that drop to 2 for 2s of every 6s; lognormal service, mean
 ## 10ms), eight clients with Replicas over the four, Attempts 2, Retry and

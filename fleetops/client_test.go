@@ -22,7 +22,7 @@ import (
 	"github.com/resilix/resilix/transport"
 )
 
-// The client's load, as issue 31 sets it: an open loop of callsPerSec
+// The client's load, as the harness sets it: an open loop of callsPerSec
 // calls a second, 80% GET, 10% plain POST, 10% POST with an
 // Idempotency-Key, each with a callDeadline.
 const (

@@ -35,7 +35,7 @@ const (
 var refresh = policy.Replicas{}.WithDefaults().Refresh
 
 // TestFleetOps puts policy.Replicas through a fleet's daily life with real
-// parts (issue 31): Debian's nginx as the replicas, each on its own
+// parts: Debian's nginx as the replicas, each on its own
 // loopback address (127.0.0.2 and up) and one port, answering every
 // request after 5 ms (libnginx-mod-http-echo); Debian's dnsmasq on a
 // loopback port naming them (its hosts file rewritten and re-read on
@@ -46,7 +46,7 @@ var refresh = policy.Replicas{}.WithDefaults().Refresh
 // open loop (80% GET, 10% plain POST, 10% POST with an Idempotency-Key),
 // 2 s deadlines. Each run of a scenario measures 10 s after a 2 s
 // warm-up, on a fleet of its own, and checks the resilix client against
-// the issue's targets: one table per run, the verdicts under it, and a
+// its targets: one table per run, the verdicts under it, and a
 // test failure for each target missed. The targets, in every run unless
 // said ("the last 3s" are the window's; a comparison with net/http is of
 // the sums over the runs):
