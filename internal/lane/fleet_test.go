@@ -292,6 +292,39 @@ func TestABacklogAfterAStallMovesNoTraffic(t *testing.T) {
 	}
 }
 
+// TestABacklogAnsweredOutOfOrderMovesNoTraffic: the calls a stall held
+// back go out within a millisecond of each other and come back in no
+// particular order, some quick, some slowed by the client working through
+// the rest; a quick one sent a moment after a slow one is no evidence
+// that the slow one's lane is slow, since it was not sent after the slow
+// one by as much as it took. No lane's estimate takes such a peak.
+func TestABacklogAnsweredOutOfOrderMovesNoTraffic(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	now := warmLanes(s, t0, 400, 5*time.Millisecond)
+	type call struct {
+		l        *Lane[pool]
+		sent     time.Time
+		took     time.Duration
+		answered time.Time
+	}
+	var burst []call
+	for k := range 30 {
+		sent := now.Add(time.Duration(k) * 50 * time.Microsecond)
+		took := 3 * time.Millisecond
+		if k%2 == 0 {
+			took = 5*time.Millisecond + time.Duration(k)*time.Millisecond
+		}
+		burst = append(burst, call{l: s.Take(sent, 0), sent: sent, took: took, answered: sent.Add(took)})
+	}
+	slices.SortFunc(burst, func(a, b call) int { return a.answered.Compare(b.answered) })
+	for _, c := range burst {
+		s.Done(c.l, c.answered, c.took, policy.Success, Answer{})
+	}
+	if e := maxEstimate(s, now.Add(40*time.Millisecond)); e > 10*time.Millisecond {
+		t.Errorf("a lane's estimate is %v after a backlog of 30 calls answered out of order, want it near the 5ms its replicas take", e)
+	}
+}
+
 func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
 	for _, every := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 50 * time.Millisecond} {
 		t.Run(fmt.Sprint(int(time.Second/every), " calls a second"), func(t *testing.T) {

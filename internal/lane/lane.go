@@ -720,8 +720,8 @@ func (s *Set[P]) netLocked(t int64, x float64) float64 {
 
 // overtakenLocked reports whether the other lanes answered faster than
 // l's answer that came back at t after x (ns), over the same moments:
-// another lane's last success was sent after it, came back by t, and took
-// (net of stalls) at most y; or whether no other lane had an attempt in
+// another lane's last success was sent after it (by at least half its own
+// time), came back by t, and took (net of stalls) at most y; or whether no other lane had an attempt in
 // flight at any moment of [t−x, t], so that there is nothing to compare
 // it with, and it is judged as it stands. A lane slower than the others
 // has them overtake it while it is awaited; a burst of calls queued in
@@ -736,7 +736,11 @@ func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
 		if o == l {
 			continue
 		}
-		if o.lastS > max(from, 0) && o.lastX <= y {
+		// Sent after it by at least half what it took itself: in a
+		// burst sent within a millisecond (the calls a stall held
+		// back), which comes back in no particular order, a quick
+		// answer sent a moment later is no evidence.
+		if o.lastS > max(from, 0) && o.lastX <= y && float64(o.lastS-from) >= o.lastX/2 {
 			return true
 		}
 		alone = alone && o.outstanding.Load() == 0 && o.endT <= from
