@@ -84,26 +84,6 @@ func resolverTo(addr string) *net.Resolver {
 	}
 }
 
-// dnsEndpoints is a policy.Resolver over a net.Resolver: every address
-// of the host a lane, on the port as given.
-type dnsEndpoints struct{ r *net.Resolver }
-
-func (d dnsEndpoints) Resolve(ctx context.Context, hostport string) ([]string, error) {
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return nil, err
-	}
-	ips, err := d.r.LookupHost(ctx, host)
-	if err != nil {
-		return nil, err
-	}
-	addrs := make([]string, len(ips))
-	for i, ip := range ips {
-		addrs[i] = net.JoinHostPort(ip, port)
-	}
-	return addrs, nil
-}
-
 // recorder collects a client's records, safe for concurrent use.
 type recorder struct {
 	mu   sync.Mutex
@@ -191,7 +171,7 @@ func runClient(env clientEnv) error {
 				Hedge:    &policy.Hedge{},
 				Breaker:  &policy.Breaker{},
 				Timeout:  &policy.Timeout{PerAttempt: time.Second},
-				Replicas: &policy.Replicas{Endpoints: dnsEndpoints{res}},
+				Replicas: &policy.Replicas{Endpoints: transport.DNSWith(res)}, // as docs/replicas.md shows
 			},
 			Observer: obs,
 		})
