@@ -906,33 +906,6 @@ func TestASnapshotOfLanesAllocatesNothing(t *testing.T) {
 	})
 }
 
-// laneCallAllocs returns the allocations of one call through a transport
-// whose base, and every lane's pool, answers with answer, for set; the
-// answer's body is read to its end and closed.
-func laneCallAllocs(t *testing.T, answer http.RoundTripper, set policy.Set) float64 {
-	t.Helper()
-	base := new(http.Transport)
-	base.RegisterProtocol("http", answer)
-	rt, err := New(Config{Base: base, Policies: set})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := rt.scopes.enter("api", time.Now())
-	s.leave()
-	if s.lanes != nil {
-		s.lanes.Pools(func(p *lanePool) { p.cur.Load().t.RegisterProtocol("http", answer) })
-	}
-	req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
-	return testing.AllocsPerRun(1000, func() {
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	})
-}
-
 // TestLanesAllocateNothingOfTheirOwn: a call over four connection lanes
 // allocates what the same call over the base does. Each pool, and the
 // base, answer from a RoundTripper registered for "http", so that only
@@ -941,7 +914,27 @@ func TestLanesAllocateNothingOfTheirOwn(t *testing.T) {
 	ok := fakeRT(func(*http.Request) (*http.Response, error) {
 		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
 	})
-	measure := func(set policy.Set) float64 { return laneCallAllocs(t, ok, set) }
+	measure := func(set policy.Set) float64 {
+		base := new(http.Transport)
+		base.RegisterProtocol("http", ok)
+		rt, err := New(Config{Base: base, Policies: set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := rt.scopes.enter("api", time.Now())
+		s.leave()
+		if s.lanes != nil {
+			s.lanes.Pools(func(p *lanePool) { p.cur.Load().t.RegisterProtocol("http", ok) })
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
+		return testing.AllocsPerRun(1000, func() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		})
+	}
 	for _, set := range []policy.Set{
 		{},
 		{Retry: &policy.Retry{}, Breaker: &policy.Breaker{}, Timeout: &policy.Timeout{PerAttempt: time.Second}},
