@@ -18,14 +18,14 @@ import "time"
 // SlowStartIdle, the limiter is in slow start, as a TCP connection is (RFC
 // 5681): each round trip of calls admitted at the limit (once calls found
 // it reached), while their latency stayed under 1.25 × the baseline and no
-// more than a tenth of them failed, doubles the limit, less the share the
-// latency rose, within MaxLimit; the first round trip at the limit that
-// does not ends slow start. A doubling is judged only on calls admitted
+// more than a tenth of them failed, doubles the limit (by less the nearer
+// the latency came to 1.25 ×), within MaxLimit; the first round trip at the
+// limit that does not ends slow start. A doubling is judged only on calls admitted
 // under the doubled limit, so it stops within 2.5 times the capacity of a
 // dependency that queues (400 callers on 25 to 60 workers behind a FIFO: at
-// most 2.35 times them). A step in demand on a dependency with room for it
+// most 2.18 times them). A step in demand on a dependency with room for it
 // is admitted within a few round trips (400 callers on a 50 ms handler,
-// refused ones back 50 ms later: 88.6 to 89.3% of their requests admitted
+// refused ones back 50 ms later: 86.6 to 92.6% of their requests admitted
 // over the first 2 s, all over the second second, in admission's
 // TestFlashCrowdIsAdmitted); on one at its capacity, slow start ends at the
 // first round trip whose latency rose, and the limit is shed back as below.

@@ -114,12 +114,12 @@ const (
 // refused for lack of it), only those admitted from the instant it did,
 // the round starting afresh there. A round that reached the limit, with
 // its mean latency short below 1.25 × the baseline and no more than a tenth
-// of its calls failed, doubles the limit, less the share its latency rose,
-// within MaxLimit:
+// of its calls failed, grows the limit by as much as it was on a flat
+// latency, and by less as the latency rose toward 1.25 ×, within MaxLimit:
 //
-//	limit = limit + min(limit, round(limit × baseline / short))
+//	limit = limit + round(limit × min(1, (1.25 − short/baseline) / 0.25))
 //
-// The crowd then has 88.6 to 89.3% of its requests admitted over the first
+// The crowd then has 86.6 to 92.6% of its requests admitted over the first
 // 2 s and all of them over the second second (TestFlashCrowdIsAdmitted),
 // the limit at 20, 24, 48, 96, 192, 384, 768. The first round that reached
 // the limit and fails the test ends slow start, and is an ordinary round
@@ -139,24 +139,30 @@ const (
 //     dependency's queue as the old limit left it: still 3.9 times. Counted
 //     from the instant the limit is reached, the round is of calls admitted
 //     at it (a burst admitted at that instant is at it together).
-//   - Less the rise: a FIFO of C workers at L calls in flight answers in
-//     L/C times its work (Little's law), so a round at 1.2 × the baseline
-//     says C is about L/1.2, and the doubling adds that, not L. The first
-//     round of a new limit also sees the queue build, below where it
-//     settles: on 37 workers, 48 calls measured 1.23 × the baseline where
-//     L/C is 1.30, and a whole doubling went to 2.6 times the workers. A
-//     flat latency doubles the limit whole.
+//   - Less the rise: a round at the limit whose latency rose is a sign
+//     that the limit is near the dependency's capacity, so the doubling
+//     tapers, from the whole limit at the baseline's latency to nothing at
+//     the exit's 1.25 ×, as HyStart++ (RFC 9406) grows a quarter as fast
+//     once the round trip time has risen. Little's law reads more into the
+//     rise (a FIFO of C workers at L calls in flight answers in L/C times
+//     its work, so 1.2 × says C is about L/1.2), but the first round of a
+//     new limit sees the queue build, below where it settles: on 37
+//     workers, 48 calls measured 1.23 × the baseline where L/C is 1.30,
+//     and on a handler of capacity 20 a round of a limit of 29 measured
+//     1.12 ×; adding L/1.12 took the limit to 55, 2.75 times the capacity,
+//     in one run of 60 of admission's TestFlashCrowdOnAFixedCapacity
+//     (TestLimiterSlowStartTapersWithTheRise). The taper adds 16 there.
 //   - No headroom on the exit: the round that ends slow start is one past
 //     the capacity, so the gradient takes the limit down and nothing is
 //     added (on 50 workers the headroom took 96 to 101).
 //
 // On 50 FIFO workers at 20 ms, the crowd (10 callers for a second, then
 // 400) takes the limit to 96, 1.9 times the workers, and it settles at 85;
-// on 25 to 60 workers, it peaks at most at 2.35 times them
+// on 25 to 60 workers, it peaks at most at 2.18 times them
 // (TestLimiterSlowStartOnAFIFO, TestLimiterSlowStartAcrossCapacities: a
 // doubling goes on only below 1.25 × the baseline, from a limit of at most
-// about 1.25 times the workers, and adds about what they serve without a
-// queue). The other choices:
+// about 1.25 times the workers, and adds less the nearer it is). The other
+// choices:
 //
 //   - Reached, not used: only a round that reached the limit doubles it,
 //     so that the limit stays within twice the calls in flight, where the
@@ -184,8 +190,8 @@ const (
 //     and the gradient, applied to the same round, takes the limit down by
 //     as much as the latency rose, on trial as any shrink. On a handler
 //     that serves 20 at a time (TestFlashCrowdOnAFixedCapacity) the limit
-//     goes 20, 24, 47 (2.35 times the capacity), then down to where it
-//     settles without slow start, 35 to 38; a flood on a FIFO
+//     goes 20, 24, then 37 to 48 (2.4 times the capacity at most, in 100
+//     runs), then to where it settles without slow start, 35 to 38; a flood on a FIFO
 //     (TestLimiterHoldsAFloodNearTheKnee) is unchanged, its first round at
 //     the limit already slow.
 //   - After idle, only the doubling restarts. RFC 5681 (section 4.1)
@@ -791,7 +797,7 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 	reached := l.slow && l.peak >= l.current()
 	switch {
 	case reached && short < limSlowStartExit*l.baseline && float64(l.roundFail) <= limSlowStartLoss*float64(l.roundN):
-		next += min(l.limit, math.Round(l.limit*l.baseline/short)) // gradient is 1
+		next += math.Round(l.limit * min(1, (limSlowStartExit-short/l.baseline)/(limSlowStartExit-1))) // gradient is 1
 	case reached:
 		l.slow = false // and no headroom: the doubling overshot
 	case used:

@@ -314,6 +314,12 @@ func (c *crowdSim) run(from, to time.Time, n int, each func(now time.Time)) {
 // workers at work a call with a default Limiter, and returns the highest
 // limit and every limit it took, in order.
 func crowdOnAFIFO(workers int, work time.Duration) (hi int, trace []int) {
+	return crowdOnAFIFOAfter(workers, work, time.Second, 10)
+}
+
+// crowdOnAFIFOAfter is crowdOnAFIFO with the 390 callers arriving after
+// calm instead of a second.
+func crowdOnAFIFOAfter(workers int, work, calm time.Duration, calmers int) (hi int, trace []int) {
 	l := newLimiter(policy.Limiter{}, lmStart)
 	c := &crowdSim{l: l, s: &fifoServer{work: work, free: make([]time.Time, workers)}}
 	note := func(time.Time) {
@@ -322,9 +328,9 @@ func crowdOnAFIFO(workers int, work time.Duration) (hi int, trace []int) {
 			hi = max(hi, n)
 		}
 	}
-	step := lmStart.Add(time.Second)
-	c.run(lmStart, step, 10, note)
-	c.run(step, step.Add(2*time.Second), 390, note)
+	step := lmStart.Add(calm)
+	c.run(lmStart, step, calmers, note)
+	c.run(step, step.Add(2*time.Second), 400-calmers, note)
 	return hi, trace
 }
 
@@ -359,4 +365,32 @@ func TestLimiterSlowStartAcrossCapacities(t *testing.T) {
 		}
 	}
 	t.Logf("the highest limit, at most %.2f times the workers", worst)
+}
+
+// TestLimiterSlowStartTapersWithTheRise: a round that reached the limit at
+// rho times the baseline adds limit × (1.25 − rho)/0.25: the whole limit
+// on a flat latency, nothing at slow start's exit. Little's estimate of the
+// capacity, limit/rho, added 18 to 20 at rho = 1.1, and 26 to 29 in one run
+// of admission's TestFlashCrowdOnAFixedCapacity, 55 on a capacity of 20:
+// the first round of a limit sees the queue build, below where it settles.
+func TestLimiterSlowStartTapersWithTheRise(t *testing.T) {
+	for _, tt := range []struct {
+		rho  float64
+		want LimitChange
+	}{
+		{1, LimitChange{20, 40}},
+		{1.05, LimitChange{20, 36}},
+		{1.1, LimitChange{20, 32}},
+		{1.2, LimitChange{20, 24}},
+		{1.25, LimitChange{}}, // slow start ends, the gradient alone: no change
+	} {
+		l := newLimiter(policy.Limiter{}, lmStart)
+		now, _ := lmRound(t, l, lmStart, 5000, func(int) time.Duration { return 10 * time.Millisecond })
+		_, c := lmRound(t, l, now, 5000, func(int) time.Duration {
+			return time.Duration(tt.rho * float64(10*time.Millisecond))
+		})
+		if want := []LimitChange{tt.want}; tt.want == (LimitChange{}) && len(c) != 0 || tt.want != (LimitChange{}) && !cmp.Equal(c, want) {
+			t.Errorf("a round at %.2f times the baseline: changes %v, want %v", tt.rho, c, tt.want)
+		}
+	}
 }
