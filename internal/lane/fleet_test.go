@@ -272,6 +272,69 @@ func TestAStallTheOnlyAnswerStraddledIsNetted(t *testing.T) {
 	}
 }
 
+// TestAStallAfterTheLastEndIsNetted: the attempt a stall caught alone was
+// sent a moment after the key's last end, so no attempt was in flight
+// from that end; but nothing was sent or ended after it either, for 200ms
+// of a key that sends one every 5ms: the stretch from its sending is the
+// stall. After the stall, its answer is read and the next call is sent at
+// about the same moment, in either order. No lane's estimate takes the
+// stall as a peak (fleetops' stall scenario: the lane that got such an
+// answer had none of the calls for the 8s that followed).
+func TestAStallAfterTheLastEndIsNetted(t *testing.T) {
+	for _, takeFirst := range []bool{false, true} {
+		t.Run(fmt.Sprint("the next call taken first: ", takeFirst), func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+			now := warmLanes(s, t0, 400, 5*time.Millisecond)
+			sent := now.Add(100 * time.Microsecond)
+			l := s.Take(sent, 0)
+			answered := sent.Add(205 * time.Millisecond) // 5ms of service, 200ms stalled
+			var next *Lane[pool]
+			if takeFirst {
+				next = s.Take(answered.Add(100*time.Microsecond), 0)
+			}
+			s.Done(l, answered, 205*time.Millisecond, policy.Success, Answer{})
+			if !takeFirst {
+				next = s.Take(answered.Add(100*time.Microsecond), 0)
+			}
+			s.Done(next, answered.Add(5*time.Millisecond), 5*time.Millisecond, policy.Success, Answer{})
+			if e := maxEstimate(s, answered.Add(5*time.Millisecond)); e > 10*time.Millisecond {
+				t.Errorf("a lane's estimate is %v after a 200ms stall of the client, want it near the 5ms its replicas take", e)
+			}
+		})
+	}
+}
+
+// TestALaneBackWithinSecondsOfAPeak: a hiccup of a busy machine too short
+// to count as a stall slows the lanes' answers at once, one of them to
+// 30ms against their 6ms, and a faster answer sent after it overtakes it:
+// its lane takes the peak. The estimate decays fast enough that the lane
+// is back to half its fair share within 2 s (with Finagle's 10 s decay, it
+// was left unpicked for about 9 s).
+func TestALaneBackWithinSecondsOfAPeak(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	var hiccup time.Time
+	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		if l.Addr == "a" && hiccup.IsZero() && now.Sub(t0) >= 2*time.Second {
+			hiccup = now
+			return 30 * time.Millisecond, policy.Success, Answer{}
+		}
+		return 6 * time.Millisecond, policy.Success, Answer{}
+	}
+	m := newSim(s, 5*time.Millisecond, serve)
+	m.run(2100 * time.Millisecond)
+	if hiccup.IsZero() {
+		t.Fatal("lane a was never picked in the first 2.1s")
+	}
+	if e := time.Duration(m.s.view.Load().lanes[0].estimate(m.s.nanos(m.now))); e < 20*time.Millisecond {
+		t.Fatalf("lane a's estimate is %v after a 30ms answer overtaken by 6ms ones, want the peak (the set-up no longer makes one)", e)
+	}
+	m.run(hiccup.Add(2 * time.Second).Sub(m.now))
+	shares := m.window(2 * time.Second)
+	if shares["a"] < 1.0/3/2 {
+		t.Errorf("lane a got %.1f%% of the calls 2 to 4 s after its peak, want at least half its fair share (%v)", 100*shares["a"], shares)
+	}
+}
+
 // TestABacklogAfterAStallMovesNoTraffic: the calls a stall held back go
 // out together and come back slowed in the order they were sent, none
 // overtaking another (the client works through them): every lane slow

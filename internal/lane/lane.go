@@ -25,8 +25,17 @@ const (
 	// averaged in with weight 1 − e^(−Δt/decay), and the estimate read at
 	// a pick has decayed towards zero by e^(−Δt/decay) since its last
 	// sample, so that a lane left alone because it was slow is tried
-	// again. Finagle's PeakEwma and Linkerd's default to 10 s.
-	decay = 10 * time.Second
+	// again. Finagle's PeakEwma and Linkerd's default to 10 s. Here the
+	// stall rule keeps the client's own pauses out of the samples, but a
+	// hiccup of a busy machine too short to count as a gap (25 ms, on
+	// every lane) still reaches one lane as a peak: at 10 s, such a peak
+	// of 30 ms against 6 ms kept its lane unpicked for 4 s in fleetops'
+	// stall scenario, and for 9 s in TestALaneBackWithinSecondsOfAPeak;
+	// at 1 s, for about 1 s, the time constant of the other rules here
+	// (failureDecay, typical, slowStart). A replica 20× slower than the
+	// others is then probed about once every 2 s a client, until its
+	// slow answers eject it.
+	decay = time.Second
 	// failurePenalty: failures are kept out of the latency estimate
 	// (failure accrual apart, as Finagle keeps it). A failure sets the
 	// lane's penalty, added to its estimate at a pick, to at least the
@@ -207,7 +216,7 @@ func (l *Lane[P]) estimate(t int64) float64 {
 }
 
 // decayed returns e^(−dt/decay), 1 for dt <= 0. Picks read it twice, so
-// the common case, a lane sampled within the last half second, takes the
+// the common case, a lane sampled within the last 50 ms, takes the
 // series to its fourth term (relative error under 3e-7) rather than
 // math.Exp.
 func decayed(dt int64) float64 {
@@ -305,6 +314,7 @@ type Set[P any] struct {
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
+	lastSent     atomic.Int64  // ns: the latest Take
 
 	mu        sync.Mutex
 	intervalT int64   // ns: the start of the current interval
@@ -397,6 +407,7 @@ func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
 		}
 	}
 	l.outstanding.Add(1)
+	s.lastSent.Store(t)
 	return l
 }
 
@@ -661,11 +672,18 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 }
 
 // endedLocked notes that an attempt sent at sent ended at t. A stretch
-// since the last end of stallGaps × the key's mean time between ends or
-// more (and s.quiet or more), through which an attempt was in flight
-// (this one, sent before the stretch began, or another that still is),
-// is remembered as a gap: the key's own process may have been stalled
-// through it. A key that was idle had nothing in flight. s.mu is held.
+// of stallGaps × the key's mean time between ends or more (and s.quiet
+// or more) is remembered as a gap, the key's own process maybe stalled
+// through it, when an attempt was in flight through it and either
+//   - no attempt ended in it: it runs from the last end, and this
+//     attempt was sent before that, or another is still in flight; or
+//   - no attempt was sent or ended in it: it runs from the latest send,
+//     this attempt's or a later one, and the key was busy before that
+//     (the latest send came within such a stretch of the last end).
+//
+// The second is the stall that catches one attempt alone, sent a moment
+// after the last end. A key that was idle had nothing in flight, and one
+// that went quiet was not busy before its next send. s.mu is held.
 func (s *Set[P]) endedLocked(t, sent int64) {
 	if t <= s.lastDone {
 		return
@@ -676,14 +694,23 @@ func (s *Set[P]) endedLocked(t, sent int64) {
 	case s.meanGap == 0:
 		s.meanGap = d
 	default:
-		if d >= max(float64(s.quiet), stallGaps*s.meanGap) && (sent <= s.lastDone || s.inFlightLocked()) {
-			s.gaps[s.gapNext] = gap{s.lastDone, t}
-			s.gapNext = (s.gapNext + 1) % gapRing
+		long := max(float64(s.quiet), stallGaps*s.meanGap)
+		switch ls := s.lastSent.Load(); {
+		case d >= long && (sent <= s.lastDone || s.inFlightLocked()):
+			s.gapLocked(s.lastDone, t)
+		case sent <= ls && ls > s.lastDone && ls <= t && float64(ls-s.lastDone) < long && float64(t-ls) >= long:
+			s.gapLocked(ls, t)
 		}
 		// A stall is kept out of the mean it is judged by.
 		s.meanGap += (min(d, stallGaps*s.meanGap) - s.meanGap) / 16
 	}
 	s.lastDone = t
+}
+
+// gapLocked remembers [from, to] as a gap. s.mu is held.
+func (s *Set[P]) gapLocked(from, to int64) {
+	s.gaps[s.gapNext] = gap{from, to}
+	s.gapNext = (s.gapNext + 1) % gapRing
 }
 
 // inFlightLocked reports whether any lane of the set has an attempt in
@@ -823,7 +850,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 // held back go out at once and come back slowed in the order they were
 // sent, none overtaking another: averaged in, they move no traffic,
 // where a peak would keep a healthy lane from being picked for as long
-// as the estimate takes to decay (tens of seconds). A lane slower than
+// as the estimate takes to decay (seconds). A lane slower than
 // the others has them overtake it while it is awaited. s.mu is held, so
 // that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x, n float64) {
