@@ -212,6 +212,13 @@ type replica struct {
 func newFleet(t *testing.T, nginx, dnsmasq string, n int, h2 bool) *fleet {
 	t.Helper()
 	dir := t.TempDir()
+	if keep := os.Getenv("FLEETOPS_KEEP"); keep != "" {
+		var err error
+		if dir, err = os.MkdirTemp(keep, "run-"); err != nil {
+			t.Fatalf("FLEETOPS_KEEP=%s: %v", keep, err)
+		}
+		t.Logf("FLEETOPS_KEEP: this run's configs, logs and clients' records are kept in %s", dir)
+	}
 	f := &fleet{t: t, dir: dir, nginx: nginx, dnsmasq: dnsmasq}
 	if h2 {
 		f.cert, f.key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")

@@ -82,7 +82,9 @@ var refresh = policy.Replicas{}.WithDefaults().Refresh
 // scaleout, scalein, scalein-conns, slow, stall, replicas); FLEETOPS_RUNS
 // is the runs of each (default 3); FLEETOPS_PROTO=h2 runs them over TLS
 // with HTTP/2 (a certificate of the harness's own), where the default is
-// HTTP/1.1 in the clear. As root it installs what it is
+// HTTP/1.1 in the clear; FLEETOPS_KEEP=dir keeps each run's configs,
+// logs and the clients' records (one JSON line an attempt, call and lane
+// event) in a directory under dir. As root it installs what it is
 // missing with apt-get (nginx-light, libnginx-mod-http-echo, dnsmasq,
 // haproxy), and skips otherwise; it never touches the machine's
 // resolv.conf, hosts file or nginx config, and every process it starts
