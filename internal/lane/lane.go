@@ -115,6 +115,9 @@ const (
 	// straddle them (see netLocked).
 	stallGaps = 8.0
 	gapRing   = 16
+	// sentGrain is how precisely a Set keeps the time of its latest
+	// pick, for the stall rule (see endedLocked).
+	sentGrain = int64(50 * time.Microsecond)
 
 	// interval is the period over which failure rates are compared
 	// (Envoy's outlier detection interval); minCalls is how many outcomes
@@ -314,7 +317,7 @@ type Set[P any] struct {
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
-	lastSent     atomic.Int64  // ns: the latest Take
+	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
 
 	mu        sync.Mutex
 	intervalT int64   // ns: the start of the current interval
@@ -407,7 +410,9 @@ func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
 		}
 	}
 	l.outstanding.Add(1)
-	s.lastSent.Store(t)
+	if t-s.lastSent.Load() >= sentGrain {
+		s.lastSent.Store(t) // within sentGrain: parallel picks seldom write the Set's line
+	}
 	return l
 }
 
@@ -698,7 +703,7 @@ func (s *Set[P]) endedLocked(t, sent int64) {
 		switch ls := s.lastSent.Load(); {
 		case d >= long && (sent <= s.lastDone || s.inFlightLocked()):
 			s.gapLocked(s.lastDone, t)
-		case sent <= ls && ls > s.lastDone && ls <= t && float64(ls-s.lastDone) < long && float64(t-ls) >= long:
+		case ls > s.lastDone && ls <= t && float64(ls-s.lastDone) < long && float64(t-ls) >= long:
 			s.gapLocked(ls, t)
 		}
 		// A stall is kept out of the mean it is judged by.
