@@ -73,8 +73,8 @@ func ExampleConfig_propagate() {
 		resp.Body.Close()
 	}
 	// Output:
-	// orders.internal: Resilix-Attempt=1 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1999
-	// orders.internal: Resilix-Attempt=2 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1999
+	// orders.internal: Resilix-Attempt=1 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1995
+	// orders.internal: Resilix-Attempt=2 Resilix-Priority=degraded Resilix-Tenant=acme Resilix-Timeout-Ms=1995
 	// api.partner.example: none
 }
 

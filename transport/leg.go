@@ -62,6 +62,7 @@ type leg struct {
 	// none.
 	until time.Time
 	left  []string
+	conn  *connStamp // writes left again once the base has a connection; nil when it cannot
 
 	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
 	resp     *http.Response
@@ -149,6 +150,9 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	}
 	if timed {
 		l.dispatch = sent
+	}
+	if l.conn != nil && d > 0 {
+		l.conn.end = sent.Add(d) // the attempt's own end, for the time left once connected
 	}
 	switch {
 	case d == 0:

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/resilix/resilix/attempt"
+	"github.com/resilix/resilix/httptestutil"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/shedding"
 	"github.com/resilix/resilix/tenant"
@@ -104,7 +105,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 				return tenant.With(ctx, "acme")
 			},
 			deadline: 2 * time.Second,
-			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "1999", hAttempt: "1"},
+			want:     map[string]string{hPriority: "best_effort", hTenant: "acme", hTimeout: "1995", hAttempt: "1"},
 		},
 		{
 			name: "the request's own headers, as the transport reads them",
@@ -123,7 +124,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 			name:     "the request's own timeout is the time left",
 			deadline: 2 * time.Second,
 			own:      map[string]string{hTimeout: "99999"},
-			want:     map[string]string{hTimeout: "1999", hAttempt: "1"},
+			want:     map[string]string{hTimeout: "1995", hAttempt: "1"},
 		},
 		{
 			name: "an empty tenant in the context removes the request's",
@@ -146,7 +147,7 @@ func TestPropagateWritesOnlyWhereOnAndOnlyWithValues(t *testing.T) {
 		{
 			name:    "a per-attempt timeout and no deadline",
 			timeout: 1500 * time.Millisecond,
-			want:    map[string]string{hTimeout: "1499", hAttempt: "1"},
+			want:    map[string]string{hTimeout: "1495", hAttempt: "1"},
 		},
 		{
 			name: "an empty tenant and an invalid priority are no values",
@@ -328,7 +329,7 @@ func TestPropagateUsesTheConfiguredNames(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		want := http.Header{"X-Crit": {"bulk"}, "X-Customer": {"acme"}, "X-Deadline-Ms": {"999"}, "X-Try": {"1"}}
+		want := http.Header{"X-Crit": {"bulk"}, "X-Customer": {"acme"}, "X-Deadline-Ms": {"995"}, "X-Try": {"1"}}
 		if diff := cmp.Diff(want, rec.sent()[0].header); diff != "" {
 			t.Errorf("headers (-want +got):\n%s", diff)
 		}
@@ -403,15 +404,15 @@ func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
 		want     string        // "": no header
 	}{
 		{"no deadline, no timeout", 0, 0, 0, ""},
-		{"deadline", 1500 * time.Millisecond, 0, 0, "1499"},
-		{"deadline rounded down", 1500*time.Millisecond + 999*time.Microsecond, 0, 0, "1499"},
-		{"a millisecond and more", 1500*time.Millisecond + time.Millisecond, 0, 0, "1500"},
+		{"deadline", 1500 * time.Millisecond, 0, 0, "1495"},
+		{"deadline rounded down", 1500*time.Millisecond + 999*time.Microsecond, 0, 0, "1495"},
+		{"a millisecond and more", 1500*time.Millisecond + time.Millisecond, 0, 0, "1496"},
 		{"less than a millisecond left", 400 * time.Microsecond, 0, 0, "0"},
-		{"per-attempt shorter", 1500 * time.Millisecond, 300 * time.Millisecond, 0, "299"},
-		{"deadline shorter", 250 * time.Millisecond, time.Second, 0, "249"},
-		{"override shorter", time.Second, 2 * time.Second, 200 * time.Millisecond, "199"},
-		{"per-attempt, no deadline", 0, 2 * time.Second, 0, "1999"},
-		{"no more than the margin left", time.Millisecond + 999*time.Microsecond, 0, 0, "0"},
+		{"per-attempt shorter", 1500 * time.Millisecond, 300 * time.Millisecond, 0, "295"},
+		{"deadline shorter", 250 * time.Millisecond, time.Second, 0, "245"},
+		{"override shorter", time.Second, 2 * time.Second, 200 * time.Millisecond, "195"},
+		{"per-attempt, no deadline", 0, 2 * time.Second, 0, "1995"},
+		{"no more than the margin left", transitMargin + 999*time.Microsecond, 0, 0, "0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -472,7 +473,7 @@ func TestPropagatedTimeoutNeverExceedsTheCallersTime(t *testing.T) {
 			}
 			// 1s, then 1s less the first attempt's 50ms and the 100ms backoff,
 			// each less the transit margin.
-			if want := []string{"999", "849"}; !slices.Equal(got, want) {
+			if want := []string{"995", "845"}; !slices.Equal(got, want) {
 				t.Errorf("%s = %q, want %q", hTimeout, got, want)
 			}
 		})
@@ -1003,4 +1004,72 @@ func TestPropagatedDeadlineIsNeverLater(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestPropagatedDeadlineLeavesTheDialOut: over an *http.Transport, the
+// time left is written again once the connection is obtained, so that a
+// connection dialled for the request (a TLS handshake over a network, 30ms
+// here) is not time the next tier has: its deadline, arrival plus the
+// milliseconds announced, is not later than the caller's, nor than the end
+// of the attempt's own timeout, on a new connection and on a kept one.
+func TestPropagatedDeadlineLeavesTheDialOut(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // the caller's; 0: none
+		set      time.Duration // Timeout.PerAttempt; 0: no Timeout
+	}{
+		{"the caller's deadline", 300 * time.Millisecond, 0},
+		{"a per-attempt timeout", 0, 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var nw httptestutil.Network
+				var end time.Time // the caller's deadline, or the attempt's
+				var late []time.Duration
+				nw.Listen("a.test:80", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					ms, err := strconv.ParseInt(r.Header.Get(hTimeout), 10, 64)
+					if err != nil {
+						t.Errorf("%s = %q", hTimeout, r.Header.Get(hTimeout))
+					}
+					late = append(late, time.Now().Add(time.Duration(ms)*time.Millisecond).Sub(end))
+				}))
+				defer nw.Close()
+				base := nw.Transport()
+				dial := base.DialContext
+				base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					time.Sleep(30 * time.Millisecond) // the handshake
+					return dial(ctx, network, addr)
+				}
+				defer base.CloseIdleConnections()
+				set := policy.Set{Propagate: true}
+				if tc.set > 0 {
+					set.Timeout = &policy.Timeout{PerAttempt: tc.set}
+				}
+				tr := mustNew(t, Config{Base: base, Policies: set})
+				for range 2 { // a new connection, then the kept one
+					ctx, cancel := t.Context(), context.CancelFunc(func() {})
+					end = time.Now().Add(tc.set)
+					if tc.deadline > 0 {
+						end = time.Now().Add(tc.deadline)
+						ctx, cancel = context.WithDeadline(ctx, end)
+					}
+					resp, err := get(t, ctx, tr, "http://a.test/")
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					cancel()
+				}
+				if len(late) != 2 {
+					t.Fatalf("%d requests arrived, want 2", len(late))
+				}
+				for i, d := range late {
+					if d > 0 {
+						t.Errorf("request %d: the next tier's deadline is %v later than the caller's", i+1, d)
+					}
+				}
+			})
+		})
+	}
 }
