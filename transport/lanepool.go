@@ -63,7 +63,8 @@ func newLanePool(base *http.Transport, addr string, resolve policy.Resolver, let
 }
 
 // RoundTrip sends req on the pool's current clone, making one if the last
-// was let go.
+// was let go. A panic of the clone (a Proxy func's, say) ends the stream
+// it began, and goes on.
 func (p *lanePool) RoundTrip(req *http.Request) (*http.Response, error) {
 	g := p.cur.Load()
 	if g == nil {
@@ -73,7 +74,14 @@ func (p *lanePool) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !g.used.Load() {
 		g.used.Store(true)
 	}
+	returned := false
+	defer func() {
+		if !returned {
+			g.end(p.let)
+		}
+	}()
 	resp, err := g.t.RoundTrip(req)
+	returned = true
 	if err != nil || resp.ProtoMajor != 2 || resp.Body == nil || resp.Body == http.NoBody {
 		g.end(p.let)
 		return resp, err
