@@ -55,7 +55,8 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 
 // leaveLane tells leg l's lane how its attempt went: outcome o, resp the
 // answer if any, err the attempt's error if any (a refused or timed-out
-// dial takes the lane out at once). It closes the idle connections of the
+// dial, or no headers within the attempt's timeout, takes the lane out
+// at once). It closes the idle connections of the
 // lanes the outcome ejected, and of a lane drained by it.
 func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome) lane.Report[*lanePool] {
 	var now time.Time
@@ -70,6 +71,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 	}
 	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
 	a.Unreached = resp == nil && httpx.Undialed(err)
+	_, a.Mute = err.(*attemptTimeoutError) // no headers within the attempt's timeout
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs

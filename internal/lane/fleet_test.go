@@ -335,6 +335,49 @@ func TestALaneBackWithinSecondsOfAPeak(t *testing.T) {
 	}
 }
 
+// TestAFrozenReplicaIsProbedAndAnswersAtItsThaw: a replica frozen for 5 s
+// (its kernel still accepts; nothing answers) fails each attempt at the
+// attempt's timeout, 1 s, with no answer, and answers at its thaw what it
+// took since. Such a lane is out for a second at each, then gets one probe
+// at a time: it takes an attempt about every 2 s while frozen, and the
+// probe in flight at its thaw is answered then. A penalty of 2^k × its 1 s
+// answer, fading with a 1 s time constant, kept it unpicked for 5 s after
+// its last failure (fleetops' freeze scenario: never answered within 3 s
+// of SIGCONT in 2 runs of 3).
+func TestAFrozenReplicaIsProbedAndAnswersAtItsThaw(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)
+	var answered time.Time // lane a's first answer after its thaw
+	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		if l.Addr != "a" || now.Before(from) {
+			return 5 * time.Millisecond, policy.Success, Answer{}
+		}
+		d := 5 * time.Millisecond
+		if now.Before(to) {
+			if d = to.Sub(now) + d; d >= time.Second {
+				return time.Second, policy.Failure, Answer{Mute: true}
+			}
+		}
+		if answered.IsZero() {
+			answered = now.Add(d)
+		}
+		return d, policy.Success, Answer{}
+	}
+	m := newSim(s, 5*time.Millisecond, serve)
+	m.run(2 * time.Second)
+	frozen := m.window(5 * time.Second)
+	if n := frozen["a"] * float64(5*time.Second/m.every); n > 5 {
+		t.Errorf("%.0f attempts on the frozen lane in its 5 s, want one about every 2 s", n)
+	}
+	m.run(3 * time.Second)
+	if answered.IsZero() || answered.Sub(to) > time.Second {
+		t.Errorf("lane a answered %v after its thaw, want within 1 s (zero: never)", answered.Sub(to))
+	}
+	if len(m.ejected) != 0 {
+		t.Errorf("ejected %v", m.ejected)
+	}
+}
+
 // TestABacklogAfterAStallMovesNoTraffic: the calls a stall held back go
 // out together and come back slowed in the order they were sent, none
 // overtaking another (the client works through them): every lane slow

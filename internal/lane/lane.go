@@ -496,6 +496,9 @@ type Answer struct {
 	// Unreached is true when the attempt's dial was refused or timed
 	// out: nothing answers at the lane's address.
 	Unreached bool
+	// Mute is true when the attempt's own timeout ended it before any
+	// answer came: the replica took it and said nothing (frozen, hung).
+	Mute bool
 }
 
 // Report is what Done tells the caller.
@@ -565,7 +568,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	var rep Report[P]
 	s.endedLocked(t, t-int64(latency))
-	down := false
+	down, mute := false, false
 	switch {
 	case o == policy.Success:
 		if latency > 0 {
@@ -597,7 +600,11 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
 		l.answered, l.lastOK = true, false
 		l.consecutive++
-		if !rep.Held {
+		// A lane that said nothing before the attempt's timeout is out
+		// for downFor, then probed, as one whose dial was refused:
+		// what it will do next is unknown, not 2^k times its timeout.
+		mute = a.Mute && !rep.Held
+		if !rep.Held && !mute {
 			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
 			p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, 64))))
 			l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
@@ -639,7 +646,10 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	if rep.Held {
 		s.holdLocked(l, t, a)
 	}
-	rep.Explained = (l.ejectedAt(t) || l.consecutive >= 2 || rep.Held) && s.otherOpenLocked(l, t, true)
+	if mute && !l.ejectedAt(t) {
+		s.outLocked(l, t)
+	}
+	rep.Explained = (l.ejectedAt(t) || l.consecutive >= 2 || rep.Held || mute) && s.otherOpenLocked(l, t, true)
 	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
 		s.redialLocked(l, t)
 	}
@@ -666,13 +676,19 @@ func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
 // asked again as soon as refreshGap has passed since it was last asked.
 // s.mu is held.
 func (s *Set[P]) downLocked(l *Lane[P], t int64) {
+	s.outLocked(l, t)
+	if r := s.refreshAt.Load(); s.refresh > 0 && r != math.MaxInt64 {
+		s.refreshAt.Store(min(r, max(t, s.askedT+int64(refreshGap))))
+	}
+}
+
+// outLocked takes l out at t for downFor, then one probe at a time until
+// it answers. s.mu is held.
+func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 	l.forget(t)
 	if u := t + int64(downFor); u > l.until.Load() {
 		l.until.Store(u)
 		s.reblockLocked(t)
-	}
-	if r := s.refreshAt.Load(); s.refresh > 0 && r != math.MaxInt64 {
-		s.refreshAt.Store(min(r, max(t, s.askedT+int64(refreshGap))))
 	}
 }
 
