@@ -76,7 +76,9 @@ import (
 // is not an ejection: it counts neither towards ConsecutiveFailures nor
 // against MaxEjected, and EjectFor's longer ejections stay for replicas
 // that answer badly. It also asks Endpoints again early, at most once a
-// second a key. A 503 or 429 with a Retry-After from one lane holds that
+// second a key. An attempt that Timeout.PerAttempt ends with no answer at
+// all (a frozen or hung replica) takes its lane out for 1 s the same way,
+// then a probe; it counts towards ConsecutiveFailures. A 503 or 429 with a Retry-After from one lane holds that
 // lane back, not the key: the Throttler's pushback is armed only when no
 // other lane is left. The lane is tried again by one probe as soon as the
 // hold could be over: a second before the Retry-After ends (it counts
