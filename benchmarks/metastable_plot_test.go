@@ -32,7 +32,7 @@ func plot(outs []outcome) string {
 	for _, o := range outs {
 		maxQ = max(maxQ, float64(o.peakQueue(0, len(o.s.queue))))
 	}
-	decades := math.Ceil(math.Log10(maxQ + 1))
+	decades := max(math.Ceil(math.Log10(maxQ+1)), 1)
 	y2 := func(q float64) float64 { return top2 + panelH*(1-math.Log10(q+1)/decades) }
 
 	var b strings.Builder
@@ -44,17 +44,18 @@ func plot(outs []outcome) string {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#f3d9d9"/>`+"\n", x(from), pt, x(to)-x(from), panelH)
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#444"/>`+"\n", left, pt, pw, panelH)
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">trigger: %d× service time</text>`+"\n", (x(from)+x(to))/2, top-8, sc.slowdown)
-	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">goodput (share of each second's calls that succeeded within %v)</text>`+"\n", left, top-20+4, sc.deadline)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">trigger: %d× service time</text>`+"\n", (x(from)+x(to))/2, top+panelH-8, sc.slowdown)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">goodput (share of each second's calls that succeeded within %v)</text>`+"\n", left, top-8, sc.deadline)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">server queue at each second's end (log scale)</text>`+"\n", left, top2-8)
 	for _, f := range []float64{0, 0.25, 0.5, 0.75, 0.95, 1} {
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y1(f), y1(f))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f%%</text>`+"\n", left-5, y1(f)+4, 100*f)
 	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">0</text>`+"\n", left-5, y2(0)+4)
 	for d := 0.0; d <= decades; d++ {
 		q := math.Pow(10, d)
-		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y2(q-1), y2(q-1))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f</text>`+"\n", left-5, y2(q-1)+4, q-1)
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, left+pw, y2(q), y2(q))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f</text>`+"\n", left-5, y2(q)+4, q)
 	}
 	for s := 0; s <= secs; s += 2 {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>`+"\n", x(float64(s)), top2+panelH+15, s)

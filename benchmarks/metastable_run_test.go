@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"context"
+	"encoding/xml"
 	"fmt"
 	"io"
 	"net"
@@ -235,5 +236,24 @@ func TestMetastableSmoke(t *testing.T) {
 	}
 	if t.Failed() || testing.Verbose() {
 		t.Log("\n" + table([]outcome{bare, res}))
+	}
+	// make metastable's plot of these two runs is well-formed SVG with
+	// two lines (goodput, queue) for each.
+	d := xml.NewDecoder(strings.NewReader(plot([]outcome{bare, res})))
+	lines := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("plot: %v", err)
+		}
+		if el, ok := tok.(xml.StartElement); ok && el.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != 4 {
+		t.Errorf("plot: %d polylines, want 4", lines)
 	}
 }
