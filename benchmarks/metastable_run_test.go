@@ -29,7 +29,11 @@ func measure(sc scenario, c *counters, call caller, servers ...*fifoServer) *ser
 	offer(sc, c, call)
 	close(stop)
 	wg.Wait()
-	return c.series(queue)
+	s := c.series(queue)
+	for _, srv := range servers {
+		s.lost += time.Duration(srv.lost.Load())
+	}
+	return s
 }
 
 // runLoopback runs sc against one fresh server over loopback, m calling it.
@@ -42,7 +46,7 @@ func runLoopback(tb testing.TB, sc scenario, m metaClient) outcome {
 	base := &http.Transport{MaxIdleConnsPerHost: 256}
 	defer base.CloseIdleConnections()
 	s := measure(sc, c, m.new(tb, base, hs.URL), back)
-	return outcome{name: m.name, s: s, sc: sc}
+	return outcome{name: m.name, s: s, sc: sc, servers: 1}
 }
 
 // newCountingServer serves h over loopback, counting the connections it
@@ -91,7 +95,7 @@ func runTwoTiers(tb testing.TB, sc scenario, m metaClient) outcome {
 	frontBase := &http.Transport{MaxIdleConnsPerHost: 256}
 	defer frontBase.CloseIdleConnections()
 	s := measure(sc, c, metaClientNamed(frontCallers).new(tb, frontBase, front.URL), back)
-	return outcome{name: m.name, s: s, sc: sc}
+	return outcome{name: m.name, s: s, sc: sc, servers: 1}
 }
 
 // fleet is the simulated version's size: clients each with their own
@@ -141,7 +145,7 @@ func runSimulated(t *testing.T, sc scenario, f fleet, m metaClient) outcome {
 		for _, s := range servers {
 			s.Close()
 		}
-		out = outcome{name: m.name, s: s, sc: fsc}
+		out = outcome{name: m.name, s: s, sc: fsc, servers: f.servers}
 	})
 	return out
 }

@@ -58,12 +58,13 @@ func (sc scenario) triggerSlots() (from, to int) {
 
 // series is what one run counted, per slot.
 type series struct {
-	offered, good []int64 // calls issued in the slot; those that succeeded within their deadline
-	arrivals      []int64 // requests whose handler started, at the server(s) being measured
-	completed     []int64 // work finished
-	orphaned      []int64 // work finished for a caller that had gone
-	queue         []int64 // requests waiting for a worker, sampled at the slot's end
-	conns         []int64 // connections the server(s) accepted
+	offered, good []int64       // calls issued in the slot; those that succeeded within their deadline
+	arrivals      []int64       // requests whose handler started, at the server(s) being measured
+	completed     []int64       // work finished
+	orphaned      []int64       // work finished for a caller that had gone
+	queue         []int64       // requests waiting for a worker, sampled at the slot's end
+	conns         []int64       // connections the server(s) accepted
+	lost          time.Duration // worker time the machine took from the server(s) while busy
 }
 
 func newSeries(n int) *series {
@@ -118,6 +119,7 @@ type fifoServer struct {
 	stop             chan struct{}
 	wg               sync.WaitGroup
 	queued, dequeued atomic.Int64
+	lost             atomic.Int64 // worker time the machine took from a busy worker, in ns
 }
 
 type job struct {
@@ -158,11 +160,12 @@ func (s *fifoServer) work() {
 		// worker waited for starts now.
 		var j job
 		start := free
-		if late := time.Now().Add(-s.sc.service); start.Before(late) {
-			start = late
-		}
 		select {
 		case j = <-s.jobs:
+			if late := time.Now().Add(-s.sc.service); start.Before(late) {
+				s.lost.Add(int64(late.Sub(start)))
+				start = late
+			}
 		default:
 			select {
 			case <-s.stop:
@@ -421,9 +424,10 @@ func (c *counters) series(queue []int64) *series {
 
 // outcome is one client's run, reduced.
 type outcome struct {
-	name string
-	s    *series
-	sc   scenario
+	name    string
+	s       *series
+	sc      scenario
+	servers int
 }
 
 func sum(s []int64, from, to int) int64 {
@@ -484,18 +488,19 @@ func fmtRecovery(d time.Duration) string {
 // table is the outcomes as a Markdown table, one row per client.
 func table(outs []outcome) string {
 	var b strings.Builder
-	b.WriteString("| client | goodput calm | goodput trigger | goodput last 5 s | back to 95% after | work/offered trigger | work/offered 5 s after | work for gone callers | peak queue | new conns/s after |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| client | goodput calm | goodput trigger | goodput last 5 s | back to 95% after | work/offered trigger | work/offered 5 s after | work for gone callers | peak queue | new conns/s after | server time lost |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, o := range outs {
 		from, to := o.sc.triggerSlots()
 		n := o.sc.slots()
 		warm := int(time.Second / slot)
 		five := int(5 * time.Second / slot)
-		fmt.Fprintf(&b, "| %s | %.1f%% | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.0f%% | %d | %.0f |\n", o.name,
+		fmt.Fprintf(&b, "| %s | %.1f%% | %.1f%% | %.1f%% | %s | %.2f | %.2f | %.0f%% | %d | %.0f | %.1f%% |\n", o.name,
 			100*o.goodput(warm, from), 100*o.goodput(from, to), 100*o.goodput(n-five, n), fmtRecovery(o.recovery()),
 			o.work(from, to), o.work(to, to+five),
 			100*ratio(sum(o.s.orphaned, 0, n), sum(o.s.completed, 0, n)), o.peakQueue(0, n),
-			float64(sum(o.s.conns, to, n))/(o.sc.after.Seconds()))
+			float64(sum(o.s.conns, to, n))/(o.sc.after.Seconds()),
+			100*o.s.lost.Seconds()/(o.sc.total().Seconds()*float64(o.sc.workers*o.servers)))
 	}
 	return b.String()
 }
