@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/httptestutil"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/transport"
 )
 
 // measure runs the generator against servers and samples their queues;
@@ -199,6 +201,11 @@ func TestMetastable(t *testing.T) {
 	}
 	fmt.Printf("\nSimulated (synctest, in-memory network): %d clients of each kind, %d servers behind one address, %d calls/s offered:\n\n%s\n",
 		f.clients, f.servers, sc.rate*f.servers, table(sim))
+	watched, state := watchResilix(t, sc, f, "resilix", quickStart())
+	noHedge := quickStart()
+	noHedge.Hedge = nil
+	bare, _ := watchResilix(t, sc, f, "resilix-without-hedge", noHedge)
+	fmt.Printf("\nThe simulated fleet's resilix clients, watched:\n\n%s\n%s\n", state, table([]outcome{watched, bare}))
 
 	var miss []string
 	for _, o := range single {
@@ -260,4 +267,49 @@ func TestMetastableSmoke(t *testing.T) {
 	if lines != 4 {
 		t.Errorf("plot: %d polylines, want 4", lines)
 	}
+}
+
+// watchResilix runs the simulated fleet with resilix clients built from
+// set, and reads their state for the key "back" each second through
+// Transport.Measured: the sum of the limiters' limits, the attempts they
+// hold, the hedges started so far, and the breakers not closed.
+func watchResilix(t *testing.T, sc scenario, f fleet, name string, set policy.Set) (outcome, string) {
+	var (
+		mu  sync.Mutex
+		trs []*transport.Transport
+		log strings.Builder
+	)
+	fmt.Fprintf(&log, "%s, each second: the sum of the limits, attempts in flight, hedges started, breakers not closed\n", name)
+	watch := func() {
+		for s := range int(sc.total() / time.Second) {
+			time.Sleep(time.Second)
+			var limit, inflight, notClosed int
+			var hedges uint64
+			mu.Lock()
+			for _, tr := range trs {
+				m := tr.Measured("back")
+				limit += m.LimiterLimit
+				inflight += m.LimiterInFlight
+				hedges += m.HedgesStarted
+				if m.BreakerState != policy.BreakerClosed {
+					notClosed++
+				}
+			}
+			mu.Unlock()
+			fmt.Fprintf(&log, "  %2ds %5d %5d %5d %3d\n", s+1, limit, inflight, hedges, notClosed)
+		}
+	}
+	m := metaClient{name, func(tb testing.TB, base http.RoundTripper, url string) caller {
+		tr := mustResilix(tb, base, set)
+		mu.Lock()
+		trs = append(trs, tr)
+		if len(trs) == 1 {
+			go watch() // in the bubble: it ends with the load
+		}
+		mu.Unlock()
+		c := &http.Client{Transport: tr}
+		return func(ctx context.Context) bool { return get(ctx, c, url) == http.StatusOK }
+	}}
+	o := runSimulated(t, sc, f, m)
+	return o, log.String()
 }
