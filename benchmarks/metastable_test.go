@@ -237,7 +237,8 @@ var metaClients = []metaClient{
 	// deadline).
 	{"loop", func(_ testing.TB, base http.RoundTripper, url string) caller {
 		c := &http.Client{Transport: base}
-		return func(ctx context.Context) bool { return retryLoop(ctx, ctx, c, url) }
+		var seq atomic.Uint64
+		return func(ctx context.Context) bool { return retryLoop(ctx, ctx, c, url, seq.Add(1)) }
 	}},
 	// The same loop where the deadline is http.Client.Timeout, one second
 	// per attempt, and the caller's context is not passed down: the loop
@@ -245,8 +246,9 @@ var metaClients = []metaClient{
 	// in code whose callers do not hand it a context.
 	{"loop-per-attempt", func(_ testing.TB, base http.RoundTripper, url string) caller {
 		c := &http.Client{Transport: base, Timeout: issue35.deadline}
+		var seq atomic.Uint64
 		return func(context.Context) bool {
-			return retryLoop(context.Background(), context.Background(), c, url)
+			return retryLoop(context.Background(), context.Background(), c, url, seq.Add(1))
 		}
 	}},
 	// go-retryablehttp's NewClient at its defaults (RetryMax 4, waits of
@@ -320,8 +322,9 @@ func get(ctx context.Context, c *http.Client, url string) int {
 // retryLoop is the hand-written retry: up to 3 attempts on reqCtx, with
 // backoff between them, retrying errors and 5xx, until the caller's
 // waitCtx ends the waits (a loop given the caller's context stops there).
-func retryLoop(waitCtx, reqCtx context.Context, c *http.Client, url string) bool {
-	rnd := rand.New(rand.NewPCG(rand.Uint64(), 35))
+// The jitter comes from a source seeded with seed.
+func retryLoop(waitCtx, reqCtx context.Context, c *http.Client, url string, seed uint64) bool {
+	rnd := rand.New(rand.NewPCG(seed, 35))
 	for attempt := range 3 {
 		if attempt > 0 {
 			t := time.NewTimer(time.Duration(rnd.Int64N(int64(loopBackoff << (attempt - 1)))))
