@@ -155,6 +155,23 @@ FLEET_PUSHBACK ?= 1
 fleet-pushback:
 	RESILIX_FLEET_PUSHBACK=$(FLEET_PUSHBACK) $(GO) test -count=1 -run '^TestFleetPushback$$' -v -timeout 10m ./transport/
 
+## metastable: the metastability experiment of benchmarks/ (about 7
+## min): a server of 8 workers at 10ms behind an unbounded FIFO that works
+## on requests whose callers have gone, offered 640 calls/s open loop with
+## a 1s deadline, its service time 5x for 5s; each client (bare net/http,
+## two hand-written retry loops, go-retryablehttp, failsafe-go with and
+## without its budget, resilix's quick start) alone against a fresh server
+## over loopback, then behind a front service (two tiers), then 200 of each
+## against a fleet in virtual time (and that fleet's resilix clients
+## watched each second); prints one table each, draws
+## docs/metastable.svg, and fails if resilix's one-tier run misses back to
+## 95% goodput within 2s of the trigger's end or more than 1.3 handler
+## starts per offered call during it. No -race, for the reason given at
+## flaky. make test runs a smoke of it in virtual time.
+.PHONY: metastable
+metastable:
+	cd benchmarks && RESILIX_METASTABLE=1 RESILIX_METASTABLE_SVG=../docs/metastable.svg $(GO) test -count=1 -run '^TestMetastable$$' -v -timeout 20m .
+
 ## scenarios: three loopback measurements checked against targets (about
 ## 45s), each printing its table: the hedge threshold after an 8s
 ## brownout (TestHedgeRecovery), a flash crowd on admission's slow start
