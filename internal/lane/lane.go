@@ -31,11 +31,14 @@ const (
 	// every lane) still reaches one lane as a peak: at 10 s, such a peak
 	// of 30 ms against 6 ms kept its lane unpicked for 4 s in fleetops'
 	// stall scenario, and for 9 s in TestALaneBackWithinSecondsOfAPeak;
-	// at 1 s, for about 1 s, the time constant of the other rules here
-	// (failureDecay, typical, slowStart). A replica 20× slower than the
-	// others is then probed about once every 2 s a client, until its
-	// slow answers eject it.
-	decay = time.Second
+	// at 2 s, for about 2.5 s. Shorter is not better: a frozen replica,
+	// whose legs hedges save, is picked again as often as its estimate
+	// decays, and the calls no hedge saves (plain POSTs) wait out their
+	// timeout there (fleetops' freeze scenario, 3 runs: at 1 s, 5 and 7
+	// failed calls, at 2 s, 4). A replica 20× slower than the others is
+	// probed about once every 4 s a client, until its slow answers eject
+	// it.
+	decay = 2 * time.Second
 	// failurePenalty: failures are kept out of the latency estimate
 	// (failure accrual apart, as Finagle keeps it). A failure sets the
 	// lane's penalty, added to its estimate at a pick, to at least the
@@ -219,7 +222,7 @@ func (l *Lane[P]) estimate(t int64) float64 {
 }
 
 // decayed returns e^(−dt/decay), 1 for dt <= 0. Picks read it twice, so
-// the common case, a lane sampled within the last 50 ms, takes the
+// the common case, a lane sampled within the last 100 ms, takes the
 // series to its fourth term (relative error under 3e-7) rather than
 // math.Exp.
 func decayed(dt int64) float64 {
