@@ -228,23 +228,22 @@ func (r *round) fire() {
 	}
 }
 
-// hedge runs on the round's timer when a hedge is due: it asks the hedging
-// gates in order and, if all pass, sends one more leg. A panic here
-// (GetBody, an observer) would kill the process: it is handed to the
-// caller instead.
+// hedge runs on the round's timer when a hedge is due, and is the one
+// place where a hedge is decided: first the checks, which take nothing
+// (the hedging gates, then whether the first leg is still sending a body
+// the hedge would replay), then what the leg takes (see take), each step
+// given back exactly when a later one refuses, and last the leg is sent
+// (see launch), which alone spends WinRate's credit. A panic here
+// (GetBody, an observer) would kill the process: what the hedge took is
+// given back, and the panic is handed to the caller.
 func (r *round) hedge(now time.Time) {
 	c := &r.c
-	firing := false
-	reserved := false // the budget's token is taken and the leg not sent
+	var tk hedgeTake
+	deciding := false // r.firing is this decision's to clear
 	defer func() {
 		p := recover()
-		if reserved {
-			// Refused after the budget, or a panic (GetBody, an
-			// observer): RefundHedge gives back exactly what
-			// WithdrawHedge took.
-			c.s.budget.RefundHedge(now)
-		}
-		if firing {
+		tk.giveBack(c, now)
+		if deciding {
 			// No leg after all: the round must not wait for one.
 			r.mu.Lock()
 			r.firing = false
@@ -263,23 +262,12 @@ func (r *round) hedge(now time.Time) {
 	r.awaiting = false // decided now, if it waited for the body
 	why := r.gate(now)
 	r.firing = why == 0
-	firing = r.firing
+	deciding = r.firing
 	r.mu.Unlock()
 	if why != 0 {
 		c.suppress(why)
 		return
 	}
-
-	// What a hedge takes, it takes in an order where nothing stays spent
-	// when a later step refuses it: first what can be given back exactly
-	// (the budget's token), then the body, then the admission gates,
-	// whose permits unadmit gives back, and last, under the round's lock
-	// with the check that the round may still send a leg, the rate
-	// limit's token, which cannot be given back (a hedge takes one only
-	// from a bucket full but for one, and never waits: see
-	// gate.RateLimiter.AcquireHedge). WinRate's credit is spent once the
-	// leg is sent (hedge.State.Started).
-	//
 	// A body the first leg is still sending is waited for before anything
 	// is taken: the hedge is decided again, from the hedging gates, once
 	// the body is in.
@@ -289,67 +277,119 @@ func (r *round) hedge(now time.Time) {
 		}
 		return
 	}
-	// Hedges come due in bursts (a hiccup makes every call in flight
-	// cross the threshold at once) and a burst can empty the budget,
-	// which refills with traffic within a few thresholds; a call still on
-	// the wire one threshold later is very likely a slow one. So a round
-	// the budget refused asks again one threshold later, three times,
-	// then backing off (two, four, ...), so that the timer work of a
-	// round whose budget stays empty is bounded.
-	r.mu.Lock()
-	if r.ended() || !c.s.budget.WithdrawHedge(now) {
-		ended := r.budgetRefusedLocked(now)
-		firing = firing && ended
-		r.mu.Unlock()
-		if !ended {
-			c.suppress(policy.HedgeBudget)
+	l, why, rearmed := r.take(now, &tk)
+	if rearmed {
+		deciding = false // the budget's refusal ended the decision
+	}
+	if l == nil {
+		if why != 0 {
+			c.suppress(why)
 		}
 		return
 	}
-	reserved = true // given back as hedge returns, unless the leg is sent
+	r.launch(l, now, &tk, &deciding)
+}
+
+// hedgeTake is what a hedge has taken on its way to the wire and not yet
+// spent: the budget's token (with the hedges' allowance's), its body, and
+// its leg's admission permits. Until the leg is sent, giveBack returns
+// each exactly, as x/time/rate's Reservation.Cancel gives back tokens.
+type hedgeTake struct {
+	token bool
+	body  io.ReadCloser
+	leg   *leg // admitted: it holds the admission gates' permits
+}
+
+// giveBack returns what tk holds, as a hedge that was not sent: the
+// permits as Discarded, the body closed, the budget's token refunded. It
+// does nothing once the leg is sent (see launch).
+func (tk *hedgeTake) giveBack(c *call, now time.Time) {
+	if tk.leg != nil {
+		c.unadmit(tk.leg, now)
+	}
+	closeBody(tk.body)
+	if tk.token {
+		c.s.budget.RefundHedge(now)
+	}
+	*tk = hedgeTake{}
+}
+
+// take takes, into tk, what a hedge leg needs, in an order where nothing
+// stays spent when a later step refuses: the budget's token, which is
+// given back exactly, then the body, then the admission gates, whose
+// permits are given back as Discarded. (The rate limit's token, which
+// cannot be given back, is taken last, by launch.) It returns the leg,
+// admitted, or nil and why not: 0 when the round can send no more legs.
+//
+// Hedges come due in bursts (a hiccup makes every call in flight cross
+// the threshold at once) and a burst can empty the budget, which refills
+// with traffic within a few thresholds; a call still on the wire one
+// threshold later is very likely a slow one. So a round the budget
+// refused asks again one threshold later, three times, then backing off
+// (two, four, ...), so that the timer work of a round whose budget stays
+// empty is bounded; rearmed says so, the decision being over.
+func (r *round) take(now time.Time, tk *hedgeTake) (l *leg, why policy.SuppressReason, rearmed bool) {
+	c := &r.c
+	r.mu.Lock()
+	if r.ended() {
+		r.mu.Unlock()
+		return nil, 0, false
+	}
+	if !c.s.budget.WithdrawHedge(now) {
+		r.budgetRefusedLocked(now)
+		r.mu.Unlock()
+		return nil, policy.HedgeBudget, true
+	}
+	tk.token = true
 	r.mu.Unlock()
-	body, why := r.body()
-	if why != 0 {
-		c.suppress(why)
-		return
+	if tk.body, why = r.body(); why != 0 {
+		return nil, why, false
 	}
-	l := new(leg)
+	l = new(leg)
 	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
-		closeBody(body)
-		c.suppress(policy.HedgeRejected)
+		return nil, policy.HedgeRejected, false
+	}
+	tk.leg = l
+	return l, 0, false
+}
+
+// launch sends hedge leg l, admitted by take, unless the round can send
+// no more legs or the rate limit has no token for it, in which case tk
+// is left for hedge to give back. Sending l ends the decision (deciding).
+// The token is taken under the round's
+// lock, with the check that the round may still send a leg, since it
+// cannot be given back (a hedge takes one only from a bucket full but for
+// one, and never waits: see gate.RateLimiter.AcquireHedge). Once the leg
+// is in the round, WinRate's credit is spent (hedge.State.Started).
+func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
+	c := &r.c
+	r.mu.Lock()
+	if r.ended() {
+		r.mu.Unlock()
 		return
 	}
-	r.mu.Lock()
-	ended := r.ended()
-	rated, retryAfter := true, time.Duration(0)
-	if !ended {
-		rated, retryAfter = c.s.rate.AcquireHedge(c.ctx, now, c.prio)
-	}
-	if ended || !rated {
+	if ok, retryAfter := c.s.rate.AcquireHedge(c.ctx, now, c.prio); !ok {
 		r.mu.Unlock()
-		closeBody(body)
-		c.unadmit(l, now)
-		if !rated {
-			c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
-			c.suppress(policy.HedgeRejected)
-		}
+		c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
+		c.suppress(policy.HedgeRejected)
 		return
 	}
 
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
-	c.prepare(l, policy.AttemptHedge, body, true, now)
-	l.round, l.paid, reserved = r, true, false
+	c.prepare(l, policy.AttemptHedge, tk.body, true, now)
+	*tk = hedgeTake{} // spent: the leg holds it all now
+	l.round, l.paid = r, true
 	r.legs = append(r.legs, l)
 	r.live++
-	r.firing, firing = false, false
+	r.firing, *deciding = false, false
 	if r.live < r.max && c.wire < c.attempts {
 		r.due = now.Add(r.threshold)
 		r.armLocked(now)
 	}
 	r.mu.Unlock()
 
-	// The leg goes on the wire as fire returns, after it was reported
+	// The leg goes on the wire as launch returns, after it was reported
 	// started, and even if an observer panics: it is counted in live, so
 	// the round waits for it (and, abandoned, cancels it).
 	defer func() { go r.run(l) }()
@@ -365,21 +405,17 @@ func (r *round) ended() bool {
 	return r.over || r.live >= r.max || r.c.wire >= r.c.attempts
 }
 
-// budgetRefusedLocked ends a hedge's decision for a budget with no token:
-// unless the round has ended, it asks again one threshold later (three
-// times, then backing off), done deciding before the timer can fire
-// again, so that the next fire's decision is the one the round waits for.
-// It reports whether the round had ended. r.mu is held.
-func (r *round) budgetRefusedLocked(now time.Time) (ended bool) {
-	if r.ended() {
-		return true
-	}
+// budgetRefusedLocked ends a hedge's decision for a budget with no token,
+// the round not ended: it asks again one threshold later (three times,
+// then backing off), done deciding before the timer can fire again, so
+// that the next fire's decision is the one the round waits for. r.mu is
+// held.
+func (r *round) budgetRefusedLocked(now time.Time) {
 	r.firing = false
 	r.cond.Broadcast()
 	r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
 	r.refused++
 	r.armLocked(now)
-	return false
 }
 
 // bodyPending reports whether the first leg is still sending a body
