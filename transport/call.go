@@ -70,14 +70,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	s := t.scopes.enter(t.key(req), start)
 	defer s.leave()
-	c := call{
+	c := call{callPlan: callPlan{
 		t:     t,
 		s:     s,
 		req:   req,
 		ctx:   req.Context(),
 		start: start,
 		rep:   rep,
-	}
+	}}
 	c.narrow(&o)
 	c.prio, c.named = t.priority(req, c.s)
 	if c.s.throttle != nil || c.s.limiter != nil || c.s.chain.propagate {
@@ -181,9 +181,23 @@ func (t *Transport) malformed(ctx context.Context, s *scope, header, value strin
 	}
 }
 
-// call is the state of one logical call. It lives on RoundTrip's stack,
-// except while a hedge is in flight.
+// call is the state of one logical call: its plan, what it may do, fixed
+// before its first round; its tally, what it did; and the lanes it has
+// used. It lives on RoundTrip's stack, except while a hedge is in flight:
+// a hedged round works on a copy, and gives the call its tally back in
+// one step (see hedged).
 type call struct {
+	callPlan
+	callTally
+	// used is the mask of the lanes the call has sent on (bit
+	// lane.Lane.Index), read and set atomically: a hedged round's legs
+	// pick concurrently.
+	used uint64
+}
+
+// callPlan is what a call may do, and what for: set as RoundTrip reads the
+// request and its key's set, and before the first round, never after.
+type callPlan struct {
 	t      *Transport
 	s      *scope
 	req    *http.Request
@@ -204,11 +218,14 @@ type call struct {
 	// rb keeps a copy of a body without GetBody for replay; nil when the
 	// request has GetBody or no body, or the call would never replay it.
 	rb *httpx.Replay
-	// tooLarge: the retry not sent was not sent because rb's body outgrew
-	// the buffer (RetrySkip.BodyTooLarge).
-	tooLarge bool
 
-	wire    int                // wire attempts made; guarded by the round's lock while hedges run
+	rep *Report // the caller's, or nil
+}
+
+// callTally is what a call did, as its rounds and their legs count it. A
+// hedged round's legs count in the round's copy, under its lock.
+type callTally struct {
+	wire    int                // wire attempts made
 	retries int                // retries sent
 	outcome policy.Outcome     // of what the call returns
 	again   bool               // what the call returns asks for a retry (see leg.again)
@@ -217,15 +234,12 @@ type call struct {
 	// open when backoff looked (see backoff); a retry of an attempt
 	// that never left then draws no token from the budget.
 	elsewhere bool
-	// used is the mask of the lanes the call has sent on (bit
-	// lane.Lane.Index), read and set atomically: a hedged round's legs
-	// pick concurrently.
-	used uint64
+	// tooLarge: the retry not sent was not sent because rb's body outgrew
+	// the buffer (RetrySkip.BodyTooLarge).
+	tooLarge bool
 
 	// What the caller's Report needs, kept only when there is one (rep),
-	// but for the counts: hedges and hedgeWon are collected from each
-	// hedged round under its lock, on the caller's goroutine.
-	rep         *Report
+	// but for the counts.
 	sentRetries int                   // retries that went on the wire
 	hedges      int                   // hedge legs started
 	hedgeWon    bool                  // a hedge answered the call with a Success

@@ -43,16 +43,18 @@ type round struct {
 	first  leg     // the inline leg, legs[0]
 	legBuf [3]*leg // legs' storage for the default MaxConcurrent
 
-	mu      sync.Mutex
-	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
-	legs    []*leg    // every leg sent, in order; legs[0] runs inline
-	live    int       // legs sent and not yet ended
-	firing  bool      // fire is deciding on a leg: the round waits for it
-	over    bool      // no more legs may start
+	mu    sync.Mutex
+	cond  sync.Cond // on mu: signalled when a leg ends or a hedge's decision does
+	state roundState
+	// hedging is where the next hedge stands: none pending, being
+	// decided (the round waits for the decision), or awaiting the body
+	// the first leg is still sending (see awaitBody).
+	hedging hedgeState
+	legs    []*leg // every leg sent, in order; legs[0] runs inline
+	live    int    // legs sent and not yet ended
 	winner  *leg
 	failed  *leg // the last leg that failed; earlier ones are discarded
 	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
-	decided bool // a winner, a panic, or the caller abandoned the round
 	// timer is the round's one timer: it fires for the next hedge, due,
 	// and for the inline leg's per-attempt timeout, expires, whichever
 	// comes first (a zero time is none); expired says that it cancelled
@@ -62,14 +64,40 @@ type round struct {
 	expires time.Time
 	expired bool
 	refused int // hedges the budget refused in this round: later tries back off
-	// awaiting: a hedge came due while the first leg was still sending a
-	// body without GetBody; it is decided again once the body is read
-	// (see awaitBody).
-	awaiting bool
 	// rang: the timer's func has run, or may run, so a fire may still be
 	// using the round after the caller is done with it.
 	rang bool
 }
+
+// roundState is where a round is in its life. Its transitions:
+//
+//	roundOpen → roundClosed   the inline leg came back (report)
+//	roundOpen → roundDecided  a leg won, a leg panicked (decideLocked)
+//	roundClosed → roundDecided  the same, or the caller collected it
+type roundState uint8
+
+const (
+	roundOpen    roundState = iota // the inline leg is on the wire: hedges may start
+	roundClosed                    // no more legs may start; the legs on the wire may still win
+	roundDecided                   // a winner, a panic, or collected: whatever ends now is thrown away
+)
+
+// hedgeState is where a round's next hedge stands. Its transitions:
+//
+//	hedgeIdle → hedgeDeciding          its time came and the hedging gates passed (hedge)
+//	hedgeDeciding → hedgeIdle          sent, or refused (hedge, launch, budgetRefusedLocked)
+//	hedgeDeciding → hedgeAwaitingBody  the first leg is still sending the body (awaitBody)
+//	hedgeAwaitingBody → hedgeIdle      the body is in and the timer fires (hedge), or the inline leg came back (report)
+type hedgeState uint8
+
+const (
+	hedgeIdle hedgeState = iota
+	hedgeDeciding
+	hedgeAwaitingBody
+)
+
+// over reports whether the round can start no more legs. r.mu is held.
+func (r *round) over() bool { return r.state != roundOpen }
 
 // rounds holds the rounds that ended without their timer ever firing:
 // most rounds, since most calls are not hedged.
@@ -153,8 +181,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.report(l)
 	resp, err := r.collect()
 	done = true
-	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
-	c.hedges, c.hedgeWon, c.lane = r.c.hedges, r.c.hedgeWon, r.c.lane
+	c.callTally = r.c.callTally
 	c.used = atomic.LoadUint64(&r.c.used) // a loser may still be picking
 	r.release()
 	return resp, err
@@ -173,7 +200,7 @@ func (r *round) nextLocked() time.Time {
 // armLocked sets the round's timer for what is next pending, as of now,
 // unless the round is over. r.mu is held.
 func (r *round) armLocked(now time.Time) {
-	if next := r.nextLocked(); !next.IsZero() && !r.over {
+	if next := r.nextLocked(); !next.IsZero() && !r.over() {
 		r.timer.t.Reset(next.Sub(now))
 	}
 }
@@ -206,7 +233,7 @@ func (r *round) fire() {
 	now := time.Now()
 	r.mu.Lock()
 	r.rang = true
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return
 	}
@@ -239,14 +266,14 @@ func (r *round) fire() {
 func (r *round) hedge(now time.Time) {
 	c := &r.c
 	var tk hedgeTake
-	deciding := false // r.firing is this decision's to clear
+	deciding := false // hedgeDeciding is this decision's to end
 	defer func() {
 		p := recover()
 		tk.giveBack(c, now)
 		if deciding {
 			// No leg after all: the round must not wait for one.
 			r.mu.Lock()
-			r.firing = false
+			r.hedging = hedgeIdle
 			r.cond.Broadcast()
 			r.mu.Unlock()
 		}
@@ -255,14 +282,15 @@ func (r *round) hedge(now time.Time) {
 		}
 	}()
 	r.mu.Lock()
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return
 	}
-	r.awaiting = false // decided now, if it waited for the body
 	why := r.gate(now)
-	r.firing = why == 0
-	deciding = r.firing
+	r.hedging = hedgeIdle // decided now, if it awaited the body
+	if why == 0 {
+		r.hedging, deciding = hedgeDeciding, true
+	}
 	r.mu.Unlock()
 	if why != 0 {
 		c.suppress(why)
@@ -272,7 +300,10 @@ func (r *round) hedge(now time.Time) {
 	// is taken: the hedge is decided again, from the hedging gates, once
 	// the body is in.
 	if r.bodyPending() {
-		if !r.awaitBody() {
+		waits := r.awaitBody()
+		if waits {
+			deciding = false // awaitBody ended the decision
+		} else {
 			c.suppress(policy.HedgeBodyPending)
 		}
 		return
@@ -382,7 +413,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	l.round, l.paid = r, true
 	r.legs = append(r.legs, l)
 	r.live++
-	r.firing, *deciding = false, false
+	r.hedging, *deciding = hedgeIdle, false
 	if r.live < r.max && c.wire < c.attempts {
 		r.due = now.Add(r.threshold)
 		r.armLocked(now)
@@ -402,7 +433,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 // ended reports whether the round can send no more legs: it is over, or
 // at MaxConcurrent legs, or the call's Attempts are spent. r.mu is held.
 func (r *round) ended() bool {
-	return r.over || r.live >= r.max || r.c.wire >= r.c.attempts
+	return r.over() || r.live >= r.max || r.c.wire >= r.c.attempts
 }
 
 // budgetRefusedLocked ends a hedge's decision for a budget with no token,
@@ -411,7 +442,7 @@ func (r *round) ended() bool {
 // that the next fire's decision is the one the round waits for. r.mu is
 // held.
 func (r *round) budgetRefusedLocked(now time.Time) {
-	r.firing = false
+	r.hedging = hedgeIdle
 	r.cond.Broadcast()
 	r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
 	r.refused++
@@ -462,14 +493,16 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 // waits: not when the round is over. A round whose inline leg comes back
 // first ends with the hedge unsent, reported as HedgeBodyPending (see
 // report). The round cannot go back to the pool meanwhile: its timer has
-// rung.
+// rung. Awaiting ends the hedge's decision: the round does not wait for
+// the body, which the inline leg is sending.
 func (r *round) awaitBody() bool {
 	r.mu.Lock()
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return false
 	}
-	r.awaiting = true
+	r.hedging = hedgeAwaitingBody
+	r.cond.Broadcast()
 	r.mu.Unlock()
 	rb := r.c.rb
 	switch {
@@ -481,8 +514,10 @@ func (r *round) awaitBody() bool {
 		// unless the inline leg's report took the hedge over already.
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		waited := r.awaiting
-		r.awaiting = false
+		waited := r.hedging == hedgeAwaitingBody
+		if waited {
+			r.hedging = hedgeIdle
+		}
 		return !waited
 	}
 	return true
@@ -497,7 +532,7 @@ func (r *round) awaitBody() bool {
 func (r *round) bodyRead() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.awaiting || r.over {
+	if r.hedging != hedgeAwaitingBody || r.over() {
 		return
 	}
 	now := time.Now()
@@ -528,8 +563,8 @@ func (r *round) run(l *leg) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.mu.Lock()
-			if !l.ended {
-				l.ended = true
+			if l.state != legEnded {
+				l.state = legEnded
 				r.live--
 			}
 			r.mu.Unlock()
@@ -546,10 +581,10 @@ func (r *round) run(l *leg) {
 func (r *round) settle(l *leg) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if l.lost {
+	if l.state == legLost {
 		return false
 	}
-	l.settled = true
+	l.state = legAnswered
 	return true
 }
 
@@ -562,26 +597,29 @@ func (r *round) settle(l *leg) bool {
 func (r *round) report(l *leg) {
 	c := &r.c
 	r.mu.Lock()
-	l.ended = true
+	lost := l.state == legLost
+	l.state = legEnded
 	r.live--
 	defer r.cond.Broadcast()
 	if l == r.legs[0] {
 		// The inline leg is back: whatever happens, no more legs start.
-		r.over = true
+		if r.state == roundOpen {
+			r.state = roundClosed
+		}
 		r.stopLocked()
-		if r.awaiting {
+		if r.hedging == hedgeAwaitingBody {
 			// The hedge waiting for the body will not be sent; reported
 			// once r.mu is let go, as report returns.
-			r.awaiting = false
+			r.hedging = hedgeIdle
 			defer c.suppress(policy.HedgeBodyPending)
 		}
 	}
-	if l.lost {
+	if lost {
 		// Reported discarded when it lost; send closed what it got.
 		r.mu.Unlock()
 		return
 	}
-	if r.decided {
+	if r.state == roundDecided {
 		r.mu.Unlock()
 		c.attemptDone(l)
 		httpx.Discard(l.resp)
@@ -635,11 +673,11 @@ func (r *round) report(l *leg) {
 // leg of an abandoned round.
 func (r *round) decideLocked(spare bool) []*leg {
 	r.stopLocked()
-	r.decided, r.over = true, true
+	r.state = roundDecided
 	var losers []*leg
 	for _, o := range r.legs {
-		if !o.ended && !o.settled {
-			o.lost = true
+		if o.state == legOnWire {
+			o.state = legLost
 			losers = append(losers, o)
 			if spare && o != &r.first {
 				cancel := o.cancel
@@ -687,7 +725,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 // dropped, its leg's permits already returned.
 func (r *round) abandon(p any) {
 	r.mu.Lock()
-	if r.decided {
+	if r.state == roundDecided {
 		r.mu.Unlock()
 		return
 	}
@@ -708,10 +746,10 @@ func (r *round) abandon(p any) {
 // whether to start one more).
 func (r *round) collect() (*http.Response, error) {
 	r.mu.Lock()
-	for !r.decided && (r.live > 0 || r.firing) {
+	for r.state != roundDecided && (r.live > 0 || r.hedging == hedgeDeciding) {
 		r.cond.Wait()
 	}
-	r.decided = true // whatever ends now is thrown away
+	r.state = roundDecided // whatever ends now is thrown away
 	w, failed, p := r.winner, r.failed, r.panic
 	r.failed = nil
 	// Over: no more legs start (see hedge), and what the caller's Report

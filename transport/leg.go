@@ -80,14 +80,26 @@ type leg struct {
 	sent *lane.Lane[*lanePool]
 
 	// A hedged round's legs; guarded by the round's lock.
-	round   *round
-	settled bool // answered before the round was decided: evidence
-	lost    bool // still on the wire when the round was decided: discarded
-	ended   bool // done with: reported, or gone in a panic
+	round *round
+	state legState
 	// grace, on a hedge leg that lost, cancels it when its time to bring
-	// its headers runs out (see round.decideLocked); set with lost.
+	// its headers runs out (see round.decideLocked); set as it is lost.
 	grace *time.Timer
 }
+
+// legState is where a hedged round's leg is. Its transitions:
+//
+//	legOnWire → legAnswered  its answer came before the round was decided: evidence (round.settle)
+//	legOnWire → legLost      the round was decided while it was on the wire: discarded (round.decideLocked)
+//	any → legEnded           done with: reported (round.report), or gone in a panic (round.run)
+type legState uint8
+
+const (
+	legOnWire legState = iota
+	legAnswered
+	legLost
+	legEnded
+)
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
 var errDiscarded = errors.New("resilix: hedge leg discarded")
