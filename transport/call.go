@@ -256,7 +256,7 @@ func (c *call) run() (*http.Response, error) {
 		c.deposit = c.s.budget.Deposit(c.start)
 	}
 	var l leg
-	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
+	if err := c.admit(&l.permits, ask{kind: policy.AttemptFirst, now: c.start, wait: true}); err != nil {
 		closeBody(c.req.Body)
 		c.outcome = policy.Rejected
 		if rej, refused := err.(*policy.RejectedError); refused {
@@ -321,7 +321,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		c.retries++
 		now = time.Now()
 		*l = leg{paid: !free}
-		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
+		if aerr := c.admit(&l.permits, ask{kind: policy.AttemptRetry, now: now, wait: true, prev: resp}); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
 				c.refusal = rej
@@ -338,7 +338,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 			// sending it, for the response the caller would get. It may
 			// have passed the bound meanwhile.
 			if body = c.rb.Next(); body == nil {
-				c.unadmit(l, now)
+				c.finish(&l.permits, discarded(now), false)
 				c.skipped(c.bodySkip(), 0)
 				return resp, err
 			}
@@ -514,159 +514,6 @@ func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
 	c.skip = why
 	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
 		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
-	}
-}
-
-// noWait is a context that is already done: gates given it fail fast
-// instead of waiting. Hedge legs use it, since a hedge that has to queue
-// is no longer worth sending.
-var noWait = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
-
-// admit passes leg l through the admission gates in their order,
-// throttler → breaker → limiter → bulkhead → rate limit, and either records
-// their permits in l or returns the refusal, a *policy.RejectedError,
-// having released what earlier gates granted. A hedge leg is not asked
-// the rate limit here: its round takes that token last, as the leg is
-// sent, since it cannot be given back (see round.hedge). With wait false, gates that
-// would queue refuse instead. When the caller's own context ends while a
-// gate waits, it returns that context's error rather than a refusal.
-//
-// prev is the response the leg would supersede, if any: when it holds a
-// bulkhead slot the leg takes the slot over rather than queue behind its
-// own call (l.inherited says so), and gives it back if a later gate
-// refuses.
-func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, prev *http.Response) error {
-	s := c.s
-	ctx := c.ctx
-	if !wait {
-		ctx = noWait
-	}
-	if s.breakerOf().Isolated() { // before any gate, so that none moves for it
-		return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
-	}
-	if s.throttle != nil {
-		d := s.throttle.Admit(now, c.prio, c.tenant)
-		if !d.OK {
-			return c.refuse(kind, policy.GateThrottler, policy.ErrThrottled, d.RetryAfter, d.HeavyTenant)
-		}
-		l.throttled = true
-	}
-	if s.breaker != nil {
-		p, d := s.breaker.Allow(now)
-		c.transition(d.Change)
-		if !d.OK {
-			c.unadmit(l, now)
-			if d.Isolated { // since the check above
-				return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
-			}
-			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter, false)
-		}
-		l.bp, l.breaker = p, true
-	}
-	if s.limiter != nil {
-		p, d := s.limiter.Acquire(ctx, now, c.prio, c.tenant)
-		if !d.OK {
-			c.unadmit(l, now)
-			if d.Reason == gate.LimiterCanceled && wait {
-				return c.ctx.Err()
-			}
-			return c.refuse(kind, policy.GateLimiter, policy.ErrShed, 0, d.HeavyTenant)
-		}
-		l.lp, l.limiter = p, true
-	}
-	if s.bulkhead != nil {
-		if r := heldSlot(prev); r != nil {
-			r.bulkhead, l.inherited = nil, r
-		} else if !s.bulkhead.Acquire(ctx) {
-			c.unadmit(l, now)
-			if err := c.callerDone(); wait && err != nil {
-				return err
-			}
-			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0, false)
-		}
-		l.bulkhead = true
-	}
-	if s.rate != nil && kind != policy.AttemptHedge {
-		if ok, ra := s.rate.AcquireFor(ctx, now, c.prio); !ok {
-			c.unadmit(l, now)
-			if err := c.callerDone(); wait && err != nil {
-				return err
-			}
-			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra, false)
-		}
-	}
-	return nil
-}
-
-// callerDone returns the error of the caller's context if it has ended,
-// counting a deadline that has passed before the context's own timer
-// noticed (a gate's wait bounded by the deadline may end first).
-func (c *call) callerDone() error { return contextDone(c.ctx, time.Now()) }
-
-// unadmit gives back what admit granted to a leg that will not be sent, or
-// that teaches nothing (a hedge leg that lost, a base that panicked): it
-// is released as Discarded.
-func (c *call) unadmit(l *leg, now time.Time) {
-	s := c.s
-	if l.throttled {
-		s.throttle.Done(now, policy.Discarded, false, nil)
-		l.throttled = false
-	}
-	if l.breaker {
-		c.transition(s.breaker.Done(now, l.bp, policy.Discarded))
-		l.breaker = false
-	}
-	if l.limiter {
-		c.limitMoved(s.limiter.Release(l.lp, now, 0, policy.Discarded))
-		l.limiter = false
-	}
-	if l.bulkhead {
-		if l.inherited != nil {
-			l.inherited.bulkhead, l.inherited = s.bulkhead, nil
-		} else {
-			s.bulkhead.Release()
-		}
-		l.bulkhead = false
-	}
-}
-
-// pushedBack reports an answer that armed the throttler's pushback.
-func (c *call) pushedBack(p gate.Pushback) {
-	if !p.Armed() {
-		return
-	}
-	if o := c.t.obs; o != nil && o.Pushback != nil {
-		o.Pushback(policy.Pushback{Context: c.ctx, Key: c.s.key, StatusCode: p.StatusCode, RetryAfter: p.RetryAfter})
-	}
-}
-
-func (c *call) limitMoved(ch gate.LimitChange) {
-	if !ch.Changed() {
-		return
-	}
-	if o := c.t.obs; o != nil && o.LimitTransition != nil {
-		o.LimitTransition(policy.LimitTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
-	}
-}
-
-func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) *policy.RejectedError {
-	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
-	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Context: c.ctx, Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
-	}
-	return err
-}
-
-func (c *call) transition(ch gate.BreakerChange) {
-	if !ch.Changed() {
-		return
-	}
-	if o := c.t.obs; o != nil && o.BreakerTransition != nil {
-		o.BreakerTransition(policy.BreakerTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
 	}
 }
 

@@ -336,7 +336,7 @@ type hedgeTake struct {
 // does nothing once the leg is sent (see launch).
 func (tk *hedgeTake) giveBack(c *call, now time.Time) {
 	if tk.leg != nil {
-		c.unadmit(tk.leg, now)
+		c.finish(&tk.leg.permits, discarded(now), false)
 	}
 	closeBody(tk.body)
 	if tk.token {
@@ -377,7 +377,7 @@ func (r *round) take(now time.Time, tk *hedgeTake) (l *leg, why policy.SuppressR
 		return nil, why, false
 	}
 	l = new(leg)
-	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
+	if err := c.admit(&l.permits, ask{kind: policy.AttemptHedge, now: now}); err != nil {
 		return nil, policy.HedgeRejected, false
 	}
 	tk.leg = l

@@ -26,6 +26,7 @@ var layers = []string{
 	"report.go",
 	"hedge.go",
 	"leg.go",
+	"gates.go",
 	"propagate.go",
 	"alarm.go",
 	"lanes.go",
@@ -58,7 +59,7 @@ func TestFilesReadOneWay(t *testing.T) {
 		lines = append(lines, dir+"\t"+a[0]+" → "+a[1])
 	}
 	t.Logf("arrows between files:\n%s", strings.Join(lines, "\n"))
-	route := g.route("RoundTrip")
+	route := g.route("(*transport.Transport).RoundTrip")
 	visits, files, returns := routeCounts(route)
 	t.Logf("%d arrows, %d back up; RoundTrip's route visits %d files %d times, returning %d times:\n%s",
 		total, up, files, visits, returns, strings.Join(route, " → "))
@@ -179,15 +180,15 @@ func (g *pkgGraph) arrows() [][2]string {
 	return as
 }
 
-// route walks the static call tree from the method or function named
-// root: each of the package's functions entered once, depth first, its
+// route walks the static call tree from the method or function whose
+// full name (types.Func.FullName) is root: each of the package's functions entered once, depth first, its
 // callees (any use of a function or method, a call or a value) in source
 // order, going back to the caller's file after each. It returns the files
 // the walk is in, one entry per stay.
 func (g *pkgGraph) route(root string) []string {
 	var start *types.Func
 	for fn := range g.decls {
-		if fn.Name() == root {
+		if fn.FullName() == root {
 			start = fn
 		}
 	}

@@ -41,15 +41,7 @@ type leg struct {
 	// of its own.
 	roundTimed bool
 
-	throttled bool // the throttler admitted it and awaits its outcome
-	bp        gate.BreakerPermit
-	breaker   bool // bp is held
-	lp        gate.LimiterPermit
-	limiter   bool // lp is held
-	bulkhead  bool // a bulkhead slot is held
-	// inherited is the superseded response whose bulkhead slot this leg
-	// took over, until the leg is sent: a refused leg gives it back.
-	inherited *releaser
+	permits // what it holds of the admission gates, from admit to finish
 
 	// paid: the leg drew a token from the budget (a retry round's first
 	// leg, or a hedge), which it refunds if its answer is the call's
@@ -253,7 +245,7 @@ func (c *call) send(l *leg) {
 			// latency, and no evidence of its health.
 			c.leaveLane(l, nil, nil, policy.Discarded)
 		}
-		c.unadmit(l, now)
+		c.finish(&l.permits, discarded(now), false)
 		free(l.cancel, nil)
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
 		return
@@ -298,33 +290,15 @@ func (c *call) send(l *leg) {
 			pushback = nil
 		}
 	}
-	if l.throttled {
-		c.pushedBack(s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err), pushback))
-		l.throttled = false
-	}
-	if l.breaker {
-		c.transition(s.breaker.Done(now, l.bp, judged))
-		l.breaker = false
-	}
-	if l.limiter {
-		c.limitMoved(s.limiter.Release(l.lp, now, l.latency, l.outcome))
-		l.limiter = false
-	}
-	if s.hedge != nil && l.outcome.Evidence() {
-		// Latency is learned from answers and from timeouts (a lower
-		// bound); a refused connection's speed says nothing about how
-		// long the dependency takes to answer.
-		if resp != nil || timedOut {
-			s.hedge.Record(now, l.latency, l.outcome)
-		}
-		s.hedge.Observe(now, l.outcome)
-	}
-
-	var bulkhead *gate.Bulkhead
-	if l.bulkhead {
-		bulkhead = s.bulkhead
-	}
-	l.bulkhead = false
+	bulkhead := c.finish(&l.permits, result{
+		now:      now,
+		outcome:  l.outcome,
+		judged:   judged,
+		latency:  l.latency,
+		sampled:  resp != nil || timedOut,
+		accepted: l.throttled && s.chain.throttler.Accepted(resp, err),
+		pushback: pushback,
+	}, true)
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
@@ -372,7 +346,7 @@ func (c *call) abandon(l *leg) {
 	if l.lane != nil {
 		c.leaveLane(l, nil, nil, policy.Canceled)
 	}
-	c.unadmit(l, time.Now())
+	c.finish(&l.permits, discarded(time.Now()), false)
 	free(l.cancel, nil)
 }
 
