@@ -19,6 +19,7 @@ import (
 // them. A file uses names of the files below it, not above. A new file
 // goes in this list where it belongs.
 var layers = []string{
+	"doc.go",
 	"transport.go",
 	"isolate.go",
 	"call.go",
@@ -32,6 +33,7 @@ var layers = []string{
 	"lanes.go",
 	"lanepool.go",
 	"scope.go",
+	"key.go",
 }
 
 // maxUpArrows is the most arrows that may run back up the layers.
