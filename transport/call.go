@@ -1,14 +1,13 @@
 package transport
 
 import (
-	"context"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"time"
 
-	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/attempt"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
@@ -112,19 +111,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// contextDone returns the error of a context that is done at now: its
-// own, or context.DeadlineExceeded for a deadline that has passed before
-// the context's timer noticed.
-func contextDone(ctx context.Context, now time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
 // doneBefore reports a call whose context was done before it began: a
 // call of its key, Canceled, with no wire attempt. Its key is computed but
 // its state neither looked up nor created.
@@ -172,80 +158,6 @@ func (t *Transport) tenant(req *http.Request) string {
 	}
 	v, _ := httpx.First(req.Header, t.tenantHeader)
 	return v
-}
-
-func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
-	s.malformed.Add(1)
-	if o := t.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: httpx.Reported(value)})
-	}
-}
-
-// call is the state of one logical call: its plan, what it may do, fixed
-// before its first round; its tally, what it did; and the lanes it has
-// used. It lives on RoundTrip's stack, except while a hedge is in flight:
-// a hedged round works on a copy, and gives the call its tally back in
-// one step (see hedged).
-type call struct {
-	callPlan
-	callTally
-	// used is the mask of the lanes the call has sent on (bit
-	// lane.Lane.Index), read and set atomically: a hedged round's legs
-	// pick concurrently.
-	used uint64
-}
-
-// callPlan is what a call may do, and what for: set as RoundTrip reads the
-// request and its key's set, and before the first round, never after.
-type callPlan struct {
-	t      *Transport
-	s      *scope
-	req    *http.Request
-	ctx    context.Context
-	start  time.Time
-	prio   shedding.Priority
-	named  bool   // prio is the context's or a header's, not the default
-	tenant string // read only when a gate is fair between tenants, or for Propagate
-
-	// What the call may do: its key's set, as an Override narrows it.
-	attempts int           // wire attempts in all
-	timeout  time.Duration // per attempt; 0: none
-	mayRetry bool
-	mayHedge bool
-	repeat   bool           // made for a request that is itself a repeat: no deposit
-	deposit  gate.Deposited // what the call's Deposit added to the budget
-
-	// rb keeps a copy of a body without GetBody for replay; nil when the
-	// request has GetBody or no body, or the call would never replay it.
-	rb *httpx.Replay
-
-	rep *Report // the caller's, or nil
-}
-
-// callTally is what a call did, as its rounds and their legs count it. A
-// hedged round's legs count in the round's copy, under its lock.
-type callTally struct {
-	wire    int                // wire attempts made
-	retries int                // retries sent
-	outcome policy.Outcome     // of what the call returns
-	again   bool               // what the call returns asks for a retry (see leg.again)
-	why     policy.RetryReason // why the next round is a retry, once backoff has said
-	// elsewhere: the next round goes to a lane the call has not used,
-	// open when backoff looked (see backoff); a retry of an attempt
-	// that never left then draws no token from the budget.
-	elsewhere bool
-	// tooLarge: the retry not sent was not sent because rb's body outgrew
-	// the buffer (RetrySkip.BodyTooLarge).
-	tooLarge bool
-
-	// What the caller's Report needs, kept only when there is one (rep),
-	// but for the counts.
-	sentRetries int                   // retries that went on the wire
-	hedges      int                   // hedge legs started
-	hedgeWon    bool                  // a hedge answered the call with a Success
-	skip        policy.SkipReason     // why the retry asked for was not sent
-	refusal     *policy.RejectedError // the refusal that ended the call or its retry
-	lane        string                // the lane of the answer returned (laneName)
 }
 
 // run admits the call's first attempt, has a copy of its body kept when
@@ -379,22 +291,6 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	return l.resp, l.err
 }
 
-// refund gives back the budget token of a leg whose answer is the call's
-// success: a retry whose round it answered, unhedged or as the round's
-// winner, or a hedge that won. A call refunds at most once, for the one
-// wire call its answer came from: in a hedged retry round won by a hedge
-// the hedge's token comes back and the retry's, which paid for the leg
-// that lost, stays spent. So what stays spent is a token for each wire
-// call the caller's answer did not come from, but the call's first. A
-// hedge gives back its allowance's token too (see gate.Budget).
-func (c *call) refund(now time.Time, kind policy.AttemptKind) {
-	if kind == policy.AttemptHedge {
-		c.s.budget.RefundHedge(now)
-		return
-	}
-	c.s.budget.Refund(now)
-}
-
 // replayable reports whether the request may be sent more than once: its
 // method (or key, or mark) allows it, and its body can be sent again, or,
 // kept by the replay buffer, may still be.
@@ -510,35 +406,68 @@ func (c *call) newBody() (io.ReadCloser, error) {
 	return c.req.GetBody()
 }
 
-func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
-	c.skip = why
-	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
+// narrow sets what the call may do: its key's set, as o narrows it, and
+// as the attempt rule does: a call made for a request that is itself a
+// retry or a hedge (attempt.Repeated) is sent once, and leaves the budget
+// alone (see "Across services" in the package doc).
+func (c *call) narrow(o *Override) {
+	ch := c.s.chain
+	c.attempts, c.timeout = ch.attempts, ch.timeout
+	if o.Attempts > 0 {
+		c.attempts = min(c.attempts, o.Attempts)
+	}
+	if ch.attempts > 1 && attempt.Repeated(c.ctx) {
+		c.attempts, c.repeat = 1, true
+		c.s.repeats.Add(1)
+	}
+	if o.PerAttempt > 0 && (c.timeout == 0 || o.PerAttempt < c.timeout) {
+		c.timeout = o.PerAttempt
+	}
+	c.mayRetry = ch.retry != nil && !o.NoRetry && c.attempts > 1
+	c.mayHedge = c.s.hedge != nil && !o.NoHedge && c.attempts > 1
+}
+
+// write fills r from call c as RoundTrip returns what c returned. It runs
+// on the caller's goroutine: a hedged round collected, under its lock,
+// what it needs (see round.collect).
+func (c *call) write(r *Report, code int) {
+	*r = Report{
+		RoundTrips:   r.RoundTrips + 1,
+		Outcome:      c.outcome,
+		StatusCode:   code,
+		WireAttempts: c.wire,
+		Retries:      c.sentRetries,
+		Hedges:       c.hedges,
+		HedgeWon:     c.hedgeWon,
+		Exhausted:    c.again && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
+		Skipped:      c.skip,
+		Refusal:      c.refusal,
+		Lanes:        c.used,
+		Lane:         c.lane,
+	}
+	if c.refusal != nil {
+		r.Gate = c.refusal.Gate
 	}
 }
 
-func (c *call) attemptDone(l *leg) {
-	if o := c.t.obs; o != nil && o.AttemptDone != nil {
-		info := policy.AttemptInfo{
-			Context: c.ctx,
-			Key:     c.s.key,
-			Kind:    l.kind,
-			Attempt: l.n,
-			Outcome: l.outcome,
-			Latency: l.latency,
-			Err:     l.err,
-			Reason:  l.why,
-			Lane:    l.laneName(),
-		}
-		if l.resp != nil {
-			info.StatusCode = l.resp.StatusCode
-		}
-		o.AttemptDone(info)
+// hedgeAfter reports whether this round hedges and, if so, the threshold
+// and how long to wait before the first hedge: the threshold, or the time
+// left before the deadline if that is shorter. A request that may not be
+// sent twice is never hedged, nor a call whose Override rules hedging
+// out; a window still warming is counted.
+func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
+	h := c.s.hedge
+	if !c.mayHedge || !c.replayable() {
+		return 0, 0, false
 	}
-}
-
-func closeBody(b io.ReadCloser) {
-	if b != nil {
-		_ = b.Close()
+	threshold, ok = h.Threshold(now)
+	if !ok {
+		c.suppress(policy.HedgeWarming)
+		return 0, 0, false
 	}
+	wait = threshold
+	if dl, has := c.ctx.Deadline(); has {
+		wait = min(wait, dl.Sub(now))
+	}
+	return threshold, wait, wait > 0
 }

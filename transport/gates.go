@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -180,38 +181,31 @@ func (c *call) finish(p *permits, r result, keep bool) *gate.Bulkhead {
 	return nil
 }
 
-// pushedBack reports an answer that armed the throttler's pushback.
-func (c *call) pushedBack(p gate.Pushback) {
-	if !p.Armed() {
-		return
+// contextDone returns the error of a context that is done at now: its
+// own, or context.DeadlineExceeded for a deadline that has passed before
+// the context's timer noticed.
+func contextDone(ctx context.Context, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	if o := c.t.obs; o != nil && o.Pushback != nil {
-		o.Pushback(policy.Pushback{Context: c.ctx, Key: c.s.key, StatusCode: p.StatusCode, RetryAfter: p.RetryAfter})
+	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
+		return context.DeadlineExceeded
 	}
+	return nil
 }
 
-func (c *call) limitMoved(ch gate.LimitChange) {
-	if !ch.Changed() {
+// refund gives back the budget token of a leg whose answer is the call's
+// success: a retry whose round it answered, unhedged or as the round's
+// winner, or a hedge that won. A call refunds at most once, for the one
+// wire call its answer came from: in a hedged retry round won by a hedge
+// the hedge's token comes back and the retry's, which paid for the leg
+// that lost, stays spent. So what stays spent is a token for each wire
+// call the caller's answer did not come from, but the call's first. A
+// hedge gives back its allowance's token too (see gate.Budget).
+func (c *call) refund(now time.Time, kind policy.AttemptKind) {
+	if kind == policy.AttemptHedge {
+		c.s.budget.RefundHedge(now)
 		return
 	}
-	if o := c.t.obs; o != nil && o.LimitTransition != nil {
-		o.LimitTransition(policy.LimitTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
-	}
-}
-
-func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) *policy.RejectedError {
-	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
-	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Context: c.ctx, Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
-	}
-	return err
-}
-
-func (c *call) transition(ch gate.BreakerChange) {
-	if !ch.Changed() {
-		return
-	}
-	if o := c.t.obs; o != nil && o.BreakerTransition != nil {
-		o.BreakerTransition(policy.BreakerTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
-	}
+	c.s.budget.Refund(now)
 }

@@ -131,28 +131,6 @@ func (r *round) release() {
 	}
 }
 
-// hedgeAfter reports whether this round hedges and, if so, the threshold
-// and how long to wait before the first hedge: the threshold, or the time
-// left before the deadline if that is shorter. A request that may not be
-// sent twice is never hedged, nor a call whose Override rules hedging
-// out; a window still warming is counted.
-func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
-	h := c.s.hedge
-	if !c.mayHedge || !c.replayable() {
-		return 0, 0, false
-	}
-	threshold, ok = h.Threshold(now)
-	if !ok {
-		c.suppress(policy.HedgeWarming)
-		return 0, 0, false
-	}
-	wait = threshold
-	if dl, has := c.ctx.Deadline(); has {
-		wait = min(wait, dl.Sub(now))
-	}
-	return threshold, wait, wait > 0
-}
-
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
@@ -782,12 +760,6 @@ func (r *round) collect() (*http.Response, error) {
 	return failed.resp, failed.err
 }
 
-func (c *call) suppress(why policy.SuppressReason) {
-	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
-		o.HedgeSuppressed(policy.HedgeSuppression{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why})
-	}
-}
-
 // legPanic carries a hedge leg's panic to the caller's goroutine, with
 // the stack of the goroutine it happened on (as x/sync/singleflight does).
 type legPanic struct {
@@ -805,4 +777,48 @@ func (p *legPanic) Error() string {
 func (p *legPanic) Unwrap() error {
 	err, _ := p.value.(error)
 	return err
+}
+
+// A roundTimer is a hedged round's one timer, for its next hedge and its
+// inline leg's timeout (see round.fire). Stopped in time, it goes back to
+// a pool (when it came from there); one that fired is left to the garbage
+// collector, since its round.fire may still be running. r is set before
+// the timer is armed and read only by the timer's func.
+type roundTimer struct {
+	t      *time.Timer
+	pooled bool
+	r      *round
+}
+
+// roundTimers holds the pooled round timers, stopped.
+var roundTimers sync.Pool
+
+// newRoundTimer returns a timer that calls r.fire after d. start is the
+// call's start time, as for newAlarm.
+func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
+	if !inBubble(start) {
+		if rt, _ := roundTimers.Get().(*roundTimer); rt != nil {
+			rt.r = r
+			rt.t.Reset(d)
+			return rt
+		}
+	}
+	rt := &roundTimer{pooled: !inBubble(start), r: r}
+	rt.t = time.AfterFunc(d, rt.ring)
+	return rt
+}
+
+func (rt *roundTimer) ring() { rt.r.fire() }
+
+// stop stops the timer and reports whether it was stopped before its
+// func began. It must not be used again.
+func (rt *roundTimer) stop() bool {
+	if !rt.t.Stop() {
+		return false
+	}
+	if rt.pooled {
+		rt.r = nil
+		roundTimers.Put(rt)
+	}
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,7 +15,10 @@ import (
 
 	"github.com/hashicorp/go-cleanhttp"
 
+	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/hedge"
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/lane"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -337,4 +341,60 @@ func MarkRepeatable(ctx context.Context) context.Context {
 func markedRepeatable(ctx context.Context) bool {
 	v, _ := ctx.Value(repeatableKey{}).(bool)
 	return v
+}
+
+// newLanes returns the lanes of a key whose chain has Replicas on. While
+// Endpoints has not answered, the lane to the request's own address dials
+// through it.
+func (t *Transport) newLanes(r *policy.Replicas, now time.Time) *lanes {
+	base := t.base.(*http.Transport) // New checked
+	return lane.New(*r, now, func(addr string, _ int) *lanePool {
+		var resolve policy.Resolver
+		if addr == "" {
+			resolve = r.Endpoints
+		}
+		return newLanePool(base, addr, resolve, &t.let)
+	})
+}
+
+func (t *Transport) newScope(key string, now time.Time) *scope {
+	c := t.def
+	if pk, ok := t.perKey[key]; ok {
+		c = pk
+	}
+	s := &scope{key: key, chain: c}
+	if c.retry != nil || c.hedge != nil {
+		s.budget = gate.NewBudget(c.budget, now)
+	}
+	if c.hedge != nil {
+		s.hedge = hedge.New(*c.hedge, now)
+	}
+	if c.breaker != nil {
+		s.breaker = gate.NewBreaker(*c.breaker, now, rand.Uint64())
+	}
+	var tenants *gate.Tenants // one tracker for both gates, allocated by the first call naming a tenant
+	if c.throttler != nil || c.limiter != nil {
+		tenants = new(gate.Tenants)
+	}
+	if c.throttler != nil {
+		s.throttle = gate.NewThrottler(*c.throttler, now, rand.Uint64(), tenants)
+	}
+	if c.limiter != nil {
+		s.limiter = gate.NewLimiter(*c.limiter, now, tenants)
+	}
+	if c.bulkhead != nil {
+		s.bulkhead = gate.NewBulkhead(*c.bulkhead)
+	}
+	if c.rateLimit != nil {
+		var report func(policy.StoreTransition)
+		if t.obs != nil {
+			report = t.obs.StoreTransition
+		}
+		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
+	}
+	if c.replicas != nil {
+		s.lanes = t.newLanes(c.replicas, now)
+	}
+	s.lastUsed.Store(now.UnixNano())
+	return s
 }
