@@ -78,8 +78,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		rep:   rep,
 	}}
 	c.narrow(&o)
-	c.prio, c.named = t.priority(req, c.s)
-	if c.s.throttle != nil || c.s.limiter != nil || c.s.chain.propagate {
+	c.prio, c.prioNamed = t.priority(req, c.s)
+	if c.s.throttle != nil || c.s.limiter != nil || c.s.set.propagate {
 		c.tenant = t.tenant(req)
 	}
 	resp, err := c.run()
@@ -183,7 +183,7 @@ func (c *call) run() (*http.Response, error) {
 	}
 	// The call is over for the buffered body when run returns, or when
 	// a base's panic passes through it (see httpx.Replay.Release).
-	c.rb = httpx.NewReplay(c.req.Body, c.s.chain.replay, c.req.ContentLength)
+	c.rb = httpx.NewReplay(c.req.Body, c.s.set.replay, c.req.ContentLength)
 	answered := false
 	defer func() { c.rb.Release(answered) }()
 	resp, err := c.retry(&l, c.rb.Next())
@@ -193,7 +193,7 @@ func (c *call) run() (*http.Response, error) {
 
 // retry is the retry loop: it sends the first round, whose leg l is
 // admitted, with body, then rounds until one asks for no retry (see
-// leg.again), attempts or budget run out, or the next one could not start
+// leg.retryAsked), attempts or budget run out, or the next one could not start
 // before the deadline; l is reused for each. The response a retry would
 // supersede is kept until the retry is admitted: when a gate refuses it,
 // the caller gets that response, intact. A first round that net/http
@@ -205,7 +205,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		c.s.budget.TakeBack(c.deposit)
 		return resp, err
 	}
-	for c.again && c.mayRetry && c.wire < c.attempts {
+	for c.retryAsked && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
 		body = nil // the replayed body of the next round
@@ -215,7 +215,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 				why = policy.SkipBodyError
 			}
 		}
-		free := c.why == policy.RetryUnsent && c.elsewhere
+		free := c.retryReason == policy.RetryUnsent && c.elsewhere
 		if why == 0 && !free && !c.s.budget.Withdraw(now) {
 			closeBody(body)
 			why = policy.SkipBudget
@@ -230,9 +230,9 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 			c.outcome = policy.Canceled
 			return nil, c.ctx.Err()
 		}
-		c.retries++
+		c.retriesBegun++
 		now = time.Now()
-		*l = leg{paid: !free}
+		*l = leg{drewToken: !free}
 		if aerr := c.admit(&l.permits, ask{kind: policy.AttemptRetry, now: now, wait: true, prev: resp}); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
@@ -264,14 +264,14 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		} else {
 			httpx.Discard(resp)
 		}
-		c.sentRetries++
+		c.retriesSent++
 		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
 }
 
 // round makes one logical attempt whose first leg l has been admitted: a
-// single leg, or, when the chain hedges and the request may be sent twice,
+// single leg, or, when the set hedges and the request may be sent twice,
 // a hedged round. The first round sends the caller's own body (or a reader
 // of it that keeps a copy); later ones a replayed body.
 func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
@@ -280,11 +280,11 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	}
 	c.prepare(l, kind, body, false, now)
 	c.send(l)
-	c.outcome, c.again = l.outcome, l.again
+	c.outcome, c.retryAsked = l.outcome, l.retryAsked
 	if c.rep != nil {
 		c.lane = l.laneName()
 	}
-	if l.paid && l.outcome == policy.Success && !l.again {
+	if l.drewToken && l.outcome == policy.Success && !l.retryAsked {
 		c.refund(timing.Since(c.start), l.kind)
 	}
 	c.attemptDone(l)
@@ -322,8 +322,8 @@ func (c *call) replayable() bool {
 // the first lane the call has not used opens: the Retry-After binds its
 // own replica, and the retry goes to that lane.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
-	r := c.s.chain.retry
-	c.why = policy.RetryAsked
+	r := c.s.set.retry
+	c.retryReason = policy.RetryAsked
 	var opens time.Duration // until a lane the call has not used is open, if other
 	other := false
 	if c.s.lanes != nil {
@@ -331,9 +331,9 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	}
 	c.elsewhere = other && opens == 0
 	if err != nil && httpx.Unsent(err) {
-		c.why = policy.RetryUnsent
+		c.retryReason = policy.RetryUnsent
 	}
-	if c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+	if c.retryReason != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
 		return 0, policy.SkipNotReplayable
 	}
 	if c.rb != nil {
@@ -348,11 +348,11 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	}
 	var d time.Duration
 	switch {
-	case c.why == policy.RetryUnsent && c.elsewhere:
+	case c.retryReason == policy.RetryUnsent && c.elsewhere:
 	case r.Delay != nil:
-		d = max(r.Delay(c.retries+1), 0)
+		d = max(r.Delay(c.retriesBegun+1), 0)
 	default:
-		d = r.Backoff(c.retries, rand.Float64())
+		d = r.Backoff(c.retriesBegun, rand.Float64())
 	}
 	if v := httpx.PushbackValue(resp); v != "" && r.MaxRetryAfter >= 0 {
 		ra, ok := httpx.ParseRetryAfter(v, now)
@@ -377,12 +377,12 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 }
 
 // buffers reports whether the call keeps a copy of the request's body as
-// its first attempt reads it: the body has no GetBody, the chain's
+// its first attempt reads it: the body has no GetBody, the set's
 // ReplayBuffer is on, and the call could send it again, as a retry (of an
 // attempt that never left, whatever the method) or a hedge.
 func (c *call) buffers() bool {
 	b := c.req.Body
-	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.chain.replay < 0 {
+	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.set.replay < 0 {
 		return false
 	}
 	return c.mayRetry || c.mayHedge && httpx.Repeatable(c.req, markedRepeatable(c.ctx))
@@ -411,7 +411,7 @@ func (c *call) newBody() (io.ReadCloser, error) {
 // retry or a hedge (attempt.Repeated) is sent once, and leaves the budget
 // alone (see "Across services" in the package doc).
 func (c *call) narrow(o *Override) {
-	ch := c.s.chain
+	ch := c.s.set
 	c.attempts, c.timeout = ch.attempts, ch.timeout
 	if o.Attempts > 0 {
 		c.attempts = min(c.attempts, o.Attempts)
@@ -436,10 +436,10 @@ func (c *call) write(r *Report, code int) {
 		Outcome:      c.outcome,
 		StatusCode:   code,
 		WireAttempts: c.wire,
-		Retries:      c.sentRetries,
+		Retries:      c.retriesSent,
 		Hedges:       c.hedges,
 		HedgeWon:     c.hedgeWon,
-		Exhausted:    c.again && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
+		Exhausted:    c.retryAsked && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
 		Skipped:      c.skip,
 		Refusal:      c.refusal,
 		Lanes:        c.used,

@@ -388,7 +388,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, tk.body, true, now)
 	*tk = hedgeTake{} // spent: the leg holds it all now
-	l.round, l.paid = r, true
+	l.round, l.drewToken = r, true
 	r.legs = append(r.legs, l)
 	r.live++
 	r.hedging, *deciding = hedgeIdle, false
@@ -603,7 +603,7 @@ func (r *round) report(l *leg) {
 		httpx.Discard(l.resp)
 		return
 	}
-	if l.outcome == policy.Failure || l.again {
+	if l.outcome == policy.Failure || l.retryAsked {
 		superseded := r.failed
 		r.failed = l
 		r.mu.Unlock()
@@ -618,12 +618,12 @@ func (r *round) report(l *leg) {
 	r.mu.Unlock()
 
 	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
-	paid := l.paid && l.outcome == policy.Success
+	refunds := l.drewToken && l.outcome == policy.Success
 	var now time.Time // read only when something needs it
-	if len(losers) > 0 || won || paid {
+	if len(losers) > 0 || won || refunds {
 		now = timing.Since(c.start)
 	}
-	if paid {
+	if refunds {
 		c.refund(now, l.kind)
 	}
 	r.discard(losers, now)
@@ -685,7 +685,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed, policy.Discarded)
 		}
-		d := &leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed}
+		d := &leg{n: o.n, kind: o.kind, retryReason: o.retryReason, outcome: policy.Discarded, latency: elapsed}
 		if c.s.lanes != nil {
 			r.mu.Lock() // o may be taking its lane (see leg.sent)
 			d.sent = o.sent
@@ -753,10 +753,10 @@ func (r *round) collect() (*http.Response, error) {
 		if failed != nil {
 			httpx.Discard(failed.resp)
 		}
-		r.c.outcome, r.c.again = w.outcome, w.again
+		r.c.outcome, r.c.retryAsked = w.outcome, w.retryAsked
 		return w.resp, w.err
 	}
-	r.c.outcome, r.c.again = failed.outcome, failed.again
+	r.c.outcome, r.c.retryAsked = failed.outcome, failed.retryAsked
 	return failed.resp, failed.err
 }
 

@@ -19,10 +19,10 @@ import (
 // leg is one wire attempt: the request it sends, the permits it holds and,
 // once sent, what came back.
 type leg struct {
-	n    int
-	kind policy.AttemptKind
-	why  policy.RetryReason // of a retry
-	req  *http.Request
+	n           int
+	kind        policy.AttemptKind
+	retryReason policy.RetryReason // of a retry
+	req         *http.Request
 	// own holds req when req is the leg's own shallow copy, and the body
 	// wrapper its response will need, in one allocation; nil when req is
 	// the caller's, a hedge leg's deep copy, or a copy whose response needs
@@ -41,10 +41,10 @@ type leg struct {
 
 	permits // what it holds of the admission gates, from admit to finish
 
-	// paid: the leg drew a token from the budget (a retry round's first
+	// drewToken: the leg drew a token from the budget (a retry round's first
 	// leg, or a hedge), which it refunds if its answer is the call's
 	// success (see refund).
-	paid bool
+	drewToken bool
 
 	// until is the caller's deadline (zero: none) and left the value of
 	// a propagated attempt's timeout header, written by send as the
@@ -53,12 +53,12 @@ type leg struct {
 	until time.Time
 	left  []string
 
-	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
-	resp     *http.Response
-	err      error
-	outcome  policy.Outcome
-	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
-	latency  time.Duration
+	dispatch   time.Time // set by prepare just before the wire call, when the leg is timed
+	resp       *http.Response
+	err        error
+	outcome    policy.Outcome
+	retryAsked bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
+	latency    time.Duration
 
 	// lane is the lane the leg is sent on (Set.Replicas), from the time
 	// took until the lane is told how it went; nil otherwise.
@@ -106,7 +106,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	c.wire++
 	l.n, l.kind, l.ctx, l.sent = c.wire, kind, c.ctx, nil
 	if kind == policy.AttemptRetry {
-		l.why = c.why
+		l.retryReason = c.retryReason
 	}
 	d := c.timeout
 	if d > 0 {
@@ -114,7 +114,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 			d = 0 // the caller's deadline comes first: the attempt's timer could not fire
 		}
 	}
-	if d > 0 || discardable || c.s.chain.idle > 0 {
+	if d > 0 || discardable || c.s.set.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 	}
 	l.req = c.req
@@ -135,10 +135,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.own.req.Body = body
 		l.req = &l.own.req
 	}
-	if c.s.chain.propagate {
+	if c.s.set.propagate {
 		c.stamp(l)
 	}
-	timed := c.s.chain.timed || timesAttemptsOf(c.t.obs)
+	timed := c.s.set.timed || timesAttemptsOf(c.t.obs)
 	if !timed && d == 0 {
 		return
 	}
@@ -146,7 +146,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	// neither the dependency's latency nor the attempt's time. (Hedge
 	// legs never wait at a gate.)
 	sent := admitted
-	if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
+	if kind != policy.AttemptHedge && c.s.set.mayQueue() {
 		sent = timing.Since(admitted)
 	}
 	if timed {
@@ -166,7 +166,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 // mayQueue reports whether an admission gate may hold a leg for a while:
 // the limiter's queue, a bulkhead's or a rate limit's MaxWait, or a rate
 // limit's store. The throttler and the breaker answer at once.
-func (ch *chain) mayQueue() bool {
+func (ch *compiledSet) mayQueue() bool {
 	return ch.limiter != nil || ch.bulkhead != nil || ch.rateLimit != nil
 }
 
@@ -203,7 +203,7 @@ func (c *call) send(l *leg) {
 	sent = true
 	var now time.Time // the time of the answer: read only when the leg is timed
 	timed := !l.dispatch.IsZero()
-	if timed && (!s.chain.dateBySend || timesAttemptsOf(c.t.obs)) {
+	if timed && (!s.set.dateBySend || timesAttemptsOf(c.t.obs)) {
 		now = l.answered()
 	}
 	resp, err = sane(resp, err)
@@ -257,11 +257,11 @@ func (c *call) send(l *leg) {
 		// retry.
 		l.outcome = policy.Invalid
 	default:
-		l.outcome = s.chain.classify(resp, err)
-		if r := s.chain.retry; r != nil && r.If != nil {
-			l.again = r.If(resp, err)
+		l.outcome = s.set.classify(resp, err)
+		if r := s.set.retry; r != nil && r.If != nil {
+			l.retryAsked = r.If(resp, err)
 		} else {
-			l.again = l.outcome == policy.Failure
+			l.retryAsked = l.outcome == policy.Failure
 		}
 	}
 
@@ -294,7 +294,7 @@ func (c *call) send(l *leg) {
 		judged:   judged,
 		latency:  l.latency,
 		sampled:  resp != nil || timedOut,
-		accepted: l.throttled && s.chain.throttler.Accepted(resp, err),
+		accepted: l.throttled && s.set.throttler.Accepted(resp, err),
 		pushback: pushback,
 	}, true)
 	if resp == nil {
@@ -309,7 +309,7 @@ func (c *call) send(l *leg) {
 		r.rc, r.cancel, r.bulkhead = resp.Body, l.cancel, bulkhead
 		// An upgraded stream may rightly be quiet; an empty body cannot
 		// stall.
-		if d := s.chain.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
+		if d := s.set.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
 			watch(r, d, &c.t.watchdogs)
 		}
 		resp.Body = wrapBody(resp.Body, r)
@@ -492,7 +492,7 @@ func (c *call) attemptDone(l *leg) {
 			Outcome: l.outcome,
 			Latency: l.latency,
 			Err:     l.err,
-			Reason:  l.why,
+			Reason:  l.retryReason,
 			Lane:    l.laneName(),
 		}
 		if l.resp != nil {

@@ -28,14 +28,14 @@ type call struct {
 // callPlan is what a call may do, and what for: set as RoundTrip reads the
 // request and its key's set, and before the first round, never after.
 type callPlan struct {
-	t      *Transport
-	s      *scope
-	req    *http.Request
-	ctx    context.Context
-	start  time.Time
-	prio   shedding.Priority
-	named  bool   // prio is the context's or a header's, not the default
-	tenant string // read only when a gate is fair between tenants, or for Propagate
+	t         *Transport
+	s         *scope
+	req       *http.Request
+	ctx       context.Context
+	start     time.Time
+	prio      shedding.Priority
+	prioNamed bool   // prio is the context's or a header's, not the default
+	tenant    string // read only when a gate is fair between tenants, or for Propagate
 
 	// What the call may do: its key's set, as an Override narrows it.
 	attempts int           // wire attempts in all
@@ -55,11 +55,11 @@ type callPlan struct {
 // callTally is what a call did, as its rounds and their legs count it. A
 // hedged round's legs count in the round's copy, under its lock.
 type callTally struct {
-	wire    int                // wire attempts made
-	retries int                // retries sent
-	outcome policy.Outcome     // of what the call returns
-	again   bool               // what the call returns asks for a retry (see leg.again)
-	why     policy.RetryReason // why the next round is a retry, once backoff has said
+	wire         int                // wire attempts made
+	retriesBegun int                // retries begun: past their backoff, and asked of the gates
+	outcome      policy.Outcome     // of what the call returns
+	retryAsked   bool               // what the call returns asks for a retry (see leg.retryAsked)
+	retryReason  policy.RetryReason // why the next round is a retry, once backoff has said
 	// elsewhere: the next round goes to a lane the call has not used,
 	// open when backoff looked (see backoff); a retry of an attempt
 	// that never left then draws no token from the budget.
@@ -70,7 +70,7 @@ type callTally struct {
 
 	// What the caller's Report needs, kept only when there is one (rep),
 	// but for the counts.
-	sentRetries int                   // retries that went on the wire
+	retriesSent int                   // retries that went on the wire
 	hedges      int                   // hedge legs started
 	hedgeWon    bool                  // a hedge answered the call with a Success
 	skip        policy.SkipReason     // why the retry asked for was not sent

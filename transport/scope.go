@@ -16,10 +16,10 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
-// chain is a validated policy.Set with its defaults applied: what every
+// compiledSet is a validated policy.Set with its defaults applied: what every
 // scope of a key shares, read-only. It holds copies, never a pointer into
 // the caller's Set.
-type chain struct {
+type compiledSet struct {
 	attempts  int
 	classify  policy.Classify
 	retry     *policy.Retry // nil: off
@@ -49,15 +49,15 @@ type chain struct {
 	replicas  *policy.Replicas // nil: every attempt goes to the base
 }
 
-func compile(s policy.Set) (*chain, error) {
+func compile(s policy.Set) (*compiledSet, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	// Every policy is copied with its defaults applied, here and only
-	// here: scopes are built lazily from the chain, so a pointer into s
+	// here: scopes are built lazily from the compiled set, so a pointer into s
 	// would let an edit after New reach them unvalidated, and the runtime
 	// constructors take their configs as they are.
-	c := &chain{
+	c := &compiledSet{
 		attempts:  s.MaxAttempts(),
 		replay:    s.ReplayBytes(),
 		classify:  s.Classify,
@@ -102,7 +102,7 @@ func defaulted[T any](p *T, withDefaults func(T) T) *T {
 // is a policy that is off.
 type scope struct {
 	key      string
-	chain    *chain
+	set      *compiledSet
 	budget   *gate.Budget
 	throttle *gate.Throttler
 	breaker  *gate.Breaker
@@ -421,7 +421,7 @@ func (r *registry) each(f func(*scope)) {
 // answer its lanes, and tells obs of the change; it runs on a goroutine
 // of its own, started by the call that found a refresh due.
 func (s *scope) resolve(obs *policy.Observer, hostport string) {
-	r := s.chain.replicas
+	r := s.set.replicas
 	ctx, cancel := context.WithTimeout(context.Background(), r.Refresh)
 	addrs, err := r.Endpoints.Resolve(ctx, hostport)
 	cancel()

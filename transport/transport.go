@@ -142,8 +142,8 @@ type Transport struct {
 	tenantHeader   string
 	timeoutHeader  string
 	attemptHeader  string
-	def            *chain
-	perKey         map[string]*chain
+	def            *compiledSet
+	perKey         map[string]*compiledSet
 	scopes         registry
 	watchdogs      atomic.Int64 // idle watchdogs armed on response bodies, not yet stopped
 	let            letGo        // lanes' pools let go with streams still open
@@ -169,9 +169,9 @@ func New(cfg Config) (*Transport, error) {
 	ph, th, toh, ah := headers[0], headers[1], headers[2], headers[3]
 	def, err := compile(cfg.Policies)
 	errs = append(errs, prefixed("transport: Policies", err)...)
-	var perKey map[string]*chain
+	var perKey map[string]*compiledSet
 	if len(cfg.PerKey) > 0 {
-		perKey = make(map[string]*chain, len(cfg.PerKey))
+		perKey = make(map[string]*compiledSet, len(cfg.PerKey))
 		named := make(map[string]string, len(cfg.PerKey)) // key → the entry naming it
 		for _, k := range slices.Sorted(maps.Keys(cfg.PerKey)) {
 			key, where := k, fmt.Sprintf("transport: PerKey[%q]", k)
@@ -343,7 +343,7 @@ func markedRepeatable(ctx context.Context) bool {
 	return v
 }
 
-// newLanes returns the lanes of a key whose chain has Replicas on. While
+// newLanes returns the lanes of a key whose set has Replicas on. While
 // Endpoints has not answered, the lane to the request's own address dials
 // through it.
 func (t *Transport) newLanes(r *policy.Replicas, now time.Time) *lanes {
@@ -362,7 +362,7 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 	if pk, ok := t.perKey[key]; ok {
 		c = pk
 	}
-	s := &scope{key: key, chain: c}
+	s := &scope{key: key, set: c}
 	if c.retry != nil || c.hedge != nil {
 		s.budget = gate.NewBudget(c.budget, now)
 	}
