@@ -86,28 +86,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
 		err = &attemptsError{n: c.wire, err: err}
 	}
-	if rep != nil {
-		code := 0
-		if resp != nil {
-			code = resp.StatusCode
-		}
-		c.write(rep, code)
-	}
-	if o := t.obs; o != nil && o.CallDone != nil {
-		info := policy.CallInfo{
-			Context:      c.ctx,
-			Key:          c.s.key,
-			Priority:     c.prio,
-			Outcome:      c.outcome,
-			Duration:     time.Since(start),
-			WireAttempts: c.wire,
-			Err:          err,
-		}
-		if resp != nil {
-			info.StatusCode = resp.StatusCode
-		}
-		o.CallDone(info)
-	}
+	c.done(resp, err)
 	return resp, err
 }
 
@@ -427,26 +406,51 @@ func (c *call) narrow(o *Override) {
 	c.mayHedge = c.s.hedge != nil && !o.NoHedge && c.attempts > 1
 }
 
-// write fills r from call c as RoundTrip returns what c returned. It runs
-// on the caller's goroutine: a hedged round collected, under its lock,
-// what it needs (see round.collect).
-func (c *call) write(r *Report, code int) {
-	*r = Report{
-		RoundTrips:   r.RoundTrips + 1,
-		Outcome:      c.outcome,
-		StatusCode:   code,
-		WireAttempts: c.wire,
-		Retries:      c.retriesSent,
-		Hedges:       c.hedges,
-		HedgeWon:     c.hedgeWon,
-		Exhausted:    c.retryAsked && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
-		Skipped:      c.skip,
-		Refusal:      c.refusal,
-		Lanes:        c.used,
-		Lane:         c.lane,
+// done records the call as RoundTrip returns resp and err, once: what the
+// caller's Report and Observer.CallDone share (the outcome, the status,
+// the wire attempts) is read into one policy.CallInfo, from which, with
+// the call's tally, the Report is written. It runs on the caller's
+// goroutine: a hedged round collected, under its lock, what the tally
+// needs (see round.collect). Nothing is built when neither is asked for.
+func (c *call) done(resp *http.Response, err error) {
+	o := c.t.obs
+	tell := o != nil && o.CallDone != nil
+	if c.rep == nil && !tell {
+		return
 	}
-	if c.refusal != nil {
-		r.Gate = c.refusal.Gate
+	info := policy.CallInfo{
+		Context:      c.ctx,
+		Key:          c.s.key,
+		Priority:     c.prio,
+		Outcome:      c.outcome,
+		WireAttempts: c.wire,
+		Err:          err,
+	}
+	if resp != nil {
+		info.StatusCode = resp.StatusCode
+	}
+	if r := c.rep; r != nil {
+		*r = Report{
+			RoundTrips:   r.RoundTrips + 1,
+			Outcome:      info.Outcome,
+			StatusCode:   info.StatusCode,
+			WireAttempts: info.WireAttempts,
+			Retries:      c.retriesSent,
+			Hedges:       c.hedges,
+			HedgeWon:     c.hedgeWon,
+			Exhausted:    c.retryAsked && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
+			Skipped:      c.skip,
+			Refusal:      c.refusal,
+			Lanes:        c.used,
+			Lane:         c.lane,
+		}
+		if c.refusal != nil {
+			r.Gate = c.refusal.Gate
+		}
+	}
+	if tell {
+		info.Duration = time.Since(c.start)
+		o.CallDone(info)
 	}
 }
 
