@@ -185,10 +185,13 @@ func (r *round) armLocked(now time.Time) {
 
 // stopLocked stops the round's timer, once: a stopped timer may be in
 // another round's hands by the next call. A timer that could not be
-// stopped before its func began marks the round rang. r.mu is held.
+// stopped before its func began marks the round rang. A timer that has
+// rung before is not reused even when stopped in time: it was set again
+// after it rang, so a func of an earlier ring may still be reading it.
+// r.mu is held.
 func (r *round) stopLocked() {
 	if r.timer != nil {
-		if !r.timer.stop() {
+		if !r.timer.stop(!r.rang) {
 			r.rang = true
 		}
 		r.timer = nil
@@ -780,10 +783,11 @@ func (p *legPanic) Unwrap() error {
 }
 
 // A roundTimer is a hedged round's one timer, for its next hedge and its
-// inline leg's timeout (see round.fire). Stopped in time, it goes back to
-// a pool (when it came from there); one that fired is left to the garbage
-// collector, since its round.fire may still be running. r is set before
-// the timer is armed and read only by the timer's func.
+// inline leg's timeout (see round.fire). Stopped before it ever fired, it
+// goes back to a pool (when it came from there); one that fired is left to
+// the garbage collector, since its round.fire may still be running, even
+// once set again and stopped in time. r is set before the timer is armed
+// and read only by the timer's func.
 type roundTimer struct {
 	t      *time.Timer
 	pooled bool
@@ -811,12 +815,13 @@ func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
 func (rt *roundTimer) ring() { rt.r.fire() }
 
 // stop stops the timer and reports whether it was stopped before its
-// func began. It must not be used again.
-func (rt *roundTimer) stop() bool {
+// func began; it goes back to the pool if it came from there and reuse
+// says that no func of its can be running. It must not be used again.
+func (rt *roundTimer) stop(reuse bool) bool {
 	if !rt.t.Stop() {
 		return false
 	}
-	if rt.pooled {
+	if rt.pooled && reuse {
 		rt.r = nil
 		roundTimers.Put(rt)
 	}
