@@ -146,50 +146,6 @@ func (a *alarm) stop() bool {
 	return armed
 }
 
-// A roundTimer is a hedged round's one timer, for its next hedge and its
-// inline leg's timeout (see round.fire). Stopped in time, it goes back to
-// a pool (when it came from there); one that fired is left to the garbage
-// collector, since its round.fire may still be running. r is set before
-// the timer is armed and read only by the timer's func.
-type roundTimer struct {
-	t      *time.Timer
-	pooled bool
-	r      *round
-}
-
-// roundTimers holds the pooled round timers, stopped.
-var roundTimers sync.Pool
-
-// newRoundTimer returns a timer that calls r.fire after d. start is the
-// call's start time, as for newAlarm.
-func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
-	if !inBubble(start) {
-		if rt, _ := roundTimers.Get().(*roundTimer); rt != nil {
-			rt.r = r
-			rt.t.Reset(d)
-			return rt
-		}
-	}
-	rt := &roundTimer{pooled: !inBubble(start), r: r}
-	rt.t = time.AfterFunc(d, rt.ring)
-	return rt
-}
-
-func (rt *roundTimer) ring() { rt.r.fire() }
-
-// stop stops the timer and reports whether it was stopped before its
-// func began. It must not be used again.
-func (rt *roundTimer) stop() bool {
-	if !rt.t.Stop() {
-		return false
-	}
-	if rt.pooled {
-		rt.r = nil
-		roundTimers.Put(rt)
-	}
-	return true
-}
-
 // inBubble reports whether a time read by time.Now was read inside a
 // testing/synctest bubble, where time.Now returns no monotonic clock
 // reading (runtime.time_now). TestInBubble holds this to the Go release

@@ -1,14 +1,13 @@
 package transport
 
 import (
-	"context"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"time"
 
-	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/attempt"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
@@ -70,59 +69,25 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	s := t.scopes.enter(t.key(req), start)
 	defer s.leave()
-	c := call{
+	c := call{callPlan: callPlan{
 		t:     t,
 		s:     s,
 		req:   req,
 		ctx:   req.Context(),
 		start: start,
 		rep:   rep,
-	}
+	}}
 	c.narrow(&o)
-	c.prio, c.named = t.priority(req, c.s)
-	if c.s.throttle != nil || c.s.limiter != nil || c.s.chain.propagate {
+	c.prio, c.prioNamed = t.priority(req, c.s)
+	if c.s.throttle != nil || c.s.limiter != nil || c.s.set.propagate {
 		c.tenant = t.tenant(req)
 	}
 	resp, err := c.run()
 	if err != nil && c.wire > 1 && c.outcome != policy.Canceled {
 		err = &attemptsError{n: c.wire, err: err}
 	}
-	if rep != nil {
-		code := 0
-		if resp != nil {
-			code = resp.StatusCode
-		}
-		c.write(rep, code)
-	}
-	if o := t.obs; o != nil && o.CallDone != nil {
-		info := policy.CallInfo{
-			Context:      c.ctx,
-			Key:          c.s.key,
-			Priority:     c.prio,
-			Outcome:      c.outcome,
-			Duration:     time.Since(start),
-			WireAttempts: c.wire,
-			Err:          err,
-		}
-		if resp != nil {
-			info.StatusCode = resp.StatusCode
-		}
-		o.CallDone(info)
-	}
+	c.done(resp, err)
 	return resp, err
-}
-
-// contextDone returns the error of a context that is done at now: its
-// own, or context.DeadlineExceeded for a deadline that has passed before
-// the context's timer noticed.
-func contextDone(ctx context.Context, now time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // doneBefore reports a call whose context was done before it began: a
@@ -174,66 +139,6 @@ func (t *Transport) tenant(req *http.Request) string {
 	return v
 }
 
-func (t *Transport) malformed(ctx context.Context, s *scope, header, value string) {
-	s.malformed.Add(1)
-	if o := t.obs; o != nil && o.MalformedHeader != nil {
-		o.MalformedHeader(policy.MalformedHeader{Context: ctx, Key: s.key, Header: header, Value: httpx.Reported(value)})
-	}
-}
-
-// call is the state of one logical call. It lives on RoundTrip's stack,
-// except while a hedge is in flight.
-type call struct {
-	t      *Transport
-	s      *scope
-	req    *http.Request
-	ctx    context.Context
-	start  time.Time
-	prio   shedding.Priority
-	named  bool   // prio is the context's or a header's, not the default
-	tenant string // read only when a gate is fair between tenants, or for Propagate
-
-	// What the call may do: its key's set, as an Override narrows it.
-	attempts int           // wire attempts in all
-	timeout  time.Duration // per attempt; 0: none
-	mayRetry bool
-	mayHedge bool
-	repeat   bool           // made for a request that is itself a repeat: no deposit
-	deposit  gate.Deposited // what the call's Deposit added to the budget
-
-	// rb keeps a copy of a body without GetBody for replay; nil when the
-	// request has GetBody or no body, or the call would never replay it.
-	rb *httpx.Replay
-	// tooLarge: the retry not sent was not sent because rb's body outgrew
-	// the buffer (RetrySkip.BodyTooLarge).
-	tooLarge bool
-
-	wire    int                // wire attempts made; guarded by the round's lock while hedges run
-	retries int                // retries sent
-	outcome policy.Outcome     // of what the call returns
-	again   bool               // what the call returns asks for a retry (see leg.again)
-	why     policy.RetryReason // why the next round is a retry, once backoff has said
-	// elsewhere: the next round goes to a lane the call has not used,
-	// open when backoff looked (see backoff); a retry of an attempt
-	// that never left then draws no token from the budget.
-	elsewhere bool
-	// used is the mask of the lanes the call has sent on (bit
-	// lane.Lane.Index), read and set atomically: a hedged round's legs
-	// pick concurrently.
-	used uint64
-
-	// What the caller's Report needs, kept only when there is one (rep),
-	// but for the counts: hedges and hedgeWon are collected from each
-	// hedged round under its lock, on the caller's goroutine.
-	rep         *Report
-	sentRetries int                   // retries that went on the wire
-	hedges      int                   // hedge legs started
-	hedgeWon    bool                  // a hedge answered the call with a Success
-	skip        policy.SkipReason     // why the retry asked for was not sent
-	refusal     *policy.RejectedError // the refusal that ended the call or its retry
-	lane        string                // the lane of the answer returned (laneName)
-}
-
 // run admits the call's first attempt, has a copy of its body kept when
 // the body has no GetBody and the call may send it again (see buffers),
 // and runs the retry loop.
@@ -242,7 +147,7 @@ func (c *call) run() (*http.Response, error) {
 		c.deposit = c.s.budget.Deposit(c.start)
 	}
 	var l leg
-	if err := c.admit(&l, policy.AttemptFirst, c.start, true, nil); err != nil {
+	if err := c.admit(&l.permits, ask{kind: policy.AttemptFirst, now: c.start, wait: true}); err != nil {
 		closeBody(c.req.Body)
 		c.outcome = policy.Rejected
 		if rej, refused := err.(*policy.RejectedError); refused {
@@ -257,7 +162,7 @@ func (c *call) run() (*http.Response, error) {
 	}
 	// The call is over for the buffered body when run returns, or when
 	// a base's panic passes through it (see httpx.Replay.Release).
-	c.rb = httpx.NewReplay(c.req.Body, c.s.chain.replay, c.req.ContentLength)
+	c.rb = httpx.NewReplay(c.req.Body, c.s.set.replay, c.req.ContentLength)
 	answered := false
 	defer func() { c.rb.Release(answered) }()
 	resp, err := c.retry(&l, c.rb.Next())
@@ -267,7 +172,7 @@ func (c *call) run() (*http.Response, error) {
 
 // retry is the retry loop: it sends the first round, whose leg l is
 // admitted, with body, then rounds until one asks for no retry (see
-// leg.again), attempts or budget run out, or the next one could not start
+// leg.retryAsked), attempts or budget run out, or the next one could not start
 // before the deadline; l is reused for each. The response a retry would
 // supersede is kept until the retry is admitted: when a gate refuses it,
 // the caller gets that response, intact. A first round that net/http
@@ -279,7 +184,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		c.s.budget.TakeBack(c.deposit)
 		return resp, err
 	}
-	for c.again && c.mayRetry && c.wire < c.attempts {
+	for c.retryAsked && c.mayRetry && c.wire < c.attempts {
 		now := time.Now()
 		delay, why := c.backoff(resp, err, now)
 		body = nil // the replayed body of the next round
@@ -289,7 +194,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 				why = policy.SkipBodyError
 			}
 		}
-		free := c.why == policy.RetryUnsent && c.elsewhere
+		free := c.retryReason == policy.RetryUnsent && c.elsewhere
 		if why == 0 && !free && !c.s.budget.Withdraw(now) {
 			closeBody(body)
 			why = policy.SkipBudget
@@ -304,10 +209,10 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 			c.outcome = policy.Canceled
 			return nil, c.ctx.Err()
 		}
-		c.retries++
+		c.retriesBegun++
 		now = time.Now()
-		*l = leg{paid: !free}
-		if aerr := c.admit(l, policy.AttemptRetry, now, true, resp); aerr != nil {
+		*l = leg{drewToken: !free}
+		if aerr := c.admit(&l.permits, ask{kind: policy.AttemptRetry, now: now, wait: true, prev: resp}); aerr != nil {
 			closeBody(body)
 			if rej, refused := aerr.(*policy.RejectedError); refused {
 				c.refusal = rej
@@ -324,7 +229,7 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 			// sending it, for the response the caller would get. It may
 			// have passed the bound meanwhile.
 			if body = c.rb.Next(); body == nil {
-				c.unadmit(l, now)
+				c.finish(&l.permits, discarded(now), false)
 				c.skipped(c.bodySkip(), 0)
 				return resp, err
 			}
@@ -338,14 +243,14 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		} else {
 			httpx.Discard(resp)
 		}
-		c.sentRetries++
+		c.retriesSent++
 		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
 }
 
 // round makes one logical attempt whose first leg l has been admitted: a
-// single leg, or, when the chain hedges and the request may be sent twice,
+// single leg, or, when the set hedges and the request may be sent twice,
 // a hedged round. The first round sends the caller's own body (or a reader
 // of it that keeps a copy); later ones a replayed body.
 func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time) (*http.Response, error) {
@@ -354,31 +259,15 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	}
 	c.prepare(l, kind, body, false, now)
 	c.send(l)
-	c.outcome, c.again = l.outcome, l.again
+	c.outcome, c.retryAsked = l.outcome, l.retryAsked
 	if c.rep != nil {
 		c.lane = l.laneName()
 	}
-	if l.paid && l.outcome == policy.Success && !l.again {
+	if l.drewToken && l.outcome == policy.Success && !l.retryAsked {
 		c.refund(timing.Since(c.start), l.kind)
 	}
 	c.attemptDone(l)
 	return l.resp, l.err
-}
-
-// refund gives back the budget token of a leg whose answer is the call's
-// success: a retry whose round it answered, unhedged or as the round's
-// winner, or a hedge that won. A call refunds at most once, for the one
-// wire call its answer came from: in a hedged retry round won by a hedge
-// the hedge's token comes back and the retry's, which paid for the leg
-// that lost, stays spent. So what stays spent is a token for each wire
-// call the caller's answer did not come from, but the call's first. A
-// hedge gives back its allowance's token too (see gate.Budget).
-func (c *call) refund(now time.Time, kind policy.AttemptKind) {
-	if kind == policy.AttemptHedge {
-		c.s.budget.RefundHedge(now)
-		return
-	}
-	c.s.budget.Refund(now)
 }
 
 // replayable reports whether the request may be sent more than once: its
@@ -412,8 +301,8 @@ func (c *call) replayable() bool {
 // the first lane the call has not used opens: the Retry-After binds its
 // own replica, and the retry goes to that lane.
 func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Duration, policy.SkipReason) {
-	r := c.s.chain.retry
-	c.why = policy.RetryAsked
+	r := c.s.set.retry
+	c.retryReason = policy.RetryAsked
 	var opens time.Duration // until a lane the call has not used is open, if other
 	other := false
 	if c.s.lanes != nil {
@@ -421,9 +310,9 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	}
 	c.elsewhere = other && opens == 0
 	if err != nil && httpx.Unsent(err) {
-		c.why = policy.RetryUnsent
+		c.retryReason = policy.RetryUnsent
 	}
-	if c.why != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
+	if c.retryReason != policy.RetryUnsent && !httpx.Repeatable(c.req, markedRepeatable(c.ctx)) {
 		return 0, policy.SkipNotReplayable
 	}
 	if c.rb != nil {
@@ -438,11 +327,11 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	}
 	var d time.Duration
 	switch {
-	case c.why == policy.RetryUnsent && c.elsewhere:
+	case c.retryReason == policy.RetryUnsent && c.elsewhere:
 	case r.Delay != nil:
-		d = max(r.Delay(c.retries+1), 0)
+		d = max(r.Delay(c.retriesBegun+1), 0)
 	default:
-		d = r.Backoff(c.retries, rand.Float64())
+		d = r.Backoff(c.retriesBegun, rand.Float64())
 	}
 	if v := httpx.PushbackValue(resp); v != "" && r.MaxRetryAfter >= 0 {
 		ra, ok := httpx.ParseRetryAfter(v, now)
@@ -467,12 +356,12 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 }
 
 // buffers reports whether the call keeps a copy of the request's body as
-// its first attempt reads it: the body has no GetBody, the chain's
+// its first attempt reads it: the body has no GetBody, the set's
 // ReplayBuffer is on, and the call could send it again, as a retry (of an
 // attempt that never left, whatever the method) or a hedge.
 func (c *call) buffers() bool {
 	b := c.req.Body
-	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.chain.replay < 0 {
+	if b == nil || b == http.NoBody || c.req.GetBody != nil || c.s.set.replay < 0 {
 		return false
 	}
 	return c.mayRetry || c.mayHedge && httpx.Repeatable(c.req, markedRepeatable(c.ctx))
@@ -496,188 +385,93 @@ func (c *call) newBody() (io.ReadCloser, error) {
 	return c.req.GetBody()
 }
 
-func (c *call) skipped(why policy.SkipReason, g policy.Gate) {
-	c.skip = why
-	if o := c.t.obs; o != nil && o.RetrySkipped != nil {
-		o.RetrySkipped(policy.RetrySkip{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why, Gate: g, Attempt: c.wire, BodyTooLarge: c.tooLarge})
+// narrow sets what the call may do: its key's set, as o narrows it, and
+// as the attempt rule does: a call made for a request that is itself a
+// retry or a hedge (attempt.Repeated) is sent once, and leaves the budget
+// alone (see "Across services" in the package doc).
+func (c *call) narrow(o *Override) {
+	ch := c.s.set
+	c.attempts, c.timeout = ch.attempts, ch.timeout
+	if o.Attempts > 0 {
+		c.attempts = min(c.attempts, o.Attempts)
 	}
+	if ch.attempts > 1 && attempt.Repeated(c.ctx) {
+		c.attempts, c.repeat = 1, true
+		c.s.repeats.Add(1)
+	}
+	if o.PerAttempt > 0 && (c.timeout == 0 || o.PerAttempt < c.timeout) {
+		c.timeout = o.PerAttempt
+	}
+	c.mayRetry = ch.retry != nil && !o.NoRetry && c.attempts > 1
+	c.mayHedge = c.s.hedge != nil && !o.NoHedge && c.attempts > 1
 }
 
-// noWait is a context that is already done: gates given it fail fast
-// instead of waiting. Hedge legs use it, since a hedge that has to queue
-// is no longer worth sending.
-var noWait = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
-
-// admit passes leg l through the admission gates in their order,
-// throttler → breaker → limiter → bulkhead → rate limit, and either records
-// their permits in l or returns the refusal, a *policy.RejectedError,
-// having released what earlier gates granted. A hedge leg is not asked
-// the rate limit here: its round takes that token last, as the leg is
-// sent, since it cannot be given back (see round.hedge). With wait false, gates that
-// would queue refuse instead. When the caller's own context ends while a
-// gate waits, it returns that context's error rather than a refusal.
-//
-// prev is the response the leg would supersede, if any: when it holds a
-// bulkhead slot the leg takes the slot over rather than queue behind its
-// own call (l.inherited says so), and gives it back if a later gate
-// refuses.
-func (c *call) admit(l *leg, kind policy.AttemptKind, now time.Time, wait bool, prev *http.Response) error {
-	s := c.s
-	ctx := c.ctx
-	if !wait {
-		ctx = noWait
-	}
-	if s.breakerOf().Isolated() { // before any gate, so that none moves for it
-		return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
-	}
-	if s.throttle != nil {
-		d := s.throttle.Admit(now, c.prio, c.tenant)
-		if !d.OK {
-			return c.refuse(kind, policy.GateThrottler, policy.ErrThrottled, d.RetryAfter, d.HeavyTenant)
-		}
-		l.throttled = true
-	}
-	if s.breaker != nil {
-		p, d := s.breaker.Allow(now)
-		c.transition(d.Change)
-		if !d.OK {
-			c.unadmit(l, now)
-			if d.Isolated { // since the check above
-				return c.refuse(kind, policy.GateBreaker, policy.ErrIsolated, 0, false)
-			}
-			return c.refuse(kind, policy.GateBreaker, policy.ErrCircuitOpen, d.RetryAfter, false)
-		}
-		l.bp, l.breaker = p, true
-	}
-	if s.limiter != nil {
-		p, d := s.limiter.Acquire(ctx, now, c.prio, c.tenant)
-		if !d.OK {
-			c.unadmit(l, now)
-			if d.Reason == gate.LimiterCanceled && wait {
-				return c.ctx.Err()
-			}
-			return c.refuse(kind, policy.GateLimiter, policy.ErrShed, 0, d.HeavyTenant)
-		}
-		l.lp, l.limiter = p, true
-	}
-	if s.bulkhead != nil {
-		if r := heldSlot(prev); r != nil {
-			r.bulkhead, l.inherited = nil, r
-		} else if !s.bulkhead.Acquire(ctx) {
-			c.unadmit(l, now)
-			if err := c.callerDone(); wait && err != nil {
-				return err
-			}
-			return c.refuse(kind, policy.GateBulkhead, policy.ErrBulkheadFull, 0, false)
-		}
-		l.bulkhead = true
-	}
-	if s.rate != nil && kind != policy.AttemptHedge {
-		if ok, ra := s.rate.AcquireFor(ctx, now, c.prio); !ok {
-			c.unadmit(l, now)
-			if err := c.callerDone(); wait && err != nil {
-				return err
-			}
-			return c.refuse(kind, policy.GateRateLimit, policy.ErrRateLimited, ra, false)
-		}
-	}
-	return nil
-}
-
-// callerDone returns the error of the caller's context if it has ended,
-// counting a deadline that has passed before the context's own timer
-// noticed (a gate's wait bounded by the deadline may end first).
-func (c *call) callerDone() error { return contextDone(c.ctx, time.Now()) }
-
-// unadmit gives back what admit granted to a leg that will not be sent, or
-// that teaches nothing (a hedge leg that lost, a base that panicked): it
-// is released as Discarded.
-func (c *call) unadmit(l *leg, now time.Time) {
-	s := c.s
-	if l.throttled {
-		s.throttle.Done(now, policy.Discarded, false, nil)
-		l.throttled = false
-	}
-	if l.breaker {
-		c.transition(s.breaker.Done(now, l.bp, policy.Discarded))
-		l.breaker = false
-	}
-	if l.limiter {
-		c.limitMoved(s.limiter.Release(l.lp, now, 0, policy.Discarded))
-		l.limiter = false
-	}
-	if l.bulkhead {
-		if l.inherited != nil {
-			l.inherited.bulkhead, l.inherited = s.bulkhead, nil
-		} else {
-			s.bulkhead.Release()
-		}
-		l.bulkhead = false
-	}
-}
-
-// pushedBack reports an answer that armed the throttler's pushback.
-func (c *call) pushedBack(p gate.Pushback) {
-	if !p.Armed() {
+// done records the call as RoundTrip returns resp and err, once: what the
+// caller's Report and Observer.CallDone share (the outcome, the status,
+// the wire attempts) is read into one policy.CallInfo, from which, with
+// the call's tally, the Report is written. It runs on the caller's
+// goroutine: a hedged round collected, under its lock, what the tally
+// needs (see round.collect). Nothing is built when neither is asked for.
+func (c *call) done(resp *http.Response, err error) {
+	o := c.t.obs
+	tell := o != nil && o.CallDone != nil
+	if c.rep == nil && !tell {
 		return
 	}
-	if o := c.t.obs; o != nil && o.Pushback != nil {
-		o.Pushback(policy.Pushback{Context: c.ctx, Key: c.s.key, StatusCode: p.StatusCode, RetryAfter: p.RetryAfter})
+	info := policy.CallInfo{
+		Context:      c.ctx,
+		Key:          c.s.key,
+		Priority:     c.prio,
+		Outcome:      c.outcome,
+		WireAttempts: c.wire,
+		Err:          err,
 	}
-}
-
-func (c *call) limitMoved(ch gate.LimitChange) {
-	if !ch.Changed() {
-		return
+	if resp != nil {
+		info.StatusCode = resp.StatusCode
 	}
-	if o := c.t.obs; o != nil && o.LimitTransition != nil {
-		o.LimitTransition(policy.LimitTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
-	}
-}
-
-func (c *call) refuse(kind policy.AttemptKind, g policy.Gate, sentinel error, retryAfter time.Duration, heavy bool) *policy.RejectedError {
-	err := &policy.RejectedError{Gate: g, Err: sentinel, Key: c.s.key, Priority: c.prio, RetryAfter: retryAfter}
-	if o := c.t.obs; o != nil && o.Refused != nil {
-		o.Refused(policy.Refusal{Context: c.ctx, Key: c.s.key, Kind: kind, Gate: g, Priority: c.prio, HeavyTenant: heavy, Err: err})
-	}
-	return err
-}
-
-func (c *call) transition(ch gate.BreakerChange) {
-	if !ch.Changed() {
-		return
-	}
-	if o := c.t.obs; o != nil && o.BreakerTransition != nil {
-		o.BreakerTransition(policy.BreakerTransition{Context: c.ctx, Key: c.s.key, From: ch.From, To: ch.To})
-	}
-}
-
-func (c *call) attemptDone(l *leg) {
-	if o := c.t.obs; o != nil && o.AttemptDone != nil {
-		info := policy.AttemptInfo{
-			Context: c.ctx,
-			Key:     c.s.key,
-			Kind:    l.kind,
-			Attempt: l.n,
-			Outcome: l.outcome,
-			Latency: l.latency,
-			Err:     l.err,
-			Reason:  l.why,
-			Lane:    l.laneName(),
+	if r := c.rep; r != nil {
+		*r = Report{
+			RoundTrips:   r.RoundTrips + 1,
+			Outcome:      info.Outcome,
+			StatusCode:   info.StatusCode,
+			WireAttempts: info.WireAttempts,
+			Retries:      c.retriesSent,
+			Hedges:       c.hedges,
+			HedgeWon:     c.hedgeWon,
+			Exhausted:    c.retryAsked && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
+			Skipped:      c.skip,
+			Refusal:      c.refusal,
+			Lanes:        c.used,
+			Lane:         c.lane,
 		}
-		if l.resp != nil {
-			info.StatusCode = l.resp.StatusCode
+		if c.refusal != nil {
+			r.Gate = c.refusal.Gate
 		}
-		o.AttemptDone(info)
+	}
+	if tell {
+		info.Duration = time.Since(c.start)
+		o.CallDone(info)
 	}
 }
 
-func closeBody(b io.ReadCloser) {
-	if b != nil {
-		_ = b.Close()
+// hedgeAfter reports whether this round hedges and, if so, the threshold
+// and how long to wait before the first hedge: the threshold, or the time
+// left before the deadline if that is shorter. A request that may not be
+// sent twice is never hedged, nor a call whose Override rules hedging
+// out; a window still warming is counted.
+func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
+	h := c.s.hedge
+	if !c.mayHedge || !c.replayable() {
+		return 0, 0, false
 	}
+	threshold, ok = h.Threshold(now)
+	if !ok {
+		c.suppress(policy.HedgeWarming)
+		return 0, 0, false
+	}
+	wait = threshold
+	if dl, has := c.ctx.Deadline(); has {
+		wait = min(wait, dl.Sub(now))
+	}
+	return threshold, wait, wait > 0
 }

@@ -43,16 +43,18 @@ type round struct {
 	first  leg     // the inline leg, legs[0]
 	legBuf [3]*leg // legs' storage for the default MaxConcurrent
 
-	mu      sync.Mutex
-	cond    sync.Cond // on mu: signalled when a leg ends or fire is done
-	legs    []*leg    // every leg sent, in order; legs[0] runs inline
-	live    int       // legs sent and not yet ended
-	firing  bool      // fire is deciding on a leg: the round waits for it
-	over    bool      // no more legs may start
+	mu    sync.Mutex
+	cond  sync.Cond // on mu: signalled when a leg ends or a hedge's decision does
+	state roundState
+	// hedging is where the next hedge stands: none pending, being
+	// decided (the round waits for the decision), or awaiting the body
+	// the first leg is still sending (see awaitBody).
+	hedging hedgeState
+	legs    []*leg // every leg sent, in order; legs[0] runs inline
+	live    int    // legs sent and not yet ended
 	winner  *leg
 	failed  *leg // the last leg that failed; earlier ones are discarded
 	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
-	decided bool // a winner, a panic, or the caller abandoned the round
 	// timer is the round's one timer: it fires for the next hedge, due,
 	// and for the inline leg's per-attempt timeout, expires, whichever
 	// comes first (a zero time is none); expired says that it cancelled
@@ -62,14 +64,40 @@ type round struct {
 	expires time.Time
 	expired bool
 	refused int // hedges the budget refused in this round: later tries back off
-	// awaiting: a hedge came due while the first leg was still sending a
-	// body without GetBody; it is decided again once the body is read
-	// (see awaitBody).
-	awaiting bool
 	// rang: the timer's func has run, or may run, so a fire may still be
 	// using the round after the caller is done with it.
 	rang bool
 }
+
+// roundState is where a round is in its life. Its transitions:
+//
+//	roundOpen → roundClosed   the inline leg came back (report)
+//	roundOpen → roundDecided  a leg won, a leg panicked (decideLocked)
+//	roundClosed → roundDecided  the same, or the caller collected it
+type roundState uint8
+
+const (
+	roundOpen    roundState = iota // the inline leg is on the wire: hedges may start
+	roundClosed                    // no more legs may start; the legs on the wire may still win
+	roundDecided                   // a winner, a panic, or collected: whatever ends now is thrown away
+)
+
+// hedgeState is where a round's next hedge stands. Its transitions:
+//
+//	hedgeIdle → hedgeDeciding          its time came and the hedging gates passed (hedge)
+//	hedgeDeciding → hedgeIdle          sent, or refused (hedge, launch, budgetRefusedLocked)
+//	hedgeDeciding → hedgeAwaitingBody  the first leg is still sending the body (awaitBody)
+//	hedgeAwaitingBody → hedgeIdle      the body is in and the timer fires (hedge), or the inline leg came back (report)
+type hedgeState uint8
+
+const (
+	hedgeIdle hedgeState = iota
+	hedgeDeciding
+	hedgeAwaitingBody
+)
+
+// over reports whether the round can start no more legs. r.mu is held.
+func (r *round) over() bool { return r.state != roundOpen }
 
 // rounds holds the rounds that ended without their timer ever firing:
 // most rounds, since most calls are not hedged.
@@ -103,28 +131,6 @@ func (r *round) release() {
 	}
 }
 
-// hedgeAfter reports whether this round hedges and, if so, the threshold
-// and how long to wait before the first hedge: the threshold, or the time
-// left before the deadline if that is shorter. A request that may not be
-// sent twice is never hedged, nor a call whose Override rules hedging
-// out; a window still warming is counted.
-func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
-	h := c.s.hedge
-	if !c.mayHedge || !c.replayable() {
-		return 0, 0, false
-	}
-	threshold, ok = h.Threshold(now)
-	if !ok {
-		c.suppress(policy.HedgeWarming)
-		return 0, 0, false
-	}
-	wait = threshold
-	if dl, has := c.ctx.Deadline(); has {
-		wait = min(wait, dl.Sub(now))
-	}
-	return threshold, wait, wait > 0
-}
-
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
@@ -153,8 +159,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	r.report(l)
 	resp, err := r.collect()
 	done = true
-	c.wire, c.outcome, c.again = r.c.wire, r.c.outcome, r.c.again
-	c.hedges, c.hedgeWon, c.lane = r.c.hedges, r.c.hedgeWon, r.c.lane
+	c.callTally = r.c.callTally
 	c.used = atomic.LoadUint64(&r.c.used) // a loser may still be picking
 	r.release()
 	return resp, err
@@ -173,17 +178,20 @@ func (r *round) nextLocked() time.Time {
 // armLocked sets the round's timer for what is next pending, as of now,
 // unless the round is over. r.mu is held.
 func (r *round) armLocked(now time.Time) {
-	if next := r.nextLocked(); !next.IsZero() && !r.over {
+	if next := r.nextLocked(); !next.IsZero() && !r.over() {
 		r.timer.t.Reset(next.Sub(now))
 	}
 }
 
 // stopLocked stops the round's timer, once: a stopped timer may be in
 // another round's hands by the next call. A timer that could not be
-// stopped before its func began marks the round rang. r.mu is held.
+// stopped before its func began marks the round rang. A timer that has
+// rung before is not reused even when stopped in time: it was set again
+// after it rang, so a func of an earlier ring may still be reading it.
+// r.mu is held.
 func (r *round) stopLocked() {
 	if r.timer != nil {
-		if !r.timer.stop() {
+		if !r.timer.stop(!r.rang) {
 			r.rang = true
 		}
 		r.timer = nil
@@ -206,7 +214,7 @@ func (r *round) fire() {
 	now := time.Now()
 	r.mu.Lock()
 	r.rang = true
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return
 	}
@@ -228,26 +236,25 @@ func (r *round) fire() {
 	}
 }
 
-// hedge runs on the round's timer when a hedge is due: it asks the hedging
-// gates in order and, if all pass, sends one more leg. A panic here
-// (GetBody, an observer) would kill the process: it is handed to the
-// caller instead.
+// hedge runs on the round's timer when a hedge is due, and is the one
+// place where a hedge is decided: first the checks, which take nothing
+// (the hedging gates, then whether the first leg is still sending a body
+// the hedge would replay), then what the leg takes (see take), each step
+// given back exactly when a later one refuses, and last the leg is sent
+// (see launch), which alone spends WinRate's credit. A panic here
+// (GetBody, an observer) would kill the process: what the hedge took is
+// given back, and the panic is handed to the caller.
 func (r *round) hedge(now time.Time) {
 	c := &r.c
-	firing := false
-	reserved := false // the budget's token is taken and the leg not sent
+	var tk hedgeTake
+	deciding := false // hedgeDeciding is this decision's to end
 	defer func() {
 		p := recover()
-		if reserved {
-			// Refused after the budget, or a panic (GetBody, an
-			// observer): RefundHedge gives back exactly what
-			// WithdrawHedge took.
-			c.s.budget.RefundHedge(now)
-		}
-		if firing {
+		tk.giveBack(c, now)
+		if deciding {
 			// No leg after all: the round must not wait for one.
 			r.mu.Lock()
-			r.firing = false
+			r.hedging = hedgeIdle
 			r.cond.Broadcast()
 			r.mu.Unlock()
 		}
@@ -256,100 +263,145 @@ func (r *round) hedge(now time.Time) {
 		}
 	}()
 	r.mu.Lock()
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return
 	}
-	r.awaiting = false // decided now, if it waited for the body
 	why := r.gate(now)
-	r.firing = why == 0
-	firing = r.firing
+	r.hedging = hedgeIdle // decided now, if it awaited the body
+	if why == 0 {
+		r.hedging, deciding = hedgeDeciding, true
+	}
 	r.mu.Unlock()
 	if why != 0 {
 		c.suppress(why)
 		return
 	}
-
-	// What a hedge takes, it takes in an order where nothing stays spent
-	// when a later step refuses it: first what can be given back exactly
-	// (the budget's token), then the body, then the admission gates,
-	// whose permits unadmit gives back, and last, under the round's lock
-	// with the check that the round may still send a leg, the rate
-	// limit's token, which cannot be given back (a hedge takes one only
-	// from a bucket full but for one, and never waits: see
-	// gate.RateLimiter.AcquireHedge). WinRate's credit is spent once the
-	// leg is sent (hedge.State.Started).
-	//
 	// A body the first leg is still sending is waited for before anything
 	// is taken: the hedge is decided again, from the hedging gates, once
 	// the body is in.
 	if r.bodyPending() {
-		if !r.awaitBody() {
+		waits := r.awaitBody()
+		if waits {
+			deciding = false // awaitBody ended the decision
+		} else {
 			c.suppress(policy.HedgeBodyPending)
 		}
 		return
 	}
-	// Hedges come due in bursts (a hiccup makes every call in flight
-	// cross the threshold at once) and a burst can empty the budget,
-	// which refills with traffic within a few thresholds; a call still on
-	// the wire one threshold later is very likely a slow one. So a round
-	// the budget refused asks again one threshold later, three times,
-	// then backing off (two, four, ...), so that the timer work of a
-	// round whose budget stays empty is bounded.
-	r.mu.Lock()
-	if r.ended() || !c.s.budget.WithdrawHedge(now) {
-		ended := r.budgetRefusedLocked(now)
-		firing = firing && ended
-		r.mu.Unlock()
-		if !ended {
-			c.suppress(policy.HedgeBudget)
+	l, why, rearmed := r.take(now, &tk)
+	if rearmed {
+		deciding = false // the budget's refusal ended the decision
+	}
+	if l == nil {
+		if why != 0 {
+			c.suppress(why)
 		}
 		return
 	}
-	reserved = true // given back as hedge returns, unless the leg is sent
+	r.launch(l, now, &tk, &deciding)
+}
+
+// hedgeTake is what a hedge has taken on its way to the wire and not yet
+// spent: the budget's token (with the hedges' allowance's), its body, and
+// its leg's admission permits. Until the leg is sent, giveBack returns
+// each exactly, as x/time/rate's Reservation.Cancel gives back tokens.
+type hedgeTake struct {
+	token bool
+	body  io.ReadCloser
+	leg   *leg // admitted: it holds the admission gates' permits
+}
+
+// giveBack returns what tk holds, as a hedge that was not sent: the
+// permits as Discarded, the body closed, the budget's token refunded. It
+// does nothing once the leg is sent (see launch).
+func (tk *hedgeTake) giveBack(c *call, now time.Time) {
+	if tk.leg != nil {
+		c.finish(&tk.leg.permits, discarded(now), false)
+	}
+	closeBody(tk.body)
+	if tk.token {
+		c.s.budget.RefundHedge(now)
+	}
+	*tk = hedgeTake{}
+}
+
+// take takes, into tk, what a hedge leg needs, in an order where nothing
+// stays spent when a later step refuses: the budget's token, which is
+// given back exactly, then the body, then the admission gates, whose
+// permits are given back as Discarded. (The rate limit's token, which
+// cannot be given back, is taken last, by launch.) It returns the leg,
+// admitted, or nil and why not: 0 when the round can send no more legs.
+//
+// Hedges come due in bursts (a hiccup makes every call in flight cross
+// the threshold at once) and a burst can empty the budget, which refills
+// with traffic within a few thresholds; a call still on the wire one
+// threshold later is very likely a slow one. So a round the budget
+// refused asks again one threshold later, three times, then backing off
+// (two, four, ...), so that the timer work of a round whose budget stays
+// empty is bounded; rearmed says so, the decision being over.
+func (r *round) take(now time.Time, tk *hedgeTake) (l *leg, why policy.SuppressReason, rearmed bool) {
+	c := &r.c
+	r.mu.Lock()
+	if r.ended() {
+		r.mu.Unlock()
+		return nil, 0, false
+	}
+	if !c.s.budget.WithdrawHedge(now) {
+		r.budgetRefusedLocked(now)
+		r.mu.Unlock()
+		return nil, policy.HedgeBudget, true
+	}
+	tk.token = true
 	r.mu.Unlock()
-	body, why := r.body()
-	if why != 0 {
-		c.suppress(why)
-		return
+	if tk.body, why = r.body(); why != 0 {
+		return nil, why, false
 	}
-	l := new(leg)
-	if err := c.admit(l, policy.AttemptHedge, now, false, nil); err != nil {
-		closeBody(body)
-		c.suppress(policy.HedgeRejected)
-		return
+	l = new(leg)
+	if err := c.admit(&l.permits, ask{kind: policy.AttemptHedge, now: now}); err != nil {
+		return nil, policy.HedgeRejected, false
 	}
+	tk.leg = l
+	return l, 0, false
+}
+
+// launch sends hedge leg l, admitted by take, unless the round can send
+// no more legs or the rate limit has no token for it, in which case tk
+// is left for hedge to give back. Sending l ends the decision (deciding).
+// The token is taken under the round's
+// lock, with the check that the round may still send a leg, since it
+// cannot be given back (a hedge takes one only from a bucket full but for
+// one, and never waits: see gate.RateLimiter.AcquireHedge). Once the leg
+// is in the round, WinRate's credit is spent (hedge.State.Started).
+func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
+	c := &r.c
 	r.mu.Lock()
-	ended := r.ended()
-	rated, retryAfter := true, time.Duration(0)
-	if !ended {
-		rated, retryAfter = c.s.rate.AcquireHedge(c.ctx, now, c.prio)
-	}
-	if ended || !rated {
+	if r.ended() {
 		r.mu.Unlock()
-		closeBody(body)
-		c.unadmit(l, now)
-		if !rated {
-			c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
-			c.suppress(policy.HedgeRejected)
-		}
+		return
+	}
+	if ok, retryAfter := c.s.rate.AcquireHedge(c.ctx, now, c.prio); !ok {
+		r.mu.Unlock()
+		c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
+		c.suppress(policy.HedgeRejected)
 		return
 	}
 
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
-	c.prepare(l, policy.AttemptHedge, body, true, now)
-	l.round, l.paid, reserved = r, true, false
+	c.prepare(l, policy.AttemptHedge, tk.body, true, now)
+	*tk = hedgeTake{} // spent: the leg holds it all now
+	l.round, l.drewToken = r, true
 	r.legs = append(r.legs, l)
 	r.live++
-	r.firing, firing = false, false
+	r.hedging, *deciding = hedgeIdle, false
 	if r.live < r.max && c.wire < c.attempts {
 		r.due = now.Add(r.threshold)
 		r.armLocked(now)
 	}
 	r.mu.Unlock()
 
-	// The leg goes on the wire as fire returns, after it was reported
+	// The leg goes on the wire as launch returns, after it was reported
 	// started, and even if an observer panics: it is counted in live, so
 	// the round waits for it (and, abandoned, cancels it).
 	defer func() { go r.run(l) }()
@@ -362,24 +414,20 @@ func (r *round) hedge(now time.Time) {
 // ended reports whether the round can send no more legs: it is over, or
 // at MaxConcurrent legs, or the call's Attempts are spent. r.mu is held.
 func (r *round) ended() bool {
-	return r.over || r.live >= r.max || r.c.wire >= r.c.attempts
+	return r.over() || r.live >= r.max || r.c.wire >= r.c.attempts
 }
 
-// budgetRefusedLocked ends a hedge's decision for a budget with no token:
-// unless the round has ended, it asks again one threshold later (three
-// times, then backing off), done deciding before the timer can fire
-// again, so that the next fire's decision is the one the round waits for.
-// It reports whether the round had ended. r.mu is held.
-func (r *round) budgetRefusedLocked(now time.Time) (ended bool) {
-	if r.ended() {
-		return true
-	}
-	r.firing = false
+// budgetRefusedLocked ends a hedge's decision for a budget with no token,
+// the round not ended: it asks again one threshold later (three times,
+// then backing off), done deciding before the timer can fire again, so
+// that the next fire's decision is the one the round waits for. r.mu is
+// held.
+func (r *round) budgetRefusedLocked(now time.Time) {
+	r.hedging = hedgeIdle
 	r.cond.Broadcast()
 	r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
 	r.refused++
 	r.armLocked(now)
-	return false
 }
 
 // bodyPending reports whether the first leg is still sending a body
@@ -426,14 +474,16 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 // waits: not when the round is over. A round whose inline leg comes back
 // first ends with the hedge unsent, reported as HedgeBodyPending (see
 // report). The round cannot go back to the pool meanwhile: its timer has
-// rung.
+// rung. Awaiting ends the hedge's decision: the round does not wait for
+// the body, which the inline leg is sending.
 func (r *round) awaitBody() bool {
 	r.mu.Lock()
-	if r.over {
+	if r.over() {
 		r.mu.Unlock()
 		return false
 	}
-	r.awaiting = true
+	r.hedging = hedgeAwaitingBody
+	r.cond.Broadcast()
 	r.mu.Unlock()
 	rb := r.c.rb
 	switch {
@@ -445,8 +495,10 @@ func (r *round) awaitBody() bool {
 		// unless the inline leg's report took the hedge over already.
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		waited := r.awaiting
-		r.awaiting = false
+		waited := r.hedging == hedgeAwaitingBody
+		if waited {
+			r.hedging = hedgeIdle
+		}
 		return !waited
 	}
 	return true
@@ -461,7 +513,7 @@ func (r *round) awaitBody() bool {
 func (r *round) bodyRead() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.awaiting || r.over {
+	if r.hedging != hedgeAwaitingBody || r.over() {
 		return
 	}
 	now := time.Now()
@@ -492,8 +544,8 @@ func (r *round) run(l *leg) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.mu.Lock()
-			if !l.ended {
-				l.ended = true
+			if l.state != legEnded {
+				l.state = legEnded
 				r.live--
 			}
 			r.mu.Unlock()
@@ -510,10 +562,10 @@ func (r *round) run(l *leg) {
 func (r *round) settle(l *leg) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if l.lost {
+	if l.state == legLost {
 		return false
 	}
-	l.settled = true
+	l.state = legAnswered
 	return true
 }
 
@@ -526,32 +578,35 @@ func (r *round) settle(l *leg) bool {
 func (r *round) report(l *leg) {
 	c := &r.c
 	r.mu.Lock()
-	l.ended = true
+	lost := l.state == legLost
+	l.state = legEnded
 	r.live--
 	defer r.cond.Broadcast()
 	if l == r.legs[0] {
 		// The inline leg is back: whatever happens, no more legs start.
-		r.over = true
+		if r.state == roundOpen {
+			r.state = roundClosed
+		}
 		r.stopLocked()
-		if r.awaiting {
+		if r.hedging == hedgeAwaitingBody {
 			// The hedge waiting for the body will not be sent; reported
 			// once r.mu is let go, as report returns.
-			r.awaiting = false
+			r.hedging = hedgeIdle
 			defer c.suppress(policy.HedgeBodyPending)
 		}
 	}
-	if l.lost {
+	if lost {
 		// Reported discarded when it lost; send closed what it got.
 		r.mu.Unlock()
 		return
 	}
-	if r.decided {
+	if r.state == roundDecided {
 		r.mu.Unlock()
 		c.attemptDone(l)
 		httpx.Discard(l.resp)
 		return
 	}
-	if l.outcome == policy.Failure || l.again {
+	if l.outcome == policy.Failure || l.retryAsked {
 		superseded := r.failed
 		r.failed = l
 		r.mu.Unlock()
@@ -566,12 +621,12 @@ func (r *round) report(l *leg) {
 	r.mu.Unlock()
 
 	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
-	paid := l.paid && l.outcome == policy.Success
+	refunds := l.drewToken && l.outcome == policy.Success
 	var now time.Time // read only when something needs it
-	if len(losers) > 0 || won || paid {
+	if len(losers) > 0 || won || refunds {
 		now = timing.Since(c.start)
 	}
-	if paid {
+	if refunds {
 		c.refund(now, l.kind)
 	}
 	r.discard(losers, now)
@@ -599,11 +654,11 @@ func (r *round) report(l *leg) {
 // leg of an abandoned round.
 func (r *round) decideLocked(spare bool) []*leg {
 	r.stopLocked()
-	r.decided, r.over = true, true
+	r.state = roundDecided
 	var losers []*leg
 	for _, o := range r.legs {
-		if !o.ended && !o.settled {
-			o.lost = true
+		if o.state == legOnWire {
+			o.state = legLost
 			losers = append(losers, o)
 			if spare && o != &r.first {
 				cancel := o.cancel
@@ -633,7 +688,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed, policy.Discarded)
 		}
-		d := &leg{n: o.n, kind: o.kind, why: o.why, outcome: policy.Discarded, latency: elapsed}
+		d := &leg{n: o.n, kind: o.kind, retryReason: o.retryReason, outcome: policy.Discarded, latency: elapsed}
 		if c.s.lanes != nil {
 			r.mu.Lock() // o may be taking its lane (see leg.sent)
 			d.sent = o.sent
@@ -651,7 +706,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 // dropped, its leg's permits already returned.
 func (r *round) abandon(p any) {
 	r.mu.Lock()
-	if r.decided {
+	if r.state == roundDecided {
 		r.mu.Unlock()
 		return
 	}
@@ -672,10 +727,10 @@ func (r *round) abandon(p any) {
 // whether to start one more).
 func (r *round) collect() (*http.Response, error) {
 	r.mu.Lock()
-	for !r.decided && (r.live > 0 || r.firing) {
+	for r.state != roundDecided && (r.live > 0 || r.hedging == hedgeDeciding) {
 		r.cond.Wait()
 	}
-	r.decided = true // whatever ends now is thrown away
+	r.state = roundDecided // whatever ends now is thrown away
 	w, failed, p := r.winner, r.failed, r.panic
 	r.failed = nil
 	// Over: no more legs start (see hedge), and what the caller's Report
@@ -701,17 +756,11 @@ func (r *round) collect() (*http.Response, error) {
 		if failed != nil {
 			httpx.Discard(failed.resp)
 		}
-		r.c.outcome, r.c.again = w.outcome, w.again
+		r.c.outcome, r.c.retryAsked = w.outcome, w.retryAsked
 		return w.resp, w.err
 	}
-	r.c.outcome, r.c.again = failed.outcome, failed.again
+	r.c.outcome, r.c.retryAsked = failed.outcome, failed.retryAsked
 	return failed.resp, failed.err
-}
-
-func (c *call) suppress(why policy.SuppressReason) {
-	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
-		o.HedgeSuppressed(policy.HedgeSuppression{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why})
-	}
 }
 
 // legPanic carries a hedge leg's panic to the caller's goroutine, with
@@ -731,4 +780,50 @@ func (p *legPanic) Error() string {
 func (p *legPanic) Unwrap() error {
 	err, _ := p.value.(error)
 	return err
+}
+
+// A roundTimer is a hedged round's one timer, for its next hedge and its
+// inline leg's timeout (see round.fire). Stopped before it ever fired, it
+// goes back to a pool (when it came from there); one that fired is left to
+// the garbage collector, since its round.fire may still be running, even
+// once set again and stopped in time. r is set before the timer is armed
+// and read only by the timer's func.
+type roundTimer struct {
+	t      *time.Timer
+	pooled bool
+	r      *round
+}
+
+// roundTimers holds the pooled round timers, stopped.
+var roundTimers sync.Pool
+
+// newRoundTimer returns a timer that calls r.fire after d. start is the
+// call's start time, as for newAlarm.
+func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
+	if !inBubble(start) {
+		if rt, _ := roundTimers.Get().(*roundTimer); rt != nil {
+			rt.r = r
+			rt.t.Reset(d)
+			return rt
+		}
+	}
+	rt := &roundTimer{pooled: !inBubble(start), r: r}
+	rt.t = time.AfterFunc(d, rt.ring)
+	return rt
+}
+
+func (rt *roundTimer) ring() { rt.r.fire() }
+
+// stop stops the timer and reports whether it was stopped before its
+// func began; it goes back to the pool if it came from there and reuse
+// says that no func of its can be running. It must not be used again.
+func (rt *roundTimer) stop(reuse bool) bool {
+	if !rt.t.Stop() {
+		return false
+	}
+	if rt.pooled && reuse {
+		rt.r = nil
+		roundTimers.Put(rt)
+	}
+	return true
 }

@@ -20,7 +20,8 @@ import (
 // TestARefusedHedgeSpendsNothing: a hedge that passes the hedging gates
 // and is then refused by a later step (waiting for the body, the budget,
 // admission, the rate limit, the body itself) leaves WinRate's credit,
-// the budget and the rate limit as they were. With the allowance at 0.5 a
+// the budget's tokens and its hedges' allowance, the rate limit and the
+// admission gates' permits as they were. With the allowance at 0.5 a
 // hedge goes every second opportunity; each opportunity refused later
 // must leave the credit where it was, so that, of a run of such
 // opportunities, at most the first is refused for its value, and the next
@@ -147,6 +148,7 @@ func TestARefusedHedgeSpendsNothing(t *testing.T) {
 				}
 
 				balance := tr.Measured("up.test").BudgetBalance
+				allowance := hedgesLeft(s, time.Now())
 				slow.Store(true)
 				for range runs {
 					if tc.call != nil {
@@ -166,6 +168,17 @@ func TestARefusedHedgeSpendsNothing(t *testing.T) {
 				if got := tr.Measured("up.test").BudgetBalance; math.Abs(got-balance) > 0.01 {
 					t.Errorf("budget balance %.4f after the run, %.4f before: a refused hedge kept its token", got, balance)
 				}
+				// Each call adds 5e-5 to the allowance, which counts whole
+				// hedges.
+				if got := hedgesLeft(s, time.Now()); got != allowance {
+					t.Errorf("%d hedges left in the budget's allowance after the run, %d before: a refused hedge kept its share", got, allowance)
+				}
+				if n := s.limiter.InFlight(); n != 0 {
+					t.Errorf("%d limiter permits held after the run, want 0: a refused hedge kept its permit", n)
+				}
+				if n := s.bulkhead.InFlight(); n != 0 {
+					t.Errorf("%d bulkhead slots held after the run, want 0: a refused hedge kept its slot", n)
+				}
 				if left, want := tokensLeft(tr, "up.test"), burst-int(calls.Load()); left != want {
 					t.Errorf("%d rate-limit tokens left after %d wire calls, want %d", left, calls.Load(), want)
 				}
@@ -183,6 +196,21 @@ func finish(t *testing.T, tr *Transport, req *http.Request) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+}
+
+// hedgesLeft counts the whole hedges s's budget allows at now, by taking
+// them and giving each back (RefundHedge returns exactly what
+// WithdrawHedge took while the clock stands still, as it does in a
+// synctest bubble).
+func hedgesLeft(s *scope, now time.Time) int {
+	n := 0
+	for s.budget.WithdrawHedge(now) {
+		n++
+	}
+	for range n {
+		s.budget.RefundHedge(now)
+	}
+	return n
 }
 
 // tokensLeft counts, by taking them, the whole tokens key's rate limit

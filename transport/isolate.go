@@ -2,17 +2,12 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/policy"
 )
-
-// errTooManyIsolated is Isolate's error when Config.MaxKeys keys are
-// isolated already.
-var errTooManyIsolated = errors.New("as many keys as MaxKeys are isolated already")
 
 // Isolate refuses every call to key, from now until Release, with a
 // *policy.RejectedError matching both policy.ErrIsolated and

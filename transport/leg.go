@@ -7,11 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/internal/lane"
 	"github.com/resilix/resilix/internal/timing"
@@ -21,10 +19,10 @@ import (
 // leg is one wire attempt: the request it sends, the permits it holds and,
 // once sent, what came back.
 type leg struct {
-	n    int
-	kind policy.AttemptKind
-	why  policy.RetryReason // of a retry
-	req  *http.Request
+	n           int
+	kind        policy.AttemptKind
+	retryReason policy.RetryReason // of a retry
+	req         *http.Request
 	// own holds req when req is the leg's own shallow copy, and the body
 	// wrapper its response will need, in one allocation; nil when req is
 	// the caller's, a hedge leg's deep copy, or a copy whose response needs
@@ -41,20 +39,12 @@ type leg struct {
 	// of its own.
 	roundTimed bool
 
-	throttled bool // the throttler admitted it and awaits its outcome
-	bp        gate.BreakerPermit
-	breaker   bool // bp is held
-	lp        gate.LimiterPermit
-	limiter   bool // lp is held
-	bulkhead  bool // a bulkhead slot is held
-	// inherited is the superseded response whose bulkhead slot this leg
-	// took over, until the leg is sent: a refused leg gives it back.
-	inherited *releaser
+	permits // what it holds of the admission gates, from admit to finish
 
-	// paid: the leg drew a token from the budget (a retry round's first
+	// drewToken: the leg drew a token from the budget (a retry round's first
 	// leg, or a hedge), which it refunds if its answer is the call's
 	// success (see refund).
-	paid bool
+	drewToken bool
 
 	// until is the caller's deadline (zero: none) and left the value of
 	// a propagated attempt's timeout header, written by send as the
@@ -64,12 +54,12 @@ type leg struct {
 	left  []string
 	conn  *connStamp // writes left again once the base has a connection; nil when it cannot
 
-	dispatch time.Time // set by prepare just before the wire call, when the leg is timed
-	resp     *http.Response
-	err      error
-	outcome  policy.Outcome
-	again    bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
-	latency  time.Duration
+	dispatch   time.Time // set by prepare just before the wire call, when the leg is timed
+	resp       *http.Response
+	err        error
+	outcome    policy.Outcome
+	retryAsked bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
+	latency    time.Duration
 
 	// lane is the lane the leg is sent on (Set.Replicas), from the time
 	// took until the lane is told how it went; nil otherwise.
@@ -81,14 +71,26 @@ type leg struct {
 	sent *lane.Lane[*lanePool]
 
 	// A hedged round's legs; guarded by the round's lock.
-	round   *round
-	settled bool // answered before the round was decided: evidence
-	lost    bool // still on the wire when the round was decided: discarded
-	ended   bool // done with: reported, or gone in a panic
+	round *round
+	state legState
 	// grace, on a hedge leg that lost, cancels it when its time to bring
-	// its headers runs out (see round.decideLocked); set with lost.
+	// its headers runs out (see round.decideLocked); set as it is lost.
 	grace *time.Timer
 }
+
+// legState is where a hedged round's leg is. Its transitions:
+//
+//	legOnWire → legAnswered  its answer came before the round was decided: evidence (round.settle)
+//	legOnWire → legLost      the round was decided while it was on the wire: discarded (round.decideLocked)
+//	any → legEnded           done with: reported (round.report), or gone in a panic (round.run)
+type legState uint8
+
+const (
+	legOnWire legState = iota
+	legAnswered
+	legLost
+	legEnded
+)
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
 var errDiscarded = errors.New("resilix: hedge leg discarded")
@@ -105,7 +107,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	c.wire++
 	l.n, l.kind, l.ctx, l.sent = c.wire, kind, c.ctx, nil
 	if kind == policy.AttemptRetry {
-		l.why = c.why
+		l.retryReason = c.retryReason
 	}
 	d := c.timeout
 	if d > 0 {
@@ -113,7 +115,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 			d = 0 // the caller's deadline comes first: the attempt's timer could not fire
 		}
 	}
-	if d > 0 || discardable || c.s.chain.idle > 0 {
+	if d > 0 || discardable || c.s.set.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 	}
 	l.req = c.req
@@ -134,10 +136,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 		l.own.req.Body = body
 		l.req = &l.own.req
 	}
-	if c.s.chain.propagate {
+	if c.s.set.propagate {
 		c.stamp(l)
 	}
-	timed := c.s.chain.timed || timesAttemptsOf(c.t.obs)
+	timed := c.s.set.timed || timesAttemptsOf(c.t.obs)
 	if !timed && d == 0 {
 		return
 	}
@@ -145,7 +147,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	// neither the dependency's latency nor the attempt's time. (Hedge
 	// legs never wait at a gate.)
 	sent := admitted
-	if kind != policy.AttemptHedge && c.s.chain.mayQueue() {
+	if kind != policy.AttemptHedge && c.s.set.mayQueue() {
 		sent = timing.Since(admitted)
 	}
 	if timed {
@@ -168,7 +170,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 // mayQueue reports whether an admission gate may hold a leg for a while:
 // the limiter's queue, a bulkhead's or a rate limit's MaxWait, or a rate
 // limit's store. The throttler and the breaker answer at once.
-func (ch *chain) mayQueue() bool {
+func (ch *compiledSet) mayQueue() bool {
 	return ch.limiter != nil || ch.bulkhead != nil || ch.rateLimit != nil
 }
 
@@ -205,7 +207,7 @@ func (c *call) send(l *leg) {
 	sent = true
 	var now time.Time // the time of the answer: read only when the leg is timed
 	timed := !l.dispatch.IsZero()
-	if timed && (!s.chain.dateBySend || timesAttemptsOf(c.t.obs)) {
+	if timed && (!s.set.dateBySend || timesAttemptsOf(c.t.obs)) {
 		now = l.answered()
 	}
 	resp, err = sane(resp, err)
@@ -245,7 +247,7 @@ func (c *call) send(l *leg) {
 			// latency, and no evidence of its health.
 			c.leaveLane(l, nil, nil, policy.Discarded)
 		}
-		c.unadmit(l, now)
+		c.finish(&l.permits, discarded(now), false)
 		free(l.cancel, nil)
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
 		return
@@ -259,11 +261,11 @@ func (c *call) send(l *leg) {
 		// retry.
 		l.outcome = policy.Invalid
 	default:
-		l.outcome = s.chain.classify(resp, err)
-		if r := s.chain.retry; r != nil && r.If != nil {
-			l.again = r.If(resp, err)
+		l.outcome = s.set.classify(resp, err)
+		if r := s.set.retry; r != nil && r.If != nil {
+			l.retryAsked = r.If(resp, err)
 		} else {
-			l.again = l.outcome == policy.Failure
+			l.retryAsked = l.outcome == policy.Failure
 		}
 	}
 
@@ -290,33 +292,15 @@ func (c *call) send(l *leg) {
 			pushback = nil
 		}
 	}
-	if l.throttled {
-		c.pushedBack(s.throttle.Done(now, l.outcome, s.chain.throttler.Accepted(resp, err), pushback))
-		l.throttled = false
-	}
-	if l.breaker {
-		c.transition(s.breaker.Done(now, l.bp, judged))
-		l.breaker = false
-	}
-	if l.limiter {
-		c.limitMoved(s.limiter.Release(l.lp, now, l.latency, l.outcome))
-		l.limiter = false
-	}
-	if s.hedge != nil && l.outcome.Evidence() {
-		// Latency is learned from answers and from timeouts (a lower
-		// bound); a refused connection's speed says nothing about how
-		// long the dependency takes to answer.
-		if resp != nil || timedOut {
-			s.hedge.Record(now, l.latency, l.outcome)
-		}
-		s.hedge.Observe(now, l.outcome)
-	}
-
-	var bulkhead *gate.Bulkhead
-	if l.bulkhead {
-		bulkhead = s.bulkhead
-	}
-	l.bulkhead = false
+	bulkhead := c.finish(&l.permits, result{
+		now:      now,
+		outcome:  l.outcome,
+		judged:   judged,
+		latency:  l.latency,
+		sampled:  resp != nil || timedOut,
+		accepted: l.throttled && s.set.throttler.Accepted(resp, err),
+		pushback: pushback,
+	}, true)
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
@@ -329,7 +313,7 @@ func (c *call) send(l *leg) {
 		r.rc, r.cancel, r.bulkhead = resp.Body, l.cancel, bulkhead
 		// An upgraded stream may rightly be quiet; an empty body cannot
 		// stall.
-		if d := s.chain.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
+		if d := s.set.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
 			watch(r, d, &c.t.watchdogs)
 		}
 		resp.Body = wrapBody(resp.Body, r)
@@ -364,7 +348,7 @@ func (c *call) abandon(l *leg) {
 	if l.lane != nil {
 		c.leaveLane(l, nil, nil, policy.Canceled)
 	}
-	c.unadmit(l, time.Now())
+	c.finish(&l.permits, discarded(time.Now()), false)
 	free(l.cancel, nil)
 }
 
@@ -393,211 +377,6 @@ type ownRequest struct {
 	req  http.Request
 	body releaser
 }
-
-// releaser is a response body that releases what its attempt held, the
-// attempt's context and its bulkhead slot, exactly once: at EOF, at a read
-// error, or at Close.
-type releaser struct {
-	rc       io.ReadCloser
-	cancel   context.CancelCauseFunc
-	bulkhead *gate.Bulkhead // nil once a retry took the slot over
-	done     atomic.Bool
-	idle     *watchdog // Timeout.Idle's, or nil
-}
-
-func (r *releaser) release() {
-	if r.done.CompareAndSwap(false, true) {
-		if r.idle != nil {
-			r.idle.stop()
-		}
-		free(r.cancel, r.bulkhead)
-	}
-}
-
-// free releases what an attempt held: its context, if it has its own, and
-// its bulkhead slot, if it took one.
-func free(cancel context.CancelCauseFunc, bulkhead *gate.Bulkhead) {
-	if cancel != nil {
-		cancel(context.Canceled)
-	}
-	if bulkhead != nil {
-		bulkhead.Release()
-	}
-}
-
-func (r *releaser) Read(p []byte) (int, error) {
-	w := r.idle
-	if w == nil {
-		n, err := r.rc.Read(p)
-		if err != nil {
-			r.release()
-		}
-		return n, err
-	}
-	w.reads.Add(1) // odd: a Read waits
-	n, err := r.rc.Read(p)
-	w.reads.Add(1)
-	if err != nil {
-		if err != io.EOF && w.fired.Load() {
-			err = &idleTimeoutError{after: w.d}
-		}
-		r.release()
-	}
-	return n, err
-}
-
-func (r *releaser) Close() error {
-	err := r.rc.Close()
-	r.release()
-	return err
-}
-
-func (r *releaser) unwrap() *releaser { return r }
-
-// wrapBody returns r as the body in place of b, keeping what b can do
-// beyond reading: an upgraded (101) connection stays writable, and
-// half-closable where b is (httputil.ReverseProxy calls CloseWrite).
-func wrapBody(b io.ReadCloser, r *releaser) io.ReadCloser {
-	rw, ok := b.(io.ReadWriteCloser)
-	if !ok {
-		return r
-	}
-	if cw, ok := b.(interface{ CloseWrite() error }); ok {
-		return &releaserRWC{releaserRW{r, rw}, cw}
-	}
-	return &releaserRW{r, rw}
-}
-
-// releaserRW keeps an upgraded body writable.
-type releaserRW struct {
-	*releaser
-	w io.Writer
-}
-
-func (r *releaserRW) Write(p []byte) (int, error) { return r.w.Write(p) }
-
-// releaserRWC keeps an upgraded body half-closable too.
-type releaserRWC struct {
-	releaserRW
-	cw interface{ CloseWrite() error }
-}
-
-func (r *releaserRWC) CloseWrite() error { return r.cw.CloseWrite() }
-
-// heldSlot returns the releaser of resp's body if it still holds a
-// bulkhead slot, or nil. resp must not be in use by anyone else.
-func heldSlot(resp *http.Response) *releaser {
-	if resp == nil {
-		return nil
-	}
-	b, ok := resp.Body.(interface{ unwrap() *releaser })
-	if !ok {
-		return nil
-	}
-	r := b.unwrap()
-	if r.bulkhead == nil || r.done.Load() {
-		return nil
-	}
-	return r
-}
-
-// idleChecks is how many times per Idle a watchdog looks at its body.
-const idleChecks = 4
-
-// watchdog bounds the waits of a response body's reads by Timeout.Idle
-// with one timer, and no timer work per Read. Each Read adds one to reads
-// as it starts and one as it ends, so reads is odd while a Read waits. The
-// timer wakes every Idle/idleChecks; a wake that finds the same waiting
-// Read (the same odd count) as the last idleChecks wakes before it knows
-// that Read has waited at least Idle, and at most Idle/idleChecks more,
-// and fires: it cancels the attempt's context with the idle error, which
-// makes net/http end the Read and drop the connection, and stops for good;
-// the Read's error releases what the attempt held. Otherwise it re-arms. A
-// wake after the body is released does nothing, and nothing re-arms it:
-// the timer ends with the body.
-type watchdog struct {
-	d     time.Duration
-	r     *releaser
-	reads atomic.Uint64
-	fired atomic.Bool
-	live  *atomic.Int64 // the transport's count of watchdogs not stopped
-
-	mu      sync.Mutex
-	timer   *time.Timer
-	seen    uint64 // reads at the last wake
-	waited  int    // wakes in a row that found the same Read waiting
-	stopped bool
-}
-
-// watch starts a watchdog of Idle d over r's reads.
-func watch(r *releaser, d time.Duration, live *atomic.Int64) {
-	w := &watchdog{d: d, r: r, live: live}
-	live.Add(1)
-	r.idle = w
-	w.mu.Lock()
-	w.timer = time.AfterFunc(d/idleChecks, w.wake)
-	w.mu.Unlock()
-}
-
-func (w *watchdog) wake() {
-	w.mu.Lock()
-	if w.stopped {
-		w.mu.Unlock()
-		return
-	}
-	switch v := w.reads.Load(); {
-	case v%2 == 0 || v != w.seen:
-		w.seen, w.waited = v, 0 // nothing waits, or a new Read does
-	default:
-		w.waited++
-	}
-	if w.waited < idleChecks {
-		w.timer.Reset(w.d / idleChecks)
-		w.mu.Unlock()
-		return
-	}
-	// Fired: the watchdog's work ends here. What the attempt holds is
-	// released as the Read fails, which cancelling makes net/http's do
-	// at once; a base deaf to cancellation keeps its slot until the
-	// caller closes the body, so the bulkhead still bounds its exchanges.
-	w.fired.Store(true)
-	w.stopLocked()
-	w.mu.Unlock()
-	if w.r.cancel != nil {
-		w.r.cancel(&idleTimeoutError{after: w.d})
-	}
-}
-
-// stop ends the watchdog, once.
-func (w *watchdog) stop() {
-	w.mu.Lock()
-	w.stopLocked()
-	w.mu.Unlock()
-}
-
-func (w *watchdog) stopLocked() {
-	if !w.stopped {
-		w.stopped = true
-		w.timer.Stop()
-		w.live.Add(-1)
-	}
-}
-
-// idleTimeoutError is the error of a response body read that waited
-// Timeout.Idle for its next bytes. It matches policy.ErrAttemptTimeout and
-// context.DeadlineExceeded, and is a net.Error whose Timeout is true.
-type idleTimeoutError struct{ after time.Duration }
-
-func (e *idleTimeoutError) Error() string {
-	return "resilix: attempt timed out: no response body bytes for " + e.after.String()
-}
-
-func (e *idleTimeoutError) Is(target error) bool {
-	return target == policy.ErrAttemptTimeout || target == context.DeadlineExceeded
-}
-
-func (e *idleTimeoutError) Timeout() bool   { return true }
-func (e *idleTimeoutError) Temporary() bool { return true }
 
 // attemptTimeoutError is the error of an attempt cut short by
 // Timeout.PerAttempt. It matches policy.ErrAttemptTimeout and
@@ -639,4 +418,92 @@ func (e *attemptsError) Unwrap() error { return e.err }
 func (e *attemptsError) Timeout() bool {
 	var t interface{ Timeout() bool }
 	return errors.As(e.err, &t) && t.Timeout()
+}
+
+// takeLane picks the lane leg l is sent on, among those its call has not
+// used yet, and returns its pool; it starts a refresh of the key's
+// Endpoints in the background if one is due. A lane placed anew (Redial)
+// has its idle connections closed first, until it succeeds, so that its
+// attempt dials: the failed answer's connection is closed once its body
+// is done with.
+func (c *call) takeLane(l *leg) http.RoundTripper {
+	s := c.s
+	if l.took = l.dispatch; l.took.IsZero() { // a timed leg's dispatch is now
+		l.took = timing.Since(c.start)
+	}
+	if s.lanes.StartRefresh(l.took) {
+		go s.resolve(c.t.obs, hostport(l.req))
+	}
+	l.lane = s.lanes.Take(l.took, atomic.LoadUint64(&c.used))
+	if l.lane.Redial.Load() {
+		l.lane.Pool.CloseIdleConnections()
+	}
+	atomic.OrUint64(&c.used, 1<<l.lane.Index)
+	return l.lane.Pool
+}
+
+// leaveLane tells leg l's lane how its attempt went: outcome o, resp the
+// answer if any, err the attempt's error if any (a refused or timed-out
+// dial, or no headers within the attempt's timeout, takes the lane out
+// at once). It closes the idle connections of the
+// lanes the outcome ejected, and of a lane drained by it.
+func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome) lane.Report[*lanePool] {
+	var now time.Time
+	if l.latency > 0 { // send read the time of the answer, from took
+		now = l.took.Add(l.latency)
+	} else {
+		now = timing.Since(l.took)
+	}
+	var a lane.Answer
+	if v := httpx.PushbackValue(resp); v != "" {
+		a.Hold, _ = httpx.ParseRetryAfter(v, now)
+	}
+	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
+	a.Unreached = resp == nil && httpx.Undialed(err)
+	_, a.Mute = err.(*attemptTimeoutError) // no headers within the attempt's timeout
+	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
+	l.lane = nil
+	obs := c.t.obs
+	for _, e := range rep.Ejected {
+		e.Lane.Pool.CloseIdleConnections()
+		if obs != nil && obs.LaneEjected != nil {
+			obs.LaneEjected(c.laneEjection(e))
+		}
+	}
+	if e := rep.Returned; e.Lane != nil && obs != nil && obs.LaneReturned != nil {
+		obs.LaneReturned(c.laneEjection(e))
+	}
+	if rep.Drained != nil {
+		rep.Drained.Pool.CloseIdleConnections()
+	}
+	return rep
+}
+
+// laneName names the lane leg l was last sent on, for AttemptInfo.Lane:
+// its address, or its index when it has none; "" when it took none.
+func (l *leg) laneName() string {
+	if l.sent == nil {
+		return ""
+	}
+	return policy.LaneName(l.sent.Addr, l.sent.Index)
+}
+
+func (c *call) attemptDone(l *leg) {
+	if o := c.t.obs; o != nil && o.AttemptDone != nil {
+		info := policy.AttemptInfo{
+			Context: c.ctx,
+			Key:     c.s.key,
+			Kind:    l.kind,
+			Attempt: l.n,
+			Outcome: l.outcome,
+			Latency: l.latency,
+			Err:     l.err,
+			Reason:  l.retryReason,
+			Lane:    l.laneName(),
+		}
+		if l.resp != nil {
+			info.StatusCode = l.resp.StatusCode
+		}
+		o.AttemptDone(info)
+	}
 }

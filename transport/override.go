@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/resilix/resilix/attempt"
 )
 
 // Override narrows, for one call, what its key's policy.Set allows: fewer
@@ -99,25 +97,4 @@ func (o *Override) check() error {
 		errs = append(errs, fmt.Errorf("resilix: Override.PerAttempt must be >= 0, got %v", o.PerAttempt))
 	}
 	return errors.Join(errs...)
-}
-
-// narrow sets what the call may do: its key's set, as o narrows it, and
-// as the attempt rule does: a call made for a request that is itself a
-// retry or a hedge (attempt.Repeated) is sent once, and leaves the budget
-// alone (see "Across services" in the package doc).
-func (c *call) narrow(o *Override) {
-	ch := c.s.chain
-	c.attempts, c.timeout = ch.attempts, ch.timeout
-	if o.Attempts > 0 {
-		c.attempts = min(c.attempts, o.Attempts)
-	}
-	if ch.attempts > 1 && attempt.Repeated(c.ctx) {
-		c.attempts, c.repeat = 1, true
-		c.s.repeats.Add(1)
-	}
-	if o.PerAttempt > 0 && (c.timeout == 0 || o.PerAttempt < c.timeout) {
-		c.timeout = o.PerAttempt
-	}
-	c.mayRetry = ch.retry != nil && !o.NoRetry && c.attempts > 1
-	c.mayHedge = c.s.hedge != nil && !o.NoHedge && c.attempts > 1
 }

@@ -29,7 +29,7 @@ func (c *call) stamp(l *leg) {
 	t := c.t
 	var prio, id string
 	n := 1 // values to write: the attempt number always has one
-	if c.named {
+	if c.prioNamed {
 		prio = c.prio.String()
 		n++
 	}

@@ -65,7 +65,7 @@ func scribble(v reflect.Value) {
 // chainsEqual compares compiled chains field by field, following their
 // pointers; funcs compare equal when both are set or both nil.
 var chainsEqual = []cmp.Option{
-	cmp.AllowUnexported(chain{}),
+	cmp.AllowUnexported(compiledSet{}),
 	cmp.Comparer(func(a, b policy.Classify) bool { return (a == nil) == (b == nil) }),
 	cmp.Comparer(func(a, b func(*http.Response, error) bool) bool { return (a == nil) == (b == nil) }),
 }

@@ -102,26 +102,3 @@ func reportOf(ctx context.Context) *Report {
 	r, _ := ctx.Value(reportKey{}).(*Report)
 	return r
 }
-
-// write fills r from call c as RoundTrip returns what c returned. It runs
-// on the caller's goroutine: a hedged round collected, under its lock,
-// what it needs (see round.collect).
-func (c *call) write(r *Report, code int) {
-	*r = Report{
-		RoundTrips:   r.RoundTrips + 1,
-		Outcome:      c.outcome,
-		StatusCode:   code,
-		WireAttempts: c.wire,
-		Retries:      c.sentRetries,
-		Hedges:       c.hedges,
-		HedgeWon:     c.hedgeWon,
-		Exhausted:    c.again && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
-		Skipped:      c.skip,
-		Refusal:      c.refusal,
-		Lanes:        c.used,
-		Lane:         c.lane,
-	}
-	if c.refusal != nil {
-		r.Gate = c.refusal.Gate
-	}
-}

@@ -2,7 +2,8 @@ package transport
 
 import (
 	"cmp"
-	"math/rand/v2"
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -15,10 +16,10 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
-// chain is a validated policy.Set with its defaults applied: what every
+// compiledSet is a validated policy.Set with its defaults applied: what every
 // scope of a key shares, read-only. It holds copies, never a pointer into
 // the caller's Set.
-type chain struct {
+type compiledSet struct {
 	attempts  int
 	classify  policy.Classify
 	retry     *policy.Retry // nil: off
@@ -48,15 +49,15 @@ type chain struct {
 	replicas  *policy.Replicas // nil: every attempt goes to the base
 }
 
-func compile(s policy.Set) (*chain, error) {
+func compile(s policy.Set) (*compiledSet, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	// Every policy is copied with its defaults applied, here and only
-	// here: scopes are built lazily from the chain, so a pointer into s
+	// here: scopes are built lazily from the compiled set, so a pointer into s
 	// would let an edit after New reach them unvalidated, and the runtime
 	// constructors take their configs as they are.
-	c := &chain{
+	c := &compiledSet{
 		attempts:  s.MaxAttempts(),
 		replay:    s.ReplayBytes(),
 		classify:  s.Classify,
@@ -101,7 +102,7 @@ func defaulted[T any](p *T, withDefaults func(T) T) *T {
 // is a policy that is off.
 type scope struct {
 	key      string
-	chain    *chain
+	set      *compiledSet
 	budget   *gate.Budget
 	throttle *gate.Throttler
 	breaker  *gate.Breaker
@@ -162,48 +163,6 @@ func (s *scope) rank(now time.Time) int {
 		return rankHeld
 	}
 	return rankTripped
-}
-
-func (t *Transport) newScope(key string, now time.Time) *scope {
-	c := t.def
-	if pk, ok := t.perKey[key]; ok {
-		c = pk
-	}
-	s := &scope{key: key, chain: c}
-	if c.retry != nil || c.hedge != nil {
-		s.budget = gate.NewBudget(c.budget, now)
-	}
-	if c.hedge != nil {
-		s.hedge = hedge.New(*c.hedge, now)
-	}
-	if c.breaker != nil {
-		s.breaker = gate.NewBreaker(*c.breaker, now, rand.Uint64())
-	}
-	var tenants *gate.Tenants // one tracker for both gates, allocated by the first call naming a tenant
-	if c.throttler != nil || c.limiter != nil {
-		tenants = new(gate.Tenants)
-	}
-	if c.throttler != nil {
-		s.throttle = gate.NewThrottler(*c.throttler, now, rand.Uint64(), tenants)
-	}
-	if c.limiter != nil {
-		s.limiter = gate.NewLimiter(*c.limiter, now, tenants)
-	}
-	if c.bulkhead != nil {
-		s.bulkhead = gate.NewBulkhead(*c.bulkhead)
-	}
-	if c.rateLimit != nil {
-		var report func(policy.StoreTransition)
-		if t.obs != nil {
-			report = t.obs.StoreTransition
-		}
-		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
-	}
-	if c.replicas != nil {
-		s.lanes = t.newLanes(c.replicas, now)
-	}
-	s.lastUsed.Store(now.UnixNano())
-	return s
 }
 
 // snapshot reads the scope's state at now. It allocates nothing: an
@@ -457,3 +416,47 @@ func (r *registry) each(f func(*scope)) {
 		f(s)
 	}
 }
+
+// resolve asks key s's Endpoints for the addresses of hostport, makes the
+// answer its lanes, and tells obs of the change; it runs on a goroutine
+// of its own, started by the call that found a refresh due.
+func (s *scope) resolve(obs *policy.Observer, hostport string) {
+	r := s.set.replicas
+	ctx, cancel := context.WithTimeout(context.Background(), r.Refresh)
+	addrs, err := r.Endpoints.Resolve(ctx, hostport)
+	cancel()
+	var added, removed []string
+	if was := s.laneAddrs; err == nil {
+		if now := laneAddrs(addrs); len(now) > 0 { // an answer Update takes
+			added, removed = missing(now, was), missing(was, now)
+			s.laneAddrs = now // before Update, whose lock orders it before the next refresh
+		}
+	}
+	for _, l := range s.lanes.Update(time.Now(), addrs, err) {
+		l.Pool.CloseIdleConnections()
+	}
+	if obs != nil && obs.LanesChanged != nil && len(added)+len(removed) > 0 {
+		obs.LanesChanged(policy.LaneSetChange{
+			Context: context.Background(), Key: s.key, Added: added, Removed: removed, Lanes: len(s.laneAddrs),
+		})
+	}
+}
+
+// closeLanes closes the idle connections of every lane of s.
+func (s *scope) closeLanes() {
+	if s.lanes != nil {
+		s.lanes.Pools((*lanePool).closeIdle)
+	}
+}
+
+// forgetLanes lets the connections of every lane of s go, s being
+// forgotten: each closes once its last stream ends.
+func (s *scope) forgetLanes() {
+	if s.lanes != nil {
+		s.lanes.Pools((*lanePool).forget)
+	}
+}
+
+// errTooManyIsolated is Isolate's error when Config.MaxKeys keys are
+// isolated already.
+var errTooManyIsolated = errors.New("as many keys as MaxKeys are isolated already")

@@ -66,6 +66,21 @@ func (g *Bulkhead) Acquire(ctx context.Context) bool {
 	return g.wait(ctx)
 }
 
+// TryAcquire takes a slot if one is free, and reports whether it got one,
+// never waiting, whatever MaxWait; when it did, the caller must call
+// Release exactly once.
+func (g *Bulkhead) TryAcquire() bool {
+	if g == nil {
+		return true
+	}
+	select {
+	case g.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
 // wait is Acquire's slow path: the bulkhead is full and MaxWait > 0.
 func (g *Bulkhead) wait(ctx context.Context) bool {
 	d := g.maxWait

@@ -211,3 +211,33 @@ func TestBulkheadAllocs(t *testing.T) {
 		t.Fatalf("fail-fast refusal: %v allocs, want 0", allocs)
 	}
 }
+
+// TestBulkheadTryAcquireNeverWaits: with MaxWait set, TryAcquire on a
+// full bulkhead refuses at once, queues nothing, and takes a slot once one
+// is free.
+func TestBulkheadTryAcquireNeverWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newBulkhead(policy.Bulkhead{MaxConcurrent: 1, MaxWait: time.Second})
+		if !g.TryAcquire() {
+			t.Fatal("TryAcquire on an empty bulkhead refused")
+		}
+		start := time.Now()
+		if g.TryAcquire() {
+			t.Fatal("TryAcquire on a full bulkhead took a slot")
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("TryAcquire waited %v, want 0", waited)
+		}
+		if n := g.waiters(); n != 0 {
+			t.Errorf("%d waiters after TryAcquire, want 0", n)
+		}
+		g.Release()
+		if !g.TryAcquire() {
+			t.Fatal("TryAcquire after Release refused")
+		}
+		g.Release()
+		if got := g.InFlight(); got != 0 {
+			t.Fatalf("InFlight = %d, want 0", got)
+		}
+	})
+}

@@ -594,6 +594,18 @@ type waitList struct {
 // to it, it is evicted, or ctx is done; see Limiter. When d.OK, the
 // caller must call Release once with p.
 func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Priority, tenantID string) (p LimiterPermit, d LimiterDecision) {
+	return l.acquire(ctx, true, now, prio, tenantID)
+}
+
+// TryAcquire is Acquire for a call that never waits: at the limit, it is
+// refused (LimiterFull) where Acquire would queue it, as when the call's
+// context is already done.
+func (l *Limiter) TryAcquire(now time.Time, prio shedding.Priority, tenantID string) (p LimiterPermit, d LimiterDecision) {
+	return l.acquire(nil, false, now, prio, tenantID)
+}
+
+// acquire is Acquire, or with mayWait false TryAcquire, whose ctx is nil.
+func (l *Limiter) acquire(ctx context.Context, mayWait bool, now time.Time, prio shedding.Priority, tenantID string) (p LimiterPermit, d LimiterDecision) {
 	if l == nil {
 		return LimiterPermit{}, LimiterDecision{OK: true}
 	}
@@ -614,12 +626,12 @@ func (l *Limiter) Acquire(ctx context.Context, now time.Time, prio shedding.Prio
 		}
 		return p, LimiterDecision{OK: true}
 	}
-	return l.wait(ctx, now, prio, tenantID)
+	return l.wait(ctx, mayWait, now, prio, tenantID)
 }
 
-// wait is Acquire's slow path: the limit is reached. l.mu is held, and
-// released.
-func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priority, tenantID string) (LimiterPermit, LimiterDecision) {
+// wait is acquire's slow path: the limit is reached. l.mu is held, and
+// released. With mayWait false, a call that would queue is refused.
+func (l *Limiter) wait(ctx context.Context, mayWait bool, now time.Time, prio shedding.Priority, tenantID string) (LimiterPermit, LimiterDecision) {
 	excess := 0.0 // no tenant: neutral
 	if tenantID != "" {
 		excess = l.tenants.tracker(now).Excess(now, tenantID)
@@ -628,6 +640,11 @@ func (l *Limiter) wait(ctx context.Context, now time.Time, prio shedding.Priorit
 	l.markBusy(now)
 	if l.trial && l.inflight < int(l.trialFrom) {
 		l.bound = true // the shrink on trial holds this call back
+	}
+	if !mayWait {
+		l.mu.Unlock()
+		refuse.Reason = LimiterFull
+		return LimiterPermit{}, refuse
 	}
 	if ctx.Err() != nil {
 		l.mu.Unlock()

@@ -968,3 +968,30 @@ func TestLimiterRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// TestLimiterTryAcquireNeverQueues: at the limit, with room in the queue,
+// TryAcquire refuses at once as LimiterFull and queues nothing, where
+// Acquire would wait; below it, it admits as Acquire does.
+func TestLimiterTryAcquireNeverQueues(t *testing.T) {
+	l := NewLimiter(policy.Limiter{InitialLimit: 2, MinLimit: 1, MaxLimit: 10}.WithDefaults(), lmStart, nil)
+	var held []LimiterPermit
+	for range 2 {
+		p, d := l.TryAcquire(lmStart, shedding.Critical, "")
+		if !d.OK || d.Waited() {
+			t.Fatalf("TryAcquire below the limit: %+v, want admitted at once", d)
+		}
+		held = append(held, p)
+	}
+	if _, d := l.TryAcquire(lmStart, shedding.Critical, ""); d.OK || d.Reason != LimiterFull || d.Waited() {
+		t.Errorf("TryAcquire at the limit: %+v, want refused at once as full", d)
+	}
+	if n := l.Queued(); n != 0 {
+		t.Errorf("%d queued after TryAcquire, want 0", n)
+	}
+	for _, p := range held {
+		l.Release(p, lmStart.Add(time.Millisecond), time.Millisecond, policy.Success)
+	}
+	if n := l.InFlight(); n != 0 {
+		t.Errorf("%d in flight after the releases, want 0", n)
+	}
+}
