@@ -22,7 +22,7 @@ import (
 // the lower (outstanding attempts + 1) × (latency estimate + failure
 // penalty) wins. The estimate jumps to a slower answer at once (its time
 // net of the client's own stalls: see the stall rule below), averages a
-// faster one in, and decays towards faster ones with a 2 s time constant.
+// faster one in, and decays towards faster ones with a 10 s time constant.
 // Failures are kept out of it (failure accrual apart, as Finagle keeps
 // it): a failure sets the lane's penalty to the slowest other lane's
 // estimate (at least its own latency) times 2 to the power of its failures

@@ -25,20 +25,15 @@ const (
 	// averaged in with weight 1 − e^(−Δt/decay), and the estimate read at
 	// a pick has decayed towards zero by e^(−Δt/decay) since its last
 	// sample, so that a lane left alone because it was slow is tried
-	// again. Finagle's PeakEwma and Linkerd's default to 10 s. Here the
-	// stall rule keeps the client's own pauses out of the samples, but a
-	// hiccup of a busy machine too short to count as a gap (25 ms, on
-	// every lane) still reaches one lane as a peak: at 10 s, such a peak
-	// of 30 ms against 6 ms kept its lane unpicked for 4 s in fleetops'
-	// stall scenario, and for 9 s in TestALaneBackWithinSecondsOfAPeak;
-	// at 2 s, for about 2.5 s. Shorter is not better: a frozen replica,
-	// whose legs hedges save, is picked again as often as its estimate
-	// decays, and the calls no hedge saves (plain POSTs) wait out their
-	// timeout there (fleetops' freeze scenario, 3 runs: at 1 s, 5 and 7
-	// failed calls, at 2 s, 4). A replica 20× slower than the others is
-	// probed about once every 4 s a client, until its slow answers eject
-	// it.
-	decay = 2 * time.Second
+	// again. Finagle's PeakEwma and Linkerd's default to 10 s, and so
+	// does this. Shorter was tried and is worse: at 1 or 2 s, a replica
+	// 20× slower, whose legs hedges cancel (so that the estimate sees only
+	// their time to the hedge), was picked again as often as its estimate
+	// decayed, and its calls, each hedged, took the p99 up to 12 ms
+	// against a steady 7 (fleetops' slow scenario, 1 run of 3). The cost:
+	// a peak one hiccup of a busy machine left (too short to count as a
+	// stall: 30 ms against 6) keeps its lane unpicked for seconds.
+	decay = 10 * time.Second
 	// failurePenalty: failures are kept out of the latency estimate
 	// (failure accrual apart, as Finagle keeps it). A failure sets the
 	// lane's penalty, added to its estimate at a pick, to at least the
@@ -165,6 +160,7 @@ type Lane[P any] struct {
 	lastOK          bool // the last outcome that was evidence was a Success
 	consecutive     int
 	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
+	wasOut          bool    // taken out for not answering (outLocked), and no success since
 	typ             float64 // its typical latency, ns (see typical)
 	typT            int64   // when typ was last sampled, ns; 0: never
 	lastS           int64   // when its last success was sent, ns; 0: never
@@ -222,7 +218,7 @@ func (l *Lane[P]) estimate(t int64) float64 {
 }
 
 // decayed returns e^(−dt/decay), 1 for dt <= 0. Picks read it twice, so
-// the common case, a lane sampled within the last 100 ms, takes the
+// the common case, a lane sampled within the last half second, takes the
 // series to its fourth term (relative error under 3e-7) rather than
 // math.Exp.
 func decayed(dt int64) float64 {
@@ -580,6 +576,14 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 				l.warm.Store(t) // its first answer: the slow start begins
 			}
 			n := s.netLocked(t, x)
+			if l.wasOut {
+				// The first answer of a lane taken out for not answering
+				// took as long as what kept it out (a frozen replica
+				// answers at its thaw what it took since): it says the
+				// lane answers, and is taken as no slower than the other
+				// lanes' best; its next answers tell the rest.
+				n = min(n, s.leastTypicalLocked(l, t))
+			}
 			s.sampleLocked(l, t, x, n)
 			s.slowLocked(l, t, x, n, true, &rep)
 			l.lastS, l.lastX = t-int64(latency), n
@@ -588,7 +592,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 			l.pen.Store(math.Float64bits(p / 2))
 			l.penT.Store(t)
 		}
-		l.answered, l.lastOK = true, true
+		l.answered, l.lastOK, l.wasOut = true, true, false
 		l.consecutive = 0
 		l.calls++
 		if l.Redial.Load() {
@@ -615,7 +619,9 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		}
 		l.calls++
 		l.failures++
-	case o == policy.Discarded && latency > 0:
+	case o == policy.Discarded && latency > 0 && l.est.Load() != 0:
+		// (A lane nothing is known of stays so until it answers: one
+		// probe at a time, not one per hedge it loses.)
 		x := float64(latency)
 		n := s.netLocked(t, x)
 		s.sampleLocked(l, t, x, n)
@@ -689,6 +695,7 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 // it answers. s.mu is held.
 func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 	l.forget(t)
+	l.wasOut = true
 	if u := t + int64(downFor); u > l.until.Load() {
 		l.until.Store(u)
 		s.reblockLocked(t)
@@ -874,7 +881,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 // held back go out at once and come back slowed in the order they were
 // sent, none overtaking another: averaged in, they move no traffic,
 // where a peak would keep a healthy lane from being picked for as long
-// as the estimate takes to decay (seconds). A lane slower than
+// as the estimate takes to decay (tens of seconds). A lane slower than
 // the others has them overtake it while it is awaited. s.mu is held, so
 // that samples do not race.
 func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x, n float64) {
@@ -887,6 +894,20 @@ func (s *Set[P]) sampleLocked(l *Lane[P], t int64, x, n float64) {
 	}
 	l.est.Store(math.Float64bits(e))
 	l.stamp.Store(t)
+}
+
+// leastTypicalLocked returns the lowest typical latency at t of the lanes
+// other than l that are not blocked and have an answer, +Inf if none.
+// s.mu is held.
+func (s *Set[P]) leastTypicalLocked(l *Lane[P], t int64) float64 {
+	v := s.view.Load()
+	least := math.Inf(1)
+	for m := v.mask; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.typT != 0 && o.until.Load() <= t {
+			least = min(least, o.typ)
+		}
+	}
+	return least
 }
 
 // slowestLocked returns the largest estimate at t of the lanes other than

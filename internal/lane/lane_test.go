@@ -703,7 +703,7 @@ func TestNth(t *testing.T) {
 }
 
 func TestDecayed(t *testing.T) {
-	for _, dt := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 99 * time.Millisecond, 100 * time.Millisecond, 499 * time.Millisecond, time.Second, time.Minute} {
+	for _, dt := range []time.Duration{-time.Second, 0, 1, time.Millisecond, 499 * time.Millisecond, 500 * time.Millisecond, 501 * time.Millisecond, time.Second, time.Minute} {
 		want := math.Exp(-max(float64(dt), 0) / float64(decay))
 		if got := decayed(int64(dt)); math.Abs(got-want) > 3e-7*want {
 			t.Errorf("decayed(%v) = %v, want %v", dt, got, want)
