@@ -619,9 +619,10 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		}
 		l.calls++
 		l.failures++
-	case o == policy.Discarded && latency > 0 && l.est.Load() != 0:
-		// (A lane nothing is known of stays so until it answers: one
-		// probe at a time, not one per hedge it loses.)
+	case o == policy.Discarded && latency > 0 && !(l.wasOut && l.est.Load() == 0):
+		// (A lane taken out for not answering stays one nothing is known
+		// of until it answers: one probe at a time, not one per hedge it
+		// loses.)
 		x := float64(latency)
 		n := s.netLocked(t, x)
 		s.sampleLocked(l, t, x, n)
