@@ -165,7 +165,7 @@ func TestMetastable(t *testing.T) {
 	if os.Getenv("RESILIX_METASTABLE") == "" {
 		t.Skip("make metastable runs it (RESILIX_METASTABLE=1)")
 	}
-	sc := issue35
+	sc := metastableRun
 	var single []outcome
 	for _, m := range metaClients {
 		o := runLoopback(t, sc, m)
@@ -233,7 +233,7 @@ func TestMetastable(t *testing.T) {
 // before a call waits less than its deadline), and resilix meets its
 // targets.
 func TestMetastableSmoke(t *testing.T) {
-	sc := issue35
+	sc := metastableRun
 	sc.workers, sc.rate = 4, 320
 	sc.calm, sc.after = 2*time.Second, 6*time.Second
 	f := fleet{clients: 4, servers: 1}

@@ -42,10 +42,11 @@ type scenario struct {
 	after    time.Duration // measured after the trigger's end
 }
 
-// issue35 is the experiment of issue 35: 8 workers at 10 ms (800 calls a
-// second), 640 calls a second offered (80%), a 1 s deadline, and 5 s at
-// 5× the service time (160 calls a second) after 3 s of calm.
-var issue35 = scenario{
+// metastableRun is the experiment make metastable runs: 8 workers at
+// 10 ms (800 calls a second), 640 calls a second offered (80%), a 1 s
+// deadline, and 5 s at 5× the service time (160 calls a second) after 3 s
+// of calm.
+var metastableRun = scenario{
 	rate: 640, deadline: time.Second, workers: 8, service: 10 * time.Millisecond, slowdown: 5,
 	calm: 3 * time.Second, trigger: 5 * time.Second, after: 15 * time.Second,
 }
@@ -245,7 +246,7 @@ var metaClients = []metaClient{
 	// retries an attempt that timed out, after its caller has gone. Common
 	// in code whose callers do not hand it a context.
 	{"loop-per-attempt", func(_ testing.TB, base http.RoundTripper, url string) caller {
-		c := &http.Client{Transport: base, Timeout: issue35.deadline}
+		c := &http.Client{Transport: base, Timeout: metastableRun.deadline}
 		var seq atomic.Uint64
 		return func(context.Context) bool {
 			return retryLoop(context.Background(), context.Background(), c, url, seq.Add(1))
@@ -519,9 +520,9 @@ func perSecond(o outcome) string {
 	return b.String()
 }
 
-// checkTargets reports what resilix misses of issue 35's targets: back to
-// 95% goodput within 2 s of the trigger's end, and at most 1.3 handler
-// starts per offered call during the trigger.
+// checkTargets reports what resilix misses of make metastable's targets:
+// back to 95% goodput within 2 s of the trigger's end, and at most 1.3
+// handler starts per offered call during the trigger.
 func checkTargets(o outcome) []string {
 	var miss []string
 	if r := o.recovery(); r < 0 || r > 2*time.Second {
