@@ -317,7 +317,7 @@ func TestLimiterOverloadSeenThroughABusyClient(t *testing.T) {
 				m := tr.Measured("up.test")
 				t.Logf("%d ok, %d refused (%.1f%%); limit %d, lowest %d", res.ok.Load(), res.refused.Load(), 100*res.refusedShare(), m.LimiterLimit, log.lowest())
 				if ok := res.ok.Load(); ok < 2900 {
-					t.Errorf("%d calls served in 2 s by an upstream that serves 1600 a second", ok)
+					t.Errorf("%d calls served in 2 s by an upstream that serves 1600 a second; moves %v", ok, log.moves)
 				}
 				if tt.pause > 0 && (res.refusedShare() < 0.5 || m.LimiterLimit > 24) {
 					t.Errorf("limit %d, %.1f%% refused: the overload was not shed", m.LimiterLimit, 100*res.refusedShare())

@@ -19,6 +19,9 @@ const (
 	limTolerance = 1.5
 	// limMinGradient: one round shrinks the limit at most by half.
 	limMinGradient = 0.5
+	// limNoFall: a trial whose latency did not fall while the concurrency
+	// fell by 1 − 1/limNoFall (a fifth) or more is decisive (see judge).
+	limNoFall = 1.25
 	// limMinRound: a round holds at least this many samples.
 	limMinRound = 20
 	// limBaselineTau is the time constant of the baseline's moving
@@ -259,12 +262,24 @@ const (
 // baseline what an ordinary round would, unless the evidence that its
 // latency is not a queue the limit can relieve is decisive: r and rConc
 // both above the tolerance (the latency did not follow the concurrency,
-// by far, by either measure), or a shrink that held nobody back while
-// in-flight stayed below half the limit restored. Then a round still above the tolerance becomes the baseline at
-// once. A failed trial is not evidence by itself: near where the limit
-// settles under overload, its shrinks are small and the fall they buy is
-// within the noise, and taking those rounds as the baseline would walk the
-// limit up a step at a time. Hence:
+// by far, by either measure); or a latency that did not fall at all
+// though the concurrency fell by a fifth or more by both measures (r and
+// rConc at least 1.25); or a shrink that held nobody back while
+// in-flight stayed below half the limit restored. Then a round still
+// above the tolerance becomes the baseline at once. A failed trial is not
+// evidence by itself: near where the limit settles under overload, its
+// shrinks are small and the fall they buy is within the noise, and taking
+// those rounds as the baseline would walk the limit up a step at a time.
+// A round that is congested is mostly queueing, the sum of the service
+// times ahead of each call, so its mean varies far less than the 22% of
+// a round of bare service times, and a cut of a fifth that buys no fall
+// is not noise. With only r above the tolerance as decisive, refused
+// callers who came straight back held the latency flat, within a few per
+// cent, as the limit fell: the trials were undone but never decisive, the
+// limit was tried lower every other round, and a trial that stood on a
+// round a little calmer than its cause ratcheted it down, from 20 to 4 in
+// 9 runs of 120 of TestLimiterOverloadSeenThroughABusyClient (in
+// transport), none of 120 since. Hence:
 //
 //   - Refusals cannot drive the limit down. A refused caller that comes
 //     straight back costs the client CPU, which slows the admitted calls:
@@ -275,10 +290,10 @@ const (
 //     nothing, and the limit settles where the refusals stop.
 //   - A latency the limit cannot relieve costs one round at a lower limit.
 //     It is learned when a shrink can tell: one shrink lowers the limit by
-//     at most half plus the headroom, so below a limit of about 40 it moves
-//     the concurrency too little for one round to tell a flat latency from
-//     noise, and the limit dips every other round instead (the gradient
-//     alone went down to its floor and stayed).
+//     at most half plus the headroom, so below a limit of about 10 it moves
+//     the concurrency by less than a fifth, too little for one round to
+//     tell a flat latency from noise, and the limit dips every other round
+//     instead (the gradient alone went down to its floor and stayed).
 //   - A queue the limit causes is shed as before: each shrink lowers the
 //     latency in proportion and stands; a trial adds one round per step on
 //     the way down.
@@ -847,8 +862,7 @@ func (l *Limiter) update(now time.Time, short, conc float64, used bool) {
 // cause round was a ramp) with rConc within it: then the round is an
 // ordinary one. Otherwise it is undone, and a round still above the
 // tolerance becomes the baseline, as a latency the limit cannot relieve,
-// if r and rConc are both above the tolerance (the latency did not follow
-// the concurrency by far, by either measure) or if the
+// if the evidence is decisive (see decisive) or if the
 // shrink held nobody back with in-flight below half the limit restored
 // (the dependency is slow whatever we do). A latency that fell far more
 // steeply than the concurrency (the end of a stall), did not fall (noise
@@ -867,13 +881,23 @@ func (l *Limiter) judge(now time.Time, short, conc float64, used bool) {
 	used = 2*l.peak >= l.current()
 	congested := short > limTolerance*l.baseline
 	switch {
-	case congested && (l.bound && r > limTolerance && rConc > limTolerance || !l.bound && !used):
+	case congested && (l.bound && decisive(short/l.causeMean, r, rConc) || !l.bound && !used):
 		l.baseline, l.learned = short, now
 	case congested && used:
 		l.learned = now
 	default:
 		l.learn(now, short)
 	}
+}
+
+// decisive reports whether a trial whose latency moved by the factor lat
+// while the concurrency fell, with r and rConc as in judge, is decisive
+// evidence that the latency is not a queue the limit can relieve: it did
+// not follow the concurrency, by far (r and rConc above the tolerance), or
+// it did not fall at all though the concurrency fell by a fifth or more
+// by both measures (r and rConc at least limNoFall).
+func decisive(lat, r, rConc float64) bool {
+	return r > limTolerance && rConc > limTolerance || lat >= 1 && r >= limNoFall && rConc >= limNoFall
 }
 
 // learn moves the baseline toward a round mean short (seconds): halfway at

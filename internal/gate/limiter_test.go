@@ -251,13 +251,47 @@ func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 	}
 }
 
-// TestLimiterDipsWhereOneShrinkCannotTell: the same flat tripling of the
-// latency with the limit capped at 16. One shrink lowers the limit by at
-// most half plus the headroom, 16 to 12 here, too little for one round to
-// tell a flat latency from noise, so nothing is learned; but every shrink
-// is undone, and the limit dips every other round instead of going down.
-func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
+// TestLimiterLearnsFromAShrinkThatBoughtNoFall: the same flat tripling
+// of the latency with the limit capped at 16. The shrink, 16 to 12, cut the
+// concurrency by a quarter and the latency did not fall at all: that is
+// decisive even though the latency did not rise either (r = 1.33), so it
+// is undone, the new latency is learned, and the limit stays at 16. Before,
+// only r above the tolerance was decisive, and the limit dipped every other
+// round for as long as the latency stayed up; with refused callers spinning
+// (TestLimiterOverloadSeenThroughABusyClient in transport) the dips that
+// stood on a noisy round ratcheted it down to 4.
+func TestLimiterLearnsFromAShrinkThatBoughtNoFall(t *testing.T) {
 	l := newLimiter(policy.Limiter{InitialLimit: 16, MaxLimit: 16, SlowStartIdle: -1}, lmStart)
+	all := lmFlatTripling(t, l)
+	if len(all) != 2 || all[0] != (LimitChange{16, 12}) || all[1] != (LimitChange{12, 16}) {
+		t.Fatalf("changes %v: want one shrink, 16 -> 12, undone", all)
+	}
+	if b, _ := l.learnedBaseline(); (b - 30*time.Millisecond).Abs() > time.Microsecond {
+		t.Errorf("Baseline = %v, want the 30ms the limit could not relieve", b)
+	}
+}
+
+// TestLimiterDipsWhereOneShrinkCannotTell: the flat tripling with the limit
+// capped at 6. One shrink lowers the limit by at most half plus the
+// headroom, 6 to 5 here: a sixth, too little for one round to tell a flat
+// latency from noise, so nothing is learned; but every shrink is undone,
+// and the limit dips every other round instead of going down.
+func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
+	l := newLimiter(policy.Limiter{InitialLimit: 6, MaxLimit: 6, SlowStartIdle: -1}, lmStart)
+	all := lmFlatTripling(t, l)
+	if len(all) < 4 {
+		t.Fatalf("changes %v, want dips", all)
+	}
+	for i, c := range all {
+		if want := i%2 == 1; (c.To > c.From) != want || c.To < 5 {
+			t.Fatalf("changes %v: want 6 -> 5 or more, and back, in turn", all)
+		}
+	}
+}
+
+// lmFlatTripling runs l through 10 rounds at 10 ms and 60 at 30 ms, with
+// a demand of 300, and returns the limit's changes in the slow rounds.
+func lmFlatTripling(t *testing.T, l *Limiter) []LimitChange {
 	now := lmStart
 	calm := func(int) time.Duration { return 10 * time.Millisecond }
 	slow := func(int) time.Duration { return 30 * time.Millisecond }
@@ -270,14 +304,7 @@ func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
 		now, c = lmRound(t, l, now, 300, slow)
 		all = append(all, c...)
 	}
-	if len(all) < 4 {
-		t.Fatalf("changes %v, want dips", all)
-	}
-	for i, c := range all {
-		if want := i%2 == 1; (c.To > c.From) != want || c.To < 12 {
-			t.Fatalf("changes %v: want 16 -> 12 or more, and back, in turn", all)
-		}
-	}
+	return all
 }
 
 // TestLimiterRefusalsCannotDriveTheLimitDown is the refusal storm at the
