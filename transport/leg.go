@@ -244,8 +244,9 @@ func (c *call) send(l *leg) {
 		}
 		if l.lane != nil {
 			// Its time on the wire is a lower bound of the lane's
-			// latency, and no evidence of its health.
-			c.leaveLane(l, nil, nil, policy.Discarded)
+			// latency, and no evidence of its health; with no headers,
+			// the lane is silent until it answers (see lane.TakeOnce).
+			c.leaveLane(l, nil, nil, policy.Discarded, resp == nil && !httpx.Undialed(err))
 		}
 		c.finish(&l.permits, discarded(now), false)
 		free(l.cancel, nil)
@@ -284,7 +285,7 @@ func (c *call) send(l *leg) {
 	// done with.
 	judged, pushback := l.outcome, resp // what the key's breaker and throttler learn
 	if l.lane != nil {
-		rep := c.leaveLane(l, resp, err, l.outcome)
+		rep := c.leaveLane(l, resp, err, l.outcome, false)
 		if rep.Explained && !l.bp.Probe() { // a half-open breaker's probe is the host's evidence
 			judged = policy.Discarded
 		}
@@ -346,7 +347,7 @@ func (c *call) abandon(l *leg) {
 		l.timer.stop()
 	}
 	if l.lane != nil {
-		c.leaveLane(l, nil, nil, policy.Canceled)
+		c.leaveLane(l, nil, nil, policy.Canceled, false)
 	}
 	c.finish(&l.permits, discarded(time.Now()), false)
 	free(l.cancel, nil)
@@ -434,7 +435,11 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 	if s.lanes.StartRefresh(l.took) {
 		go s.resolve(c.t.obs, hostport(l.req))
 	}
-	l.lane = s.lanes.Take(l.took, atomic.LoadUint64(&c.used))
+	if used := atomic.LoadUint64(&c.used); httpx.Repeatable(c.req, false) || markedRepeatable(c.ctx) {
+		l.lane = s.lanes.Take(l.took, used)
+	} else {
+		l.lane = s.lanes.TakeOnce(l.took, used)
+	}
 	if l.lane.Redial.Load() {
 		l.lane.Pool.CloseIdleConnections()
 	}
@@ -447,7 +452,7 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 // dial, or no headers within the attempt's timeout, takes the lane out
 // at once). It closes the idle connections of the
 // lanes the outcome ejected, and of a lane drained by it.
-func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome) lane.Report[*lanePool] {
+func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome, silent bool) lane.Report[*lanePool] {
 	var now time.Time
 	if l.latency > 0 { // send read the time of the answer, from took
 		now = l.took.Add(l.latency)
@@ -461,6 +466,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
 	a.Unreached = resp == nil && httpx.Undialed(err)
 	_, a.Mute = err.(*attemptTimeoutError) // no headers within the attempt's timeout
+	a.Silent = silent || resp == nil && o == policy.Failure && !a.Unreached
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs

@@ -102,6 +102,12 @@ const (
 	// once (the peak) only when another lane answered at least
 	// peakFactor times faster over the same moments (see sampleLocked).
 	peakFactor = 2.0
+	// silentPeak: a leg cut short with no answer (see Answer.Silent)
+	// raises its lane's estimate to at most silentPeak × the lane's own
+	// typical latency (or, with none, the other lanes' best). Its time is
+	// a lower bound set by the hedge that beat it, 2 to 3 times a
+	// healthy replica's; a longer one is the client's own hiccup.
+	silentPeak = 3.0
 	// A gap is a stretch in which no attempt of the key ended for
 	// stallGaps × the mean time between its ends or more (and
 	// latencyFactor/2 × the lowest typical latency of its lanes or
@@ -257,8 +263,10 @@ type view[P any] struct {
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
 // at a time until it answers, then ramps up to its share over slowStart.
-// Done tells the lane how the attempt went, and returns what the caller
-// must act on.
+// A lane whose last attempt ended with no answer (Answer.Silent: a hedge
+// leg cut short, a timeout) is passed over by TakeOnce, the pick of a
+// request that cannot be sent twice, until it answers again. Done tells
+// the lane how the attempt went, and returns what the caller must act on.
 //
 // A lane's health: a Failure adds to its consecutive failures, a Success
 // ends them; outcomes are also counted per interval of 10 s. A lane is
@@ -315,6 +323,7 @@ type Set[P any] struct {
 	view         atomic.Pointer[view[P]]
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
+	silent       atomic.Uint64 // slots whose last attempt to end was Silent
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
 
@@ -366,6 +375,7 @@ func New[P any](cfg policy.Replicas, now time.Time, open func(addr string, index
 func (s *Set[P]) newLane(addr string, index int, est float64) *Lane[P] {
 	l := &Lane[P]{Addr: addr, Index: index, Pool: s.open(addr, index)}
 	l.est.Store(math.Float64bits(est))
+	s.silent.And(^(1 << index))
 	return l
 }
 
@@ -378,7 +388,18 @@ func (s *Set[P]) nanos(now time.Time) int64 { return max(int64(now.Sub(s.epoch))
 // already sent on (bit Index); the pick is among the lanes neither used nor
 // blocked, else among those not blocked, else among those not used, else
 // any. It never returns nil, and never allocates.
-func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
+func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] { return s.take(now, used, false) }
+
+// TakeOnce is Take for an attempt of a request that cannot be sent twice
+// (neither retried nor hedged once it may have reached a replica): it
+// passes over the lanes whose last attempt was met with silence (see
+// Answer.Silent) while another lane is left. A replica that stopped
+// answering (frozen, hung) loses its first attempts to their hedges at
+// the hedge's delay, long before any timeout; an attempt that cannot be
+// hedged would wait there for its timeout and fail.
+func (s *Set[P]) TakeOnce(now time.Time, used uint64) *Lane[P] { return s.take(now, used, true) }
+
+func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 	t := s.nanos(now)
 	v := s.view.Load()
 	blocked := s.blocked.Load()
@@ -395,6 +416,11 @@ func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] {
 	}
 	if cand == 0 {
 		cand = all
+	}
+	if once {
+		if c := cand &^ s.silent.Load(); c != 0 {
+			cand = c
+		}
 	}
 	var l *Lane[P]
 	if n := bits.OnesCount64(cand); n == 1 {
@@ -498,6 +524,10 @@ type Answer struct {
 	// Mute is true when the attempt's own timeout ended it before any
 	// answer came: the replica took it and said nothing (frozen, hung).
 	Mute bool
+	// Silent is true when the attempt ended with no answer from a
+	// replica that was reached: a hedge leg cut short, a connection
+	// closed before the headers. Mute is Silent.
+	Silent bool
 }
 
 // Report is what Done tells the caller.
@@ -550,6 +580,13 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0
+	switch bit := uint64(1) << l.Index; {
+	case l.removed: // its slot may be another lane's now
+	case a.Silent || a.Mute:
+		s.silent.Or(bit)
+	case o == policy.Success || o == policy.Failure && !a.Unreached:
+		s.silent.And(^bit)
+	}
 	rep := s.doneLocked(l, t, latency, o, a)
 	l.endT = max(l.endT, t)
 	switch {
@@ -619,13 +656,34 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		}
 		l.calls++
 		l.failures++
-	case o == policy.Discarded && latency > 0 && !(l.wasOut && l.est.Load() == 0):
-		// (A lane taken out for not answering stays one nothing is known
-		// of until it answers: one probe at a time, not one per hedge it
-		// loses.)
+	case o == policy.Discarded && l.wasOut && l.est.Load() == 0:
+		// A lane taken out for not answering stays one nothing is known
+		// of until it answers. Its probe lost to a hedge with no answer
+		// is one more it did not answer: out again, else the next pick
+		// would probe it at once, and every call would wait a hedge's
+		// delay on it (150 legs in a frozen replica's last 3 s).
+		if a.Silent && !l.removed {
+			s.outLocked(l, t)
+		}
+		return rep
+	case o == policy.Discarded && latency > 0:
 		x := float64(latency)
 		n := s.netLocked(t, x)
-		s.sampleLocked(l, t, x, n)
+		e := n
+		if a.Silent {
+			// Cut short with no answer, it took at least n: the hedge's
+			// timing, not the lane's: it says no more than silentPeak ×
+			// the lane's own typical latency (or the other lanes' best).
+			// One leg a client's hiccup held up (31 ms against 6) kept a
+			// frozen replica unpicked after its thaw for the rest of
+			// fleetops' window.
+			typ := l.typ
+			if l.typT == 0 {
+				typ = s.leastTypicalLocked(l, t)
+			}
+			e = min(n, silentPeak*typ)
+		}
+		s.sampleLocked(l, t, x, e)
 		s.slowLocked(l, t, x, n, false, &rep)
 		return rep
 	default:

@@ -780,3 +780,65 @@ func TestAConnectionLaneFailingAloneIsDialedAnew(t *testing.T) {
 		}
 	})
 }
+
+// TestTakeOncePassesOverASilentLane: a lane whose last attempt ended with
+// no answer (a hedge leg cut short) is passed over by TakeOnce, for a
+// request that cannot be sent twice, until it answers again; TakeOnce
+// takes it when no other lane is left.
+func TestTakeOncePassesOverASilentLane(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	now := t0
+	for range 300 {
+		now = now.Add(time.Millisecond)
+		s.Done(s.Take(now, 0), now, 5*time.Millisecond, policy.Success, Answer{})
+	}
+	others := uint64(0)
+	for _, l := range s.view.Load().lanes[:3] {
+		if l.Addr != "a" {
+			others |= 1 << l.Index
+		}
+	}
+	a := s.Take(now, others)                                  // the only lane the call has not used
+	s.Done(a, now, 0, policy.Discarded, Answer{Silent: true}) // its estimate unchanged
+	count := func(take func(time.Time, uint64) *Lane[pool], used uint64) int {
+		n := 0
+		for range 300 {
+			l := take(now, used)
+			if l.Addr == "a" {
+				n++
+			}
+			s.Done(l, now, 0, policy.Canceled, Answer{})
+		}
+		return n
+	}
+	if n := count(s.TakeOnce, 0); n != 0 {
+		t.Errorf("TakeOnce drew the silent lane %d times in 300, want 0", n)
+	}
+	if n := count(s.TakeOnce, others); n != 300 {
+		t.Errorf("TakeOnce drew the silent lane %d times in 300 when the call had used the others, want 300", n)
+	}
+	s.Done(s.Take(now, others), now, 5*time.Millisecond, policy.Success, Answer{}) // it answers
+	if s.silent.Load()&(1<<a.Index) != 0 {
+		t.Error("the lane is still silent after it answered")
+	}
+}
+
+// TestASilentLossSaysLittleOfTheLane: a leg cut short with no answer took
+// at least what it was given, which is the hedge's timing more than the
+// lane's: one held up 31 ms by a hiccup of the client raises a lane that
+// answers in 5 ms to no more than three times that, so that a frozen
+// replica is picked again soon after its thaw.
+func TestASilentLossSaysLittleOfTheLane(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	now := t0
+	for range 300 {
+		now = now.Add(time.Millisecond)
+		s.Done(s.Take(now, 0), now, 5*time.Millisecond, policy.Success, Answer{})
+	}
+	l := s.Take(now, 0)
+	now = now.Add(31 * time.Millisecond)
+	s.Done(l, now, 31*time.Millisecond, policy.Discarded, Answer{Silent: true})
+	if e := time.Duration(l.estimate(s.nanos(now))); e > 15*time.Millisecond {
+		t.Errorf("estimate %v after a silent loss at 31ms on a lane that answers in 5ms, want at most 15ms", e)
+	}
+}
