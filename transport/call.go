@@ -184,8 +184,11 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 		c.s.budget.TakeBack(c.deposit)
 		return resp, err
 	}
-	for c.retryAsked && c.mayRetry && c.wire < c.attempts {
+	for c.retryAsked && c.mayRetry {
 		now := time.Now()
+		if c.wire >= c.attempts && !c.unsentElsewhere(err, now) {
+			break
+		}
 		delay, why := c.backoff(resp, err, now)
 		body = nil // the replayed body of the next round
 		if why == 0 && c.rb == nil {
@@ -353,6 +356,22 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 		return 0, policy.SkipDeadline
 	}
 	return d, 0
+}
+
+// unsentElsewhere reports whether the last attempt, which ended in err,
+// provably never reached a server and a lane the call has not used is
+// open at now: its retry then goes there, and does not use up Attempts
+// (it is bounded by the lanes), as gRPC's retry design (gRFC A6) retries
+// an RPC that never left the client transparently, outside its policy's
+// attempts. Three replicas removed from the set and stopped at once,
+// before a refresh had dropped them, refused a GET's three attempts in
+// fleetops' scale-in.
+func (c *call) unsentElsewhere(err error, now time.Time) bool {
+	if c.s.lanes == nil || err == nil || !httpx.Unsent(err) {
+		return false
+	}
+	wait, ok := c.s.lanes.OpenIn(now, atomic.LoadUint64(&c.used))
+	return ok && wait == 0
 }
 
 // buffers reports whether the call keeps a copy of the request's body as

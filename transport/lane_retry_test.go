@@ -108,6 +108,45 @@ func TestAnUnsentRetryGoesToAnotherLaneWithoutAToken(t *testing.T) {
 	})
 }
 
+// TestUnsentAttemptsDoNotUseUpAttempts: three of four replicas in
+// Endpoints refuse every dial (removed from DNS and stopped before the
+// client refreshed). With Attempts 2, a call whose first two picks were
+// refused failed, though the fourth replica was there; an attempt that
+// never left, retried on a lane the call has not used, does not use up
+// Attempts, so every call reaches the fourth.
+func TestUnsentAttemptsDoNotUseUpAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve(four[3], "d") // a, b and c refuse every dial
+		t.Cleanup(f.net.Close)
+		most := 0 // the most attempts a call made
+		for round := range 16 {
+			var n int
+			rt, err := New(Config{Base: f.net.Transport(), Observer: &policy.Observer{
+				AttemptDone: func(policy.AttemptInfo) { n++ },
+			}, Policies: policy.Set{
+				Attempts: 2,
+				Retry:    &policy.Retry{},
+				Replicas: &policy.Replicas{Endpoints: Static(four...)},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.CloseIdleConnections)
+			prime(t, rt, "http://api/") // api:80 is not there either
+			n = 0
+			code, err := laneGet(t, rt, "http://api/", strconv.Itoa(round))
+			if err != nil || code != 200 {
+				t.Errorf("round %d: %d after %d attempts, %v", round, code, n, err)
+			}
+			most = max(most, n)
+		}
+		if most < 3 {
+			t.Fatalf("no call made more than %d attempts: the test tested nothing", most)
+		}
+	})
+}
+
 // TestAnUnsentRetryIsBoundByTheBudgetWhenNoOtherLaneIsOpen: with the
 // other lane ejected, the retry of a refused dial draws a token as
 // always, and with none left it is not sent.
