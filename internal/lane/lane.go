@@ -102,12 +102,6 @@ const (
 	// once (the peak) only when another lane answered at least
 	// peakFactor times faster over the same moments (see sampleLocked).
 	peakFactor = 2.0
-	// silentPeak: a leg cut short with no answer (see Answer.Silent)
-	// raises its lane's estimate to at most silentPeak × the lane's own
-	// typical latency (or, with none, the other lanes' best). Its time is
-	// a lower bound set by the hedge that beat it, 2 to 3 times a
-	// healthy replica's; a longer one is the client's own hiccup.
-	silentPeak = 3.0
 	// A gap is a stretch in which no attempt of the key ended for
 	// stallGaps × the mean time between its ends or more (and
 	// latencyFactor/2 × the lowest typical latency of its lanes or
@@ -669,21 +663,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	case o == policy.Discarded && latency > 0:
 		x := float64(latency)
 		n := s.netLocked(t, x)
-		e := n
-		if a.Silent {
-			// Cut short with no answer, it took at least n: the hedge's
-			// timing, not the lane's: it says no more than silentPeak ×
-			// the lane's own typical latency (or the other lanes' best).
-			// One leg a client's hiccup held up (31 ms against 6) kept a
-			// frozen replica unpicked after its thaw for the rest of
-			// fleetops' window.
-			typ := l.typ
-			if l.typT == 0 {
-				typ = s.leastTypicalLocked(l, t)
-			}
-			e = min(n, silentPeak*typ)
-		}
-		s.sampleLocked(l, t, x, e)
+		s.sampleLocked(l, t, x, n)
 		s.slowLocked(l, t, x, n, false, &rep)
 		return rep
 	default:

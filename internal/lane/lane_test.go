@@ -822,23 +822,3 @@ func TestTakeOncePassesOverASilentLane(t *testing.T) {
 		t.Error("the lane is still silent after it answered")
 	}
 }
-
-// TestASilentLossSaysLittleOfTheLane: a leg cut short with no answer took
-// at least what it was given, which is the hedge's timing more than the
-// lane's: one held up 31 ms by a hiccup of the client raises a lane that
-// answers in 5 ms to no more than three times that, so that a frozen
-// replica is picked again soon after its thaw.
-func TestASilentLossSaysLittleOfTheLane(t *testing.T) {
-	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
-	now := t0
-	for range 300 {
-		now = now.Add(time.Millisecond)
-		s.Done(s.Take(now, 0), now, 5*time.Millisecond, policy.Success, Answer{})
-	}
-	l := s.Take(now, 0)
-	now = now.Add(31 * time.Millisecond)
-	s.Done(l, now, 31*time.Millisecond, policy.Discarded, Answer{Silent: true})
-	if e := time.Duration(l.estimate(s.nanos(now))); e > 15*time.Millisecond {
-		t.Errorf("estimate %v after a silent loss at 31ms on a lane that answers in 5ms, want at most 15ms", e)
-	}
-}
