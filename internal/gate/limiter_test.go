@@ -223,19 +223,8 @@ func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 	for _, demand := range []int{300, 30} {
 		t.Run(fmt.Sprint("demand=", demand), func(t *testing.T) {
 			l := newLimiter(policy.Limiter{InitialLimit: 100, MaxLimit: 200}, lmStart)
-			now := lmStart
-			calm := func(int) time.Duration { return 10 * time.Millisecond }
-			slow := func(int) time.Duration { return 30 * time.Millisecond }
-			for range 5 {
-				now, _ = lmRound(t, l, now, demand, calm)
-			}
-			before := l.Limit()
-			var all []LimitChange
-			for range 20 {
-				var c []LimitChange
-				now, c = lmRound(t, l, now, demand, slow)
-				all = append(all, c...)
-			}
+			var before int
+			all := lmFlatTripling(t, l, demand, 5, 20, &before)
 			if len(all) < 2 || all[0].To >= before || all[1] != (LimitChange{all[0].To, before}) {
 				t.Fatalf("changes %v from %d: want one shrink, undone by the next change", all, before)
 			}
@@ -262,7 +251,7 @@ func TestLimiterLearnsLatencyItCannotRelieve(t *testing.T) {
 // stood on a noisy round ratcheted it down to 4.
 func TestLimiterLearnsFromAShrinkThatBoughtNoFall(t *testing.T) {
 	l := newLimiter(policy.Limiter{InitialLimit: 16, MaxLimit: 16, SlowStartIdle: -1}, lmStart)
-	all := lmFlatTripling(t, l)
+	all := lmFlatTripling(t, l, 300, 10, 60, nil)
 	if len(all) != 2 || all[0] != (LimitChange{16, 12}) || all[1] != (LimitChange{12, 16}) {
 		t.Fatalf("changes %v: want one shrink, 16 -> 12, undone", all)
 	}
@@ -278,7 +267,7 @@ func TestLimiterLearnsFromAShrinkThatBoughtNoFall(t *testing.T) {
 // and the limit dips every other round instead of going down.
 func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
 	l := newLimiter(policy.Limiter{InitialLimit: 6, MaxLimit: 6, SlowStartIdle: -1}, lmStart)
-	all := lmFlatTripling(t, l)
+	all := lmFlatTripling(t, l, 300, 10, 60, nil)
 	if len(all) < 4 {
 		t.Fatalf("changes %v, want dips", all)
 	}
@@ -289,19 +278,21 @@ func TestLimiterDipsWhereOneShrinkCannotTell(t *testing.T) {
 	}
 }
 
-// lmFlatTripling runs l through 10 rounds at 10 ms and 60 at 30 ms, with
-// a demand of 300, and returns the limit's changes in the slow rounds.
-func lmFlatTripling(t *testing.T, l *Limiter) []LimitChange {
+// lmFlatTripling runs l through calm rounds at 10 ms and then slow ones
+// at 30 ms, with demand callers, and returns the limit's changes in the
+// slow rounds, and in *before, when not nil, the limit before them.
+func lmFlatTripling(t *testing.T, l *Limiter, demand, calm, slow int, before *int) []LimitChange {
 	now := lmStart
-	calm := func(int) time.Duration { return 10 * time.Millisecond }
-	slow := func(int) time.Duration { return 30 * time.Millisecond }
-	for range 10 {
-		now, _ = lmRound(t, l, now, 300, calm)
+	for range calm {
+		now, _ = lmRound(t, l, now, demand, func(int) time.Duration { return 10 * time.Millisecond })
+	}
+	if before != nil {
+		*before = l.Limit()
 	}
 	var all []LimitChange
-	for range 60 {
+	for range slow {
 		var c []LimitChange
-		now, c = lmRound(t, l, now, 300, slow)
+		now, c = lmRound(t, l, now, demand, func(int) time.Duration { return 30 * time.Millisecond })
 		all = append(all, c...)
 	}
 	return all
