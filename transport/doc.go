@@ -201,11 +201,11 @@
 //     HTTP2 has StrictMaxConcurrentRequests, once it has a stream for it
 //     (waited for on a connection at its stream limit), less a transit
 //     margin of 5ms for the time it takes to reach the next tier and be
-//     read there. A wait after that, which net/http's hooks do not
-//     show (an HTTP/2 connection whose server lowers its stream limit
-//     while requests are handed to it, without StrictMaxConcurrentRequests),
-//     is not left out. It is 0 when no
-//     more than the margin is left, and written only when there is a
+//     read there. A later wait, which net/http's trace hooks do not
+//     show, is not taken off: an HTTP/2 request held for a stream
+//     without StrictMaxConcurrentRequests (when the server lowers its
+//     stream limit as requests are handed a connection). It is 0 when
+//     no more than the margin is left, and written only when there is a
 //     deadline or a per-attempt timeout. So the next tier's deadline (its
 //     arrival plus the time announced) is 5 to 6ms earlier than the
 //     caller's, less the transit, and later only when the transit takes

@@ -114,8 +114,8 @@ func (p *lanePool) renew() *poolGen {
 // CloseIdleConnections lets the pool's connections go: the clone in use
 // has its idle connections closed at once, and each other once its last
 // stream ends (see letGo), and the pool's next attempt goes out on a new
-// clone, which dials. A clone that
-// never sent an attempt has no connection to let go, and is kept.
+// clone, which dials. A clone that never sent an attempt has no
+// connection to let go, and is kept.
 func (p *lanePool) CloseIdleConnections() {
 	p.mu.Lock()
 	g := p.cur.Load()
