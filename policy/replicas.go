@@ -117,10 +117,12 @@ import (
 // probe is always evidence.
 //
 // A lane lets its connections go when it is drained, ejected or dialed
-// anew, and when its key is forgotten (transport.Config.MaxKeys): its
-// pool's clone is then closed once its last stream ends (an HTTP/2 body
-// read to the end or closed; an HTTP/1 connection as it falls idle), over
-// HTTP/2 as over HTTP/1.1, never left to the base's IdleConnTimeout, and
+// anew, and when its key is forgotten (transport.Config.MaxKeys): each
+// of its connections is then closed, at once if idle, else once its own
+// last stream ends (an HTTP/2 body read to the end or closed; an HTTP/1
+// connection as it falls idle), whatever streams other connections of
+// the lane still have open, over HTTP/2 as over HTTP/1.1, never left to
+// the base's IdleConnTimeout, and
 // the lane's next attempt goes out on a clone made anew, which dials: an
 // ejected lane comes back on a new connection, which a balancer places
 // anew. Transport.CloseIdleConnections reaches the clones let go until

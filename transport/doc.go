@@ -196,10 +196,16 @@
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
 //     the call's Override narrows it) when that is shorter, measured as
 //     the request is handed to Config.Base and, when Config.Base is an
-//     *http.Transport that dials a connection for it, again once that
-//     connection is there, less a transit margin of 5ms for the time it
-//     takes to reach the next tier and be read there. It is 0 when no
-//     more than the margin is left, and written only when there is a
+//     *http.Transport, again once it has a connection for the request
+//     (dialled, idle, or waited for under MaxConnsPerHost) and, when its
+//     HTTP2 has StrictMaxConcurrentRequests, once it has a stream for it
+//     (waited for on a connection at its stream limit), less a transit
+//     margin of 5ms for the time it takes to reach the next tier and be
+//     read there. A later wait, which net/http's trace hooks do not
+//     show, is not taken off: an HTTP/2 request held for a stream
+//     without StrictMaxConcurrentRequests (when the server lowers its
+//     stream limit as requests are handed a connection). It is 0 when
+//     no more than the margin is left, and written only when there is a
 //     deadline or a per-attempt timeout. So the next tier's deadline (its
 //     arrival plus the time announced) is 5 to 6ms earlier than the
 //     caller's, less the transit, and later only when the transit takes

@@ -566,3 +566,103 @@ func TestLaneChurnLeavesNoConnectionOpen(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestALetGoLanesIdleConnectionsCloseAtOnce: a lane let go while streams
+// are open on some of its connections (one awaiting its headers, one its
+// body) has its idle connections closed at once, and each busy one once
+// its own stream ends, not when the lane's last stream ends. The server
+// allows one stream a connection, so that over HTTP/2 too each stream has
+// a connection of its own.
+func TestALetGoLanesIdleConnectionsCloseAtOnce(t *testing.T) {
+	for _, major := range []int{2, 1} {
+		t.Run(fmt.Sprintf("HTTP_%d", major), func(t *testing.T) {
+			var open atomic.Int64
+			body, headers, arrived := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var held chan struct{}
+				switch r.URL.Path {
+				case "/headers":
+					close(arrived)
+					held = headers
+				case "/body":
+					w.WriteHeader(http.StatusOK)
+					w.(http.Flusher).Flush()
+					held = body
+				}
+				if held != nil {
+					select {
+					case <-held:
+					case <-r.Context().Done():
+					}
+				}
+				io.WriteString(w, "ok")
+			}))
+			srv.EnableHTTP2 = true
+			srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1}
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				switch s {
+				case http.StateNew:
+					open.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					open.Add(-1)
+				}
+			}
+			srv.StartTLS()
+			defer srv.Close()
+			var once sync.Once
+			release := func() { once.Do(func() { close(headers) }) }
+			var wg sync.WaitGroup
+			var b *http.Response
+			defer func() { // first: Close waits for the handlers
+				release()
+				select {
+				case <-body:
+				default:
+					close(body)
+				}
+				wg.Wait()
+				if b != nil {
+					readClose(b)
+				}
+			}()
+			waitOpen := func(n int64, what string) {
+				t.Helper()
+				deadline := time.Now().Add(3 * time.Second)
+				for open.Load() != n {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: %d connections open, want %d", what, open.Load(), n)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+
+			base := connsClient(&connReplica{srv: srv}, major)
+			p := newLanePool(base, srv.Listener.Addr().String(), nil, new(letGo))
+			defer p.CloseIdleConnections()
+			a := connsGet(t, p, "/body", major)
+			wg.Go(func() {
+				req, _ := http.NewRequest(http.MethodGet, "https://example.com/headers", nil)
+				var err error
+				if b, err = p.RoundTrip(req); err != nil {
+					t.Errorf("GET /headers: %v", err)
+				}
+			})
+			<-arrived
+			readClose(connsGet(t, p, "/", major)) // on a third connection, idle after
+			waitOpen(3, "three streams, each on a connection of its own")
+
+			p.CloseIdleConnections() // the lane is let go
+			waitOpen(2, "the idle connection, once the lane was let go")
+			close(body)
+			readClose(a)
+			waitOpen(1, "the connection whose stream ended, while another's is open")
+			release()
+			wg.Wait()
+			if b != nil {
+				readClose(b)
+				b = nil
+			}
+			waitOpen(0, "the last connection, after its stream")
+		})
+	}
+}

@@ -15,7 +15,7 @@ import (
 // newPoolTransport), made anew each time the lane lets its connections go,
 // so that a lane drained, ejected, dialed anew or whose key was forgotten
 // never sends again on a connection it let go, and each connection it let
-// go is closed once its last stream ends.
+// go is closed at once if idle, or once its last stream ends.
 //
 // Why count streams, and not connections through the dialer: net/http's
 // HTTP/1 pool closes a connection that falls idle after
@@ -26,9 +26,11 @@ import (
 // it to speak HTTP/2 over a DialTLSContext's). What ends a stream is seen
 // here: an attempt ends at its headers over HTTP/1 (its connection goes
 // back to the pool, or is closed, when its body is done with), and over
-// HTTP/2 when its body is read to the end or closed. A clone let go is
-// closed (CloseIdleConnections) when its last stream ends, which closes
-// every connection it has, each being idle then.
+// HTTP/2 when its body is read to the end or closed. A clone let go has
+// its idle connections closed (CloseIdleConnections) at once, and again
+// each time one of its streams ends, which closes a connection whose last
+// stream that was; its last stream's end closes every connection it has
+// left, each being idle then.
 //
 // The RoundTrip of a lane's pool allocates one small wrapper for an
 // HTTP/2 answer's body, to see its stream end; an HTTP/1 answer's body is
@@ -110,9 +112,10 @@ func (p *lanePool) renew() *poolGen {
 }
 
 // CloseIdleConnections lets the pool's connections go: the clone in use
-// is closed once its last stream ends (at once if none is open), and the
-// pool's next attempt goes out on a new clone, which dials. A clone that
-// never sent an attempt has no connection to let go, and is kept.
+// has its idle connections closed at once, and each other once its last
+// stream ends (see letGo), and the pool's next attempt goes out on a new
+// clone, which dials. A clone that never sent an attempt has no
+// connection to let go, and is kept.
 func (p *lanePool) CloseIdleConnections() {
 	p.mu.Lock()
 	g := p.cur.Load()
@@ -144,21 +147,30 @@ func (p *lanePool) closeIdle() {
 	}
 }
 
-// letGo marks g let go, and closes it if no stream is open on it; it is
-// closed by the end of its last stream otherwise.
+// letGo marks g let go and closes its idle connections at once: over
+// HTTP/1, a busy one is then closed as it falls idle; over HTTP/2, by the
+// end of its last stream (see end). g is closed if no stream is open on
+// it.
 func (g *poolGen) letGo(let *letGo) {
 	let.add(g)
 	g.gone.Store(true)
+	g.t.CloseIdleConnections()
 	if g.streams.Load() == 0 {
 		g.close(let)
 	}
 }
 
-// end ends one of g's streams, and closes g if it was let go and this was
-// its last.
+// end ends one of g's streams. If g was let go, it closes g's idle
+// connections, among them, over HTTP/2, the stream's own if this was the
+// last stream on it, and closes g if this was its last stream.
 func (g *poolGen) end(let *letGo) {
-	if g.streams.Add(-1) == 0 && g.gone.Load() {
+	n := g.streams.Add(-1)
+	switch {
+	case !g.gone.Load():
+	case n == 0:
 		g.close(let)
+	default:
+		g.t.CloseIdleConnections()
 	}
 }
 

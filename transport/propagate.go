@@ -77,13 +77,20 @@ func (c *call) stamp(l *leg) {
 		l.left = w.free[:1:1]
 		w.set(t.timeoutHeader, "0")
 		if t.connTrace {
-			// The time left is written again once the connection is
-			// obtained: a connection dialled for the request (a TLS
-			// handshake over a network: tens of milliseconds) is not
-			// time the next tier has. The hook gets a value of its
-			// own, so that neither the call nor the leg escapes.
+			// The time left is written again once the base has a
+			// connection for the request, and, where the base's
+			// HTTP/2 may then hold it for a stream, as it writes it
+			// (see connStamp): a connection dialled for the request
+			// (a TLS handshake over a network: tens of milliseconds),
+			// or one waited for, is not time the next tier has. The
+			// hooks get a value of their own, so that neither the call
+			// nor the leg escapes.
 			l.conn = &connStamp{until: l.until, timeout: c.timeout, left: l.left}
-			l.req = l.req.WithContext(httptrace.WithClientTrace(l.req.Context(), &httptrace.ClientTrace{GotConn: l.conn.gotConn}))
+			trace := &httptrace.ClientTrace{GotConn: l.conn.gotConn}
+			if t.streamTrace {
+				trace.WroteHeaderField = l.conn.wroteField
+			}
+			l.req = l.req.WithContext(httptrace.WithClientTrace(l.req.Context(), trace))
 		}
 	} else {
 		delete(w.h, t.timeoutHeader)
@@ -94,8 +101,9 @@ func (c *call) stamp(l *leg) {
 // transitMargin is taken off the time left that a propagated attempt
 // announces, besides rounding it down to the millisecond: it covers what
 // cannot be measured, the time from the request's hand-off to the base
-// (or, over an *http.Transport that dialled a connection for it, from
-// that connection's arrival) to the next tier's handler reading it:
+// (or, over an *http.Transport, from when it had a connection, or a
+// stream, for the request: see connStamp) to the next tier's handler
+// reading it:
 // writing it, the network, the next tier's accepting and reading it and
 // scheduling its handler. Over a quiet loopback that is about half a
 // millisecond, but a Go server's scheduling adds milliseconds at its
@@ -111,7 +119,8 @@ const transitMargin = 5 * time.Millisecond
 
 // leftHeader writes, on a propagated attempt, the time it may still take
 // as of now, the moment its request is handed to the base (see timeLeft;
-// connStamp writes it again if the base then dials a connection for it).
+// over an *http.Transport, connStamp writes it again once the base has a
+// connection for it).
 // l.left is the timeout header's value, which stamp made room for.
 func (c *call) leftHeader(l *leg, now time.Time) {
 	l.left[0] = timeLeft(l.until, c.timeout, now)
@@ -132,10 +141,38 @@ func timeLeft(until time.Time, timeout time.Duration, now time.Time) string {
 	return strconv.FormatInt(int64(max(d-transitMargin, 0)/time.Millisecond), 10)
 }
 
-// connStamp writes a propagated attempt's time left again when the base
-// (an *http.Transport) has obtained a connection that it did not reuse,
-// which it does on the goroutine that called RoundTrip, before it writes
-// the request: a reused one was there at once, when leftHeader wrote it.
+// connStamp writes a propagated attempt's time left again as the base,
+// an *http.Transport, sends the request, at the latest moment its
+// ClientTrace hooks give that precedes the reading of the request's
+// headers to write them:
+//
+//   - GotConn, once it has a connection for the request: dialled for it,
+//     idle at once, or handed over after a wait (MaxConnsPerHost). It
+//     calls GotConn on the goroutine that called RoundTrip, before it
+//     hands the request to the goroutine that writes it (HTTP/1: the
+//     connection's write loop, which takes it at once; HTTP/2: the
+//     stream's).
+//   - WroteHeaderField for ":authority", installed only when the base's
+//     HTTP/2 has StrictMaxConcurrentRequests: such a base hands a
+//     connection at its stream limit over at once, and holds the request
+//     after GotConn until a stream ends. The hook is called on the
+//     goroutine that writes the request, once it has its stream, for the
+//     pseudo-header fields, which HTTP/2 sends before every other field;
+//     the value is read again from the Header after it. Over HTTP/1, the
+//     first field written is "Host", which the hook leaves alone.
+//
+// A wait that neither hook sees is not taken off the time left: an
+// HTTP/2 request held after GotConn by a base without
+// StrictMaxConcurrentRequests (which hands over only a connection with a
+// stream free, unless the server lowers its limit meanwhile), or by an
+// HTTP/2 transport configured outside the base
+// (golang.org/x/net/http2's ConfigureTransports).
+//
+// The hooks write the value in place, in the slot stamp made for it,
+// while the base holds the request: each runs before the goroutine it
+// runs on, or one it then hands the request to, reads the Header to
+// write it, and net/http waits for a write to end before it sends the
+// request again on another connection.
 type connStamp struct {
 	until   time.Time     // the caller's deadline; zero: none
 	end     time.Time     // the end of the attempt's own timeout; zero: none (prepare sets it)
@@ -143,10 +180,16 @@ type connStamp struct {
 	left    []string      // the timeout header's value
 }
 
-func (s *connStamp) gotConn(info httptrace.GotConnInfo) {
-	if info.Reused {
-		return
+func (s *connStamp) gotConn(httptrace.GotConnInfo) { s.stamp(time.Now()) }
+
+func (s *connStamp) wroteField(name string, _ []string) {
+	if name == ":authority" {
+		s.stamp(time.Now())
 	}
+}
+
+// stamp writes the time left as of now.
+func (s *connStamp) stamp(now time.Time) {
 	until, timeout := s.until, s.timeout
 	if !s.end.IsZero() {
 		timeout = 0
@@ -154,7 +197,7 @@ func (s *connStamp) gotConn(info httptrace.GotConnInfo) {
 			until = s.end
 		}
 	}
-	s.left[0] = timeLeft(until, timeout, time.Now())
+	s.left[0] = timeLeft(until, timeout, now)
 }
 
 // headerWriter sets header values from one preallocated array.

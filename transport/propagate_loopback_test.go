@@ -23,8 +23,10 @@ import (
 // that admission gives the next tier falls against the caller's own, on
 // the same clock: calls with deadlines from 100ms to 200ms, a fraction of
 // a millisecond at random, from 2 callers through a transport with
-// Propagate to an admission handler, on kept connections and on a new
-// connection each. The target: no next-tier deadline later than its
+// Propagate to an admission handler, on kept connections, on a new
+// connection each, and on one connection the callers take turns on
+// (MaxConnsPerHost 1, the handler holding it 8ms after it measured: each
+// call waits for the other's). The target: no next-tier deadline later than its
 // caller's. It prints how much earlier they came (the time left is
 // floored to the millisecond and a transit margin taken off it).
 //
@@ -42,13 +44,10 @@ func TestPropagatedDeadlineLoopback(t *testing.T) {
 		}
 	}
 	tb := &figureTable{cols: []string{"connections", "calls", "later", "latest", "earliest", "median", "p99"}}
-	for _, keep := range []bool{true, false} {
-		later, early := propagateLoopback(t, n, keep)
+	for _, mode := range []connMode{connsKept, connsNew, connsOne} {
+		later, early := propagateLoopback(t, n, mode)
 		slices.Sort(early)
-		name := "kept"
-		if !keep {
-			name = "new each call"
-		}
+		name := [...]string{connsKept: "kept", connsNew: "new each call", connsOne: "one (MaxConnsPerHost 1)"}[mode]
 		q := func(f float64) string { return early[int(f*float64(len(early)-1))].String() }
 		latest := "-"
 		if len(later) > 0 {
@@ -61,10 +60,25 @@ func TestPropagatedDeadlineLoopback(t *testing.T) {
 	tb.log(t, "propagated deadlines over loopback")
 }
 
+// connMode is how the calls of propagateLoopback get their connections.
+type connMode int
+
+const (
+	connsKept connMode = iota // kept between calls
+	connsNew                  // a new one each call
+	connsOne                  // one, kept, for both callers (MaxConnsPerHost 1)
+)
+
+// oneConnHold is how long the handler holds the one connection of
+// connsOne after it measured, longer than the transit margin, so that a
+// call that waits for it would get a later deadline were the wait not
+// left out.
+const oneConnHold = 8 * time.Millisecond
+
 // propagateLoopback makes n calls and returns by how much each next-tier
 // deadline was later than its caller's, for those that were, and by how
 // much earlier it was, for the others.
-func propagateLoopback(t *testing.T, n int, keep bool) (later, early []time.Duration) {
+func propagateLoopback(t *testing.T, n int, mode connMode) (later, early []time.Duration) {
 	var mu sync.Mutex
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := r.Context().Deadline()
@@ -81,6 +95,9 @@ func propagateLoopback(t *testing.T, n int, keep bool) (later, early []time.Dura
 			early = append(early, -d)
 		}
 		mu.Unlock()
+		if mode == connsOne {
+			time.Sleep(oneConnHold)
+		}
 	})
 	h, err := admission.Handler(next, admission.Config{})
 	if err != nil {
@@ -89,7 +106,10 @@ func propagateLoopback(t *testing.T, n int, keep bool) (later, early []time.Dura
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	base := http.DefaultTransport.(*http.Transport).Clone()
-	base.DisableKeepAlives = !keep
+	base.DisableKeepAlives = mode == connsNew
+	if mode == connsOne {
+		base.MaxConnsPerHost = 1
+	}
 	defer base.CloseIdleConnections()
 	tr, err := transport.New(transport.Config{Base: base, Policies: policy.Set{Propagate: true}})
 	if err != nil {

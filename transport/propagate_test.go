@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -1073,3 +1074,133 @@ func TestPropagatedDeadlineLeavesTheDialOut(t *testing.T) {
 		})
 	}
 }
+
+// TestPropagatedDeadlineLeavesTheWaitForAConnectionOut: over an
+// *http.Transport, a request that waits for a connection another request
+// holds (HTTP/1.1 with MaxConnsPerHost 1: the pooled connection; HTTP/2
+// with StrictMaxConcurrentRequests against a server's one stream a
+// connection: a stream on the connection it was given) announces the
+// time left as of when it is written: the next tier's deadline, arrival
+// plus the milliseconds announced, is not later than the caller's, the
+// wait (135ms) being left out.
+func TestPropagatedDeadlineLeavesTheWaitForAConnectionOut(t *testing.T) {
+	for _, major := range []int{1, 2} {
+		t.Run(fmt.Sprintf("HTTP_%d", major), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const hold = 135 * time.Millisecond
+				var dl time.Time // the waiting request's caller's deadline
+				var late []time.Duration
+				holding := make(chan struct{})
+				srv := &http.Server{
+					Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						if r.URL.Path == "/hold" {
+							close(holding)
+							time.Sleep(hold)
+							return
+						}
+						ms, err := strconv.ParseInt(r.Header.Get(hTimeout), 10, 64)
+						if err != nil {
+							t.Errorf("%s = %q", hTimeout, r.Header.Get(hTimeout))
+						}
+						late = append(late, time.Now().Add(time.Duration(ms)*time.Millisecond).Sub(dl))
+					}),
+					Protocols: new(http.Protocols),
+					HTTP2:     &http.HTTP2Config{MaxConcurrentStreams: 1},
+				}
+				srv.Protocols.SetHTTP1(true)
+				srv.Protocols.SetUnencryptedHTTP2(true)
+				l := newPipeListener()
+				go srv.Serve(l)
+				defer srv.Close()
+
+				base := &http.Transport{DialContext: l.dial, Protocols: new(http.Protocols)}
+				if major == 1 {
+					base.MaxConnsPerHost = 1
+					base.Protocols.SetHTTP1(true)
+				} else {
+					base.Protocols.SetUnencryptedHTTP2(true)
+					base.HTTP2 = &http.HTTP2Config{StrictMaxConcurrentRequests: true}
+				}
+				defer base.CloseIdleConnections()
+				tr := mustNew(t, Config{Base: base, Policies: policy.Set{Propagate: true}})
+				held := make(chan error, 1)
+				go func() {
+					resp, err := get(t, t.Context(), tr, "http://a.test/hold")
+					if err == nil {
+						_, err = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					held <- err
+				}()
+				<-holding
+				synctest.Wait() // the connection, and the server's settings, are in
+				dl = time.Now().Add(300 * time.Millisecond)
+				ctx, cancel := context.WithDeadline(t.Context(), dl)
+				defer cancel()
+				resp, err := get(t, ctx, tr, "http://a.test/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.ProtoMajor != major {
+					t.Fatalf("answered over %s, want HTTP/%d", resp.Proto, major)
+				}
+				if err := <-held; err != nil {
+					t.Fatal(err)
+				}
+				if len(late) != 1 {
+					t.Fatalf("%d requests measured, want 1", len(late))
+				}
+				if late[0] > 0 {
+					t.Errorf("the next tier's deadline is %v later than the caller's", late[0])
+				}
+			})
+		})
+	}
+}
+
+// pipeListener is a net.Listener whose connections are net.Pipes made
+// by its dial, for a server inside a synctest bubble.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	c, s := net.Pipe()
+	select {
+	case l.conns <- s:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }

@@ -136,6 +136,7 @@ const DefaultMaxKeys = 1024
 type Transport struct {
 	base           http.RoundTripper
 	connTrace      bool // base is an *http.Transport: it calls GotConn on the request's goroutine before writing it
+	streamTrace    bool // and its HTTP/2 may hold a request on the connection it got, for a stream (StrictMaxConcurrentRequests)
 	key            func(*http.Request) string
 	hostKeys       bool // Key is the default: keys are canonical authorities
 	obs            *policy.Observer
@@ -222,7 +223,10 @@ func New(cfg Config) (*Transport, error) {
 	if t.base == nil {
 		t.base = cleanhttp.DefaultPooledTransport()
 	}
-	_, t.connTrace = t.base.(*http.Transport)
+	if b, ok := t.base.(*http.Transport); ok {
+		t.connTrace = true
+		t.streamTrace = b.HTTP2 != nil && b.HTTP2.StrictMaxConcurrentRequests
+	}
 	if t.key == nil {
 		t.key, t.hostKeys = hostKey, true
 	}
