@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,7 +28,9 @@ import (
 // RoundTripper with per-host bookkeeping.
 type Config struct {
 	// Base sends the wire attempts. If nil,
-	// cleanhttp.DefaultPooledTransport() is used.
+	// cleanhttp.DefaultPooledTransport() is used. A nil pointer or func
+	// of a RoundTripper type (an unset *http.Transport variable) is not
+	// nil here, and makes New fail, naming its type.
 	Base http.RoundTripper
 
 	// Policies is the chain applied to every key without an entry in
@@ -190,7 +193,9 @@ func New(cfg Config) (*Transport, error) {
 			perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
 		}
 	}
-	if _, ok := cfg.Base.(*http.Transport); !ok && cfg.Base != nil {
+	if nilBase(cfg.Base) {
+		errs = append(errs, fmt.Errorf("transport: Base is a nil %T: leave Base nil (untyped) for the default, or give one that is not nil", cfg.Base))
+	} else if _, ok := cfg.Base.(*http.Transport); !ok && cfg.Base != nil {
 		if cfg.Policies.Replicas != nil {
 			errs = append(errs, fmt.Errorf("transport: Policies: Replicas needs a Base that is an *http.Transport, whose clones are the lanes' connection pools; Base is a %T", cfg.Base))
 		}
@@ -235,6 +240,26 @@ func New(cfg Config) (*Transport, error) {
 		o.Attach(stateSource{weak.Make(t)})
 	}
 	return t, nil
+}
+
+// nilBase reports whether rt is a nil pointer or func in a non-nil
+// interface, as an unset `var b *http.Transport` is. Calling a nil func
+// panics, and so does an *http.Transport's RoundTrip on a nil receiver,
+// on the first call, far from its cause. Any pointer type is refused,
+// not only *http.Transport: a nil wrapper (otelhttp's *Transport, a type
+// of the caller's) panics just the same, and though Go allows methods on
+// a nil receiver, a Base meant to be nil has the untyped nil, which
+// means the default. A nil map, slice or channel is let through: its
+// methods may use it as it is.
+func nilBase(rt http.RoundTripper) bool {
+	if rt == nil {
+		return false
+	}
+	switch v := reflect.ValueOf(rt); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.UnsafePointer:
+		return v.IsNil()
+	}
+	return false
 }
 
 // prefixed returns err's errors, each one prefixed with where: the errors
