@@ -188,19 +188,21 @@
 //
 //   - Config.PriorityHeader: the call's priority as the transport reads it
 //     (the context's, shedding.WithPriority, else the request's header's
-//     first value), as Priority.String spells it, which
+//     first value, unless Config.DistrustHeaders), as Priority.String
+//     spells it, which
 //     shedding.ParsePriority reads. A call that names no priority at all,
 //     or whose header does not parse, sends none, rather than Critical,
 //     this transport's default: the upstream then applies its own default
 //     (admission.Config.DefaultPriority), which is its decision to make.
 //   - Config.TenantHeader: the call's tenant id as the transport reads it
 //     (the context's, tenant.With, else the request's header's first
-//     value). An empty id is none: a context holding the empty tenant,
-//     as admission puts there for an untrusted caller, sends no tenant
-//     whatever the request's header says. An id that cannot be a header
-//     value (a control character) would fail the attempt in net/http: it
-//     is not written, and is reported to Observer.MalformedHeader, once a
-//     call.
+//     value, unless Config.DistrustHeaders). An empty id is none: a
+//     context holding the empty tenant, as admission puts there for an
+//     untrusted caller, sends no tenant whatever the request's header
+//     says. An id longer than MaxTenantLen (256 bytes), or one that
+//     cannot be a header value (a control character, which would fail
+//     the attempt in net/http), is not written, and is reported to
+//     Observer.MalformedHeader, once a call.
 //   - Config.TimeoutHeader: how long the attempt may still take, in whole
 //     milliseconds rounded down: the time left before the caller's
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as
