@@ -59,7 +59,8 @@ type Observer struct {
 	// parsed: a priority (the call goes on as Critical) or a 429's or
 	// 503's Retry-After (the backoff alone decides the wait); when a
 	// tenant id that Set.Propagate would write is not a valid header
-	// value (it is then not written); on a server, package admission's priority, timeout
+	// value, or longer than transport.MaxTenantLen (it is then not
+	// written); on a server, package admission's priority, timeout
 	// and attempt headers (treated as absent).
 	MalformedHeader func(MalformedHeader)
 

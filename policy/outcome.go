@@ -30,10 +30,10 @@ const (
 	// only for calls, never returned by Classify.
 	Rejected
 	// Invalid: the request could not be sent as it is, and the base's
-	// net/http refused it before writing a byte (an unsupported scheme,
-	// an invalid header, method or Host, a URL with no Host): the
-	// caller's bug, not evidence about the dependency, which never saw
-	// it. Recognised before Classify is asked, never returned by it; an
+	// net/http refused it (an unsupported scheme, an invalid header,
+	// method or Host, a URL with no Host, a body that does not match its
+	// ContentLength), or the caller's body failed to read: the caller's
+	// bug, not evidence about the dependency, which never saw it whole. Recognised before Classify is asked, never returned by it; an
 	// invalid attempt is neither retried nor hedged, and records nothing
 	// with any gate or the budget.
 	Invalid

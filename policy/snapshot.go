@@ -78,8 +78,8 @@ type Snapshot struct {
 	// MalformedHeaders counts priority headers on requests and
 	// Retry-After headers on 429 and 503 responses that could not be
 	// parsed, and
-	// tenant ids that Set.Propagate could not write (see
-	// Observer.MalformedHeader).
+	// tenant ids that Set.Propagate did not write, too long or not a
+	// valid header value (see Observer.MalformedHeader).
 	MalformedHeaders uint64
 
 	// RepeatsSentOnce counts the calls sent once, neither retried nor

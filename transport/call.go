@@ -108,12 +108,16 @@ func (t *Transport) doneBefore(req *http.Request, start time.Time, err error) {
 }
 
 // priority reads the call's priority: the context's, else the header's
-// (under any spelling of its name, see httpx.First), else Critical, and
-// whether the call named it (by the context, or a header that parses). A
-// malformed header is tolerated, and counted in s unless s is nil.
+// (under any spelling of its name, see httpx.First) unless the transport
+// distrusts headers, else Critical, and whether the call named it (by the
+// context, or a header that parses). A malformed header is tolerated, and
+// counted in s unless s is nil.
 func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bool) {
 	if p, ok := shedding.PriorityFrom(req.Context()); ok && p.Valid() {
 		return p, true
+	}
+	if t.distrust {
+		return shedding.Critical, false
 	}
 	v, ok := httpx.First(req.Header, t.priorityHeader)
 	if !ok {
@@ -130,9 +134,9 @@ func (t *Transport) priority(req *http.Request, s *scope) (shedding.Priority, bo
 }
 
 // tenant reads the call's tenant id: the context's, else the header's,
-// under any spelling of its name.
+// under any spelling of its name, unless the transport distrusts headers.
 func (t *Transport) tenant(req *http.Request) string {
-	if id, ok := tenant.From(req.Context()); ok {
+	if id, ok := tenant.From(req.Context()); ok || t.distrust {
 		return id
 	}
 	v, _ := httpx.First(req.Header, t.tenantHeader)

@@ -120,12 +120,11 @@
 //
 // # What could not be sent
 //
-// A request that net/http refuses to send as it is, before writing a
-// byte of it, is the caller's bug, and no outcome at all: the dependency
-// never saw it, and sending it again gets the same refusal. Only these
-// errors are such a refusal (anywhere in the chain errors.Unwrap
-// follows), told by net/http's whole messages, since it exports no type
-// for them:
+// A request that net/http refuses to send as it is is the caller's bug,
+// and no outcome at all: the dependency never saw it (or never all of
+// it), and sending it again gets the same refusal. Only these errors are
+// such a refusal (anywhere in the chain errors.Unwrap follows), told by
+// net/http's whole messages, since it exports no type for them:
 //
 //   - before dialing: an unsupported scheme (unsupported protocol scheme
 //     "ftp"), an invalid header or trailer field name or value, an
@@ -136,20 +135,31 @@
 //     connection it closed for them, which is a transport error like any
 //     other);
 //   - over HTTP/2: an invalid Host or :path, a connection header HTTP/2
-//     forbids (Upgrade, Transfer-Encoding, Connection).
+//     forbids (Upgrade, Transfer-Encoding, Connection);
+//   - a body that does not match the request's ContentLength: shorter or
+//     longer over HTTP/1 (http: ContentLength=7 with Body length 0, what
+//     a request sent again with its Body already read gives), longer over
+//     HTTP/2, or a ContentLength with a nil Body.
+//
+// So is an attempt whose error is the one the caller's body returned as
+// it was read or closed (the caller's reader, or its GetBody's): the
+// transport sends a body whose reads may fail through a reader that
+// keeps its error, which net/http returns as it is or wraps. (The
+// in-memory bodies http.NewRequest makes, a *bytes.Buffer, *bytes.Reader
+// or *strings.Reader, cannot fail, and are sent as they are.)
 //
 // Such an attempt is made once: it is not retried, whatever Attempts and
 // the method allow, and no retry is reported skipped, since it is no
 // failure; a hedged round ends as soon as it comes back, starting no
 // hedge. Classify and Retry.If are not asked. No policy learns from it:
 // the throttler, the breaker and the limiter release it as no evidence (a
-// caller's bug cannot open the breaker for every caller of the host), the
-// latency window records nothing, and no budget token is drawn: the
+// caller's bug cannot open the breaker for every caller of the host), nor
+// does its lane (Replicas) count it, the latency window records nothing, and no budget token is drawn: the
 // call takes back what it deposited, so that it earns other calls no
 // retries.
 // Observer.AttemptDone and Observer.CallDone report it with Outcome
-// policy.Invalid, and the caller gets net/http's error as it is, never
-// wrapped.
+// policy.Invalid, and the caller gets the error as net/http returned it,
+// never wrapped.
 //
 // An idle Transport holds no goroutine: state moves lazily, from the time
 // of the calls that read it. The goroutines a call needs (a hedge) end
@@ -178,19 +188,21 @@
 //
 //   - Config.PriorityHeader: the call's priority as the transport reads it
 //     (the context's, shedding.WithPriority, else the request's header's
-//     first value), as Priority.String spells it, which
+//     first value, unless Config.DistrustHeaders), as Priority.String
+//     spells it, which
 //     shedding.ParsePriority reads. A call that names no priority at all,
 //     or whose header does not parse, sends none, rather than Critical,
 //     this transport's default: the upstream then applies its own default
 //     (admission.Config.DefaultPriority), which is its decision to make.
 //   - Config.TenantHeader: the call's tenant id as the transport reads it
 //     (the context's, tenant.With, else the request's header's first
-//     value). An empty id is none: a context holding the empty tenant,
-//     as admission puts there for an untrusted caller, sends no tenant
-//     whatever the request's header says. An id that cannot be a header
-//     value (a control character) would fail the attempt in net/http: it
-//     is not written, and is reported to Observer.MalformedHeader, once a
-//     call.
+//     value, unless Config.DistrustHeaders). An empty id is none: a
+//     context holding the empty tenant, as admission puts there for an
+//     untrusted caller, sends no tenant whatever the request's header
+//     says. An id longer than MaxTenantLen (256 bytes), or one that
+//     cannot be a header value (a control character, which would fail
+//     the attempt in net/http), is not written, and is reported to
+//     Observer.MalformedHeader, once a call.
 //   - Config.TimeoutHeader: how long the attempt may still take, in whole
 //     milliseconds rounded down: the time left before the caller's
 //     deadline, or the attempt's per-attempt timeout (policy.Timeout, as

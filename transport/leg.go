@@ -28,6 +28,14 @@ type leg struct {
 	// the caller's, a hedge leg's deep copy, or a copy whose response needs
 	// no wrapper (only its body is replayed).
 	own *ownRequest
+	// src is the caller's own body as the leg sends it, when its reads
+	// may fail, which tells its error from the dependency's; nil when
+	// the leg sends no such body (or the call's Replay reads it, which
+	// keeps its error itself).
+	src *httpx.Source
+	// mismatched: the leg sends an in-memory body whose length is not
+	// the request's ContentLength (see httpx.Mismatched).
+	mismatched bool
 
 	// ctx is the attempt's context: the caller's, or a child whose cancel
 	// is held when the attempt has a timeout or may be discarded.
@@ -118,21 +126,36 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	if d > 0 || discardable || c.s.set.idle > 0 {
 		l.ctx, l.cancel = context.WithCancelCause(c.ctx)
 	}
-	l.req = c.req
+	// The caller's own body, when its reads may fail, is sent through a
+	// Source, which keeps its error: the caller's, not the dependency's
+	// (see send). A Replay keeps it itself.
+	watch := c.rb == nil && httpx.Fallible(body)
+	l.req, l.src = c.req, nil
+	l.mismatched = c.rb == nil && !watch && httpx.Mismatched(body, c.req.ContentLength)
 	switch {
 	case kind == policy.AttemptHedge:
 		l.req = c.req.Clone(l.ctx)
+		if watch {
+			l.src = new(httpx.Source)
+			l.src.Reset(body)
+			body = l.src
+		}
 		l.req.Body = body
-	case l.cancel == nil && !l.bulkhead && l.own == nil && body != c.req.Body:
+	case !watch && l.cancel == nil && !l.bulkhead && l.own == nil && body != c.req.Body:
 		// Only the body changes (a replayed one), and the response will
 		// need no wrapper: a plain copy.
 		l.req = c.req.WithContext(l.ctx)
 		l.req.Body = body
-	case l.ctx != c.ctx || body != c.req.Body:
+	case watch || l.ctx != c.ctx || body != c.req.Body:
 		if l.own == nil {
 			l.own = new(ownRequest)
 		}
 		l.own.req = *c.req.WithContext(l.ctx) // inlined: the copy is made in place
+		if watch {
+			l.src = &l.own.src
+			l.src.Reset(body)
+			body = l.src
+		}
 		l.own.req.Body = body
 		l.req = &l.own.req
 	}
@@ -256,10 +279,11 @@ func (c *call) send(l *leg) {
 	switch {
 	case c.ctx.Err() != nil:
 		l.outcome = policy.Canceled
-	case err != nil && httpx.Invalid(err):
-		// net/http would not send the request as it is: the caller's
-		// bug, and no word from the dependency. No Classify, no If, no
-		// retry.
+	case err != nil && (httpx.Invalid(err) || c.bodyAtFault(l, err)):
+		// net/http would not send the request as it is, or the caller's
+		// body failed to read or did not match its ContentLength: the
+		// caller's bug, and no word from the dependency. No Classify, no
+		// If, no retry.
 		l.outcome = policy.Invalid
 	default:
 		l.outcome = s.set.classify(resp, err)
@@ -322,6 +346,25 @@ func (c *call) send(l *leg) {
 	l.resp, l.err = resp, err
 }
 
+// bodyAtFault reports whether err, leg l's error, is the caller's body's
+// doing: the error the body returned as the leg read or closed it, or a
+// body that does not match the request's ContentLength, whose refusal by
+// net/http may come back as the read error of the connection it closed
+// for it (over HTTP/1 the two race).
+func (c *call) bodyAtFault(l *leg, err error) bool {
+	length := c.req.ContentLength
+	switch {
+	case l.mismatched:
+		return true
+	case l.src != nil:
+		return l.src.Failed(err) || l.src.Mismatch(length)
+	case c.rb != nil:
+		be := c.rb.Err()
+		return be != nil && errors.Is(err, be) || c.rb.Mismatch(length)
+	}
+	return false
+}
+
 // tookLane keeps the lane leg l was sent on for AttemptDone (see sent).
 func (l *leg) tookLane() {
 	if r := l.round; r != nil {
@@ -371,11 +414,13 @@ func sane(resp *http.Response, err error) (*http.Response, error) {
 }
 
 // ownRequest is a leg's shallow copy of the caller's request beside the
-// body wrapper of the response it gets, so that an attempt that needs both
-// allocates once. The wrapper, once in use, keeps the copy alive, as the
-// response's Request field does anyway.
+// reader of the caller's body it sends and the body wrapper of the
+// response it gets, so that an attempt that needs them allocates once.
+// The wrapper, once in use, keeps the copy alive, as the response's
+// Request field does anyway.
 type ownRequest struct {
 	req  http.Request
+	src  httpx.Source // the caller's body, when the leg watches its reads
 	body releaser
 }
 

@@ -34,7 +34,7 @@ func (c *call) stamp(l *leg) {
 		n++
 	}
 	if v := c.tenant; v != "" {
-		if validHeaderValue(v) {
+		if len(v) <= MaxTenantLen && validHeaderValue(v) {
 			id = v
 			n++
 		} else if l.n == 1 {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,7 +28,9 @@ import (
 // RoundTripper with per-host bookkeeping.
 type Config struct {
 	// Base sends the wire attempts. If nil,
-	// cleanhttp.DefaultPooledTransport() is used.
+	// cleanhttp.DefaultPooledTransport() is used. A nil pointer or func
+	// of a RoundTripper type (an unset *http.Transport variable) is not
+	// nil here, and makes New fail, naming its type.
 	Base http.RoundTripper
 
 	// Policies is the chain applied to every key without an entry in
@@ -111,8 +114,32 @@ type Config struct {
 	// TenantHeader is the request header a tenant id is read from when the
 	// context carries none (tenant.With wins), and written to on the wire
 	// attempts of keys whose set has Propagate on. If empty,
-	// "Resilix-Tenant" is used.
+	// "Resilix-Tenant" is used. An id longer than MaxTenantLen bytes, or
+	// one that is not a valid header value, is not written: it is
+	// reported to Observer.MalformedHeader (with at most its first 64
+	// bytes) and counted in Measured, once a call.
 	TenantHeader string
+
+	// DistrustHeaders, when true, makes the transport take a call's
+	// priority and tenant from its context alone (shedding.WithPriority,
+	// tenant.With), never from the request's PriorityHeader and
+	// TenantHeader: a call whose context names neither is Critical with
+	// no tenant, whatever its headers say, and with Propagate on those
+	// headers are removed from its wire attempts. Set it on a transport
+	// that sends requests it did not build, a reverse proxy's that copies
+	// its callers' headers, where an outsider's header would otherwise
+	// name the tenant a rate limit or limiter sheds by, or the priority.
+	//
+	// It is false by default, unlike the server side (package admission
+	// trusts no caller's headers unless Config.Trust says so): a client's
+	// requests are built by the service's own code, inside its trust
+	// boundary, where tagging by header is a documented way to tag, and
+	// turning it off by default would make every such call Critical and
+	// tenantless without an error. A server built with package admission
+	// already overrides both in the context it hands its handler, so a
+	// transport inside that handler, sending requests with that context,
+	// reads no outsider's headers either way.
+	DistrustHeaders bool
 
 	// TimeoutHeader is the request header that tells the upstream, on the
 	// wire attempts of keys whose set has Propagate on, how long the
@@ -130,6 +157,14 @@ type Config struct {
 // DefaultMaxKeys is the MaxKeys used when the field is zero.
 const DefaultMaxKeys = 1024
 
+// MaxTenantLen is the longest tenant id, in bytes, that a key with
+// Propagate on writes on its wire attempts: room for any id a service
+// names its tenants by (a UUID is 36 bytes, a DNS name at most 253), none
+// for a header that is a payload. A longer id, from the context or the
+// request's header, is not written, and is reported as a malformed
+// TenantHeader (see Config.TenantHeader).
+const MaxTenantLen = 256
+
 // Transport is an http.RoundTripper that applies resilix's policies to each
 // request. Build one with New; it is safe for concurrent use, and meant to
 // be shared for the life of the process like http.DefaultTransport.
@@ -142,6 +177,7 @@ type Transport struct {
 	obs            *policy.Observer
 	priorityHeader string
 	tenantHeader   string
+	distrust       bool // Config.DistrustHeaders
 	timeoutHeader  string
 	attemptHeader  string
 	def            *compiledSet
@@ -191,7 +227,9 @@ func New(cfg Config) (*Transport, error) {
 			perKey[strings.Clone(key)] = c // perhaps a piece of a larger string
 		}
 	}
-	if _, ok := cfg.Base.(*http.Transport); !ok && cfg.Base != nil {
+	if nilBase(cfg.Base) {
+		errs = append(errs, fmt.Errorf("transport: Base is a nil %T: leave Base nil (untyped) for the default, or give one that is not nil", cfg.Base))
+	} else if _, ok := cfg.Base.(*http.Transport); !ok && cfg.Base != nil {
 		if cfg.Policies.Replicas != nil {
 			errs = append(errs, fmt.Errorf("transport: Policies: Replicas needs a Base that is an *http.Transport, whose clones are the lanes' connection pools; Base is a %T", cfg.Base))
 		}
@@ -209,6 +247,7 @@ func New(cfg Config) (*Transport, error) {
 		key:            cfg.Key,
 		priorityHeader: ph,
 		tenantHeader:   th,
+		distrust:       cfg.DistrustHeaders,
 		timeoutHeader:  toh,
 		attemptHeader:  ah,
 		def:            def,
@@ -239,6 +278,26 @@ func New(cfg Config) (*Transport, error) {
 		o.Attach(stateSource{weak.Make(t)})
 	}
 	return t, nil
+}
+
+// nilBase reports whether rt is a nil pointer or func in a non-nil
+// interface, as an unset `var b *http.Transport` is. Calling a nil func
+// panics, and so does an *http.Transport's RoundTrip on a nil receiver,
+// on the first call, far from its cause. Any pointer type is refused,
+// not only *http.Transport: a nil wrapper (otelhttp's *Transport, a type
+// of the caller's) panics just the same, and though Go allows methods on
+// a nil receiver, a Base meant to be nil has the untyped nil, which
+// means the default. A nil map, slice or channel is let through: its
+// methods may use it as it is.
+func nilBase(rt http.RoundTripper) bool {
+	if rt == nil {
+		return false
+	}
+	switch v := reflect.ValueOf(rt); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.UnsafePointer:
+		return v.IsNil()
+	}
+	return false
 }
 
 // prefixed returns err's errors, each one prefixed with where: the errors

@@ -87,3 +87,35 @@ func TestPerKeyEmptyKey(t *testing.T) {
 		t.Errorf("with a Key func: New error = %v, want nil", err)
 	}
 }
+
+// nilTripper is a RoundTripper of a pointer type, whose nil a Config may
+// hold.
+type nilTripper struct{ http.Transport }
+
+// TestNewRefusesATypedNilBase: a Base that is a nil pointer or func in a
+// non-nil interface (an unset *http.Transport variable) is New's error,
+// naming the field and the type, not net/http's panic on the first call;
+// an untyped nil is the default.
+func TestNewRefusesATypedNilBase(t *testing.T) {
+	var ht *http.Transport
+	var own *nilTripper
+	var fn fakeRT
+	for _, tc := range []struct {
+		base http.RoundTripper
+		want string
+	}{
+		{ht, "transport: Base is a nil *http.Transport"},
+		{own, "transport: Base is a nil *transport.nilTripper"},
+		{fn, "transport: Base is a nil transport.fakeRT"},
+	} {
+		for _, set := range []policy.Set{{}, {Replicas: &policy.Replicas{}}} {
+			rt, err := New(Config{Base: tc.base, Policies: set})
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("New(Base: %T(nil), Replicas %v) = %v, %v; want %q", tc.base, set.Replicas != nil, rt, err, tc.want)
+			}
+		}
+	}
+	if _, err := New(Config{Base: nil}); err != nil {
+		t.Errorf("an untyped nil Base: %v", err)
+	}
+}

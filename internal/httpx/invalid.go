@@ -8,9 +8,10 @@ import (
 )
 
 // Invalid reports whether err, the error of one wire attempt, is net/http
-// refusing the request itself: it could not be sent as it is, nothing of
-// it was written, and sending it again gets the same refusal. It says
-// nothing about the server, which never saw it; it is the caller's bug.
+// refusing the request itself: it could not be sent as it is, and sending
+// it again gets the same refusal. It says nothing about the server, which
+// never saw the request (or, for a body that does not match its
+// ContentLength, never saw all of it); it is the caller's bug.
 // Invalid is true when some error in err's chain (followed through
 // Unwrap) is, whole, one of net/http's messages for:
 //
@@ -25,7 +26,13 @@ import (
 //     Host, an invalid :path, a :protocol outside CONNECT, a connection
 //     header HTTP/2 forbids (Upgrade, Transfer-Encoding, Connection), an
 //     invalid header or trailer (net/http wraps these in "http2: ");
-//   - a request http.Client refuses to send: one with RequestURI set.
+//   - a request http.Client refuses to send: one with RequestURI set;
+//   - a request whose body does not match its ContentLength: shorter or
+//     longer over HTTP/1 (http: ContentLength=7 with Body length 0, what
+//     a reused request whose body was read already gives), longer over
+//     HTTP/2, or a ContentLength with a nil Body. net/http may have
+//     written the headers and part of the body first, but never the
+//     request the headers announce.
 //
 // net/http exports no type for these errors: it makes each with
 // errors.New, or fmt.Errorf without %w, so only errors of that type are
@@ -61,7 +68,18 @@ var invalidWhole = map[string]bool{
 	"invalid :protocol header in non-CONNECT request": true,
 	// Client.send
 	"http: Request.RequestURI can't be set in client requests": true,
+	// http2clientStream.writeRequestBody
+	"http2: request body larger than specified content length": true,
 }
+
+// The parts of net/http's messages for a body that does not match its
+// ContentLength, around the numbers in them.
+const (
+	msgLengthPrefix = "http: ContentLength="
+	msgLengthMiddle = " with Body length "
+	msgNilBody      = "http: Request.ContentLength="
+	msgNilBodyEnd   = " with nil Body"
+)
 
 // The prefixes of net/http's messages for a request it will not send,
 // each followed by one Go-quoted value (%q of a string) and nothing else.
@@ -94,6 +112,16 @@ func invalidMessage(msg string) bool {
 	if invalidWhole[msg] {
 		return true
 	}
+	if rest, ok := strings.CutPrefix(msg, msgLengthPrefix); ok {
+		// "http: ContentLength=%d with Body length %d"
+		want, got, ok := strings.Cut(rest, msgLengthMiddle)
+		return ok && isInt(want) && isInt(got)
+	}
+	if rest, ok := strings.CutPrefix(msg, msgNilBody); ok {
+		// "http: Request.ContentLength=%d with nil Body"
+		n, ok := strings.CutSuffix(rest, msgNilBodyEnd)
+		return ok && isInt(n)
+	}
 	for _, p := range invalidQuoted {
 		if rest, ok := strings.CutPrefix(msg, p); ok {
 			q, err := strconv.QuotedPrefix(rest)
@@ -117,6 +145,18 @@ func invalidMessage(msg string) bool {
 		}
 	}
 	return false
+}
+
+// isInt reports whether s is, whole, %d of an integer: an optional minus
+// sign and at least one digit. (strconv would allocate its error.)
+func isInt(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	for i := range len(s) {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // quotedList reports whether s is, whole, %q of a []string: `["a" "b"]`.

@@ -189,6 +189,47 @@ func TestInvalidOnceConnected(t *testing.T) {
 	}
 }
 
+// TestInvalidBodyLength: over real sockets, a body that does not match
+// its request's ContentLength is Invalid: shorter (a drained body, as a
+// reused request has) or longer over HTTP/1, longer over HTTP/2, and a
+// ContentLength with a nil body.
+func TestInvalidBodyLength(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	h1 := httptest.NewServer(handler)
+	defer h1.Close()
+	h2 := httptest.NewUnstartedServer(handler)
+	h2.EnableHTTP2 = true
+	h2.Config.ErrorLog = log.New(io.Discard, "", 0)
+	h2.StartTLS()
+	defer h2.Close()
+	put := func(body io.Reader, length int64) func(*http.Request) {
+		return func(r *http.Request) {
+			r.Method, r.ContentLength = http.MethodPut, length
+			if body != nil {
+				r.Body = io.NopCloser(body)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		rt     *http.Transport
+		target string
+		change func(*http.Request)
+	}{
+		{"HTTP/1, drained body", &http.Transport{}, h1.URL, put(strings.NewReader(""), 7)},
+		{"HTTP/1, drained body of a reader net/http does not know", &http.Transport{}, h1.URL, put(io.MultiReader(), 7)},
+		{"HTTP/1, body longer than its ContentLength", &http.Transport{}, h1.URL, put(strings.NewReader("payload"), 3)},
+		{"HTTP/1, ContentLength with a nil Body", &http.Transport{}, h1.URL, put(nil, 7)},
+		{"HTTP/2, body longer than its ContentLength", h2.Client().Transport.(*http.Transport), h2.URL, put(strings.NewReader("payload"), 3)},
+	} {
+		err := writeRefusal(t, tc.rt, func() *http.Request { return newGet(t, tc.target, tc.change) })
+		if !Invalid(err) {
+			t.Errorf("%s: Invalid(%q) = false", tc.name, err)
+		}
+		tc.rt.CloseIdleConnections()
+	}
+}
+
 // TestNotInvalid: what fails for the dependency's sake, or for any reason
 // other than the request itself, is not Invalid, and neither is a message
 // that only resembles net/http's.
@@ -218,6 +259,10 @@ func TestNotInvalid(t *testing.T) {
 		{"connection header list unclosed", errors.New(`invalid Connection request header: ["x"`)},
 		{":path with more after it", errors.New(`invalid request :path "x" from URL.Opaque = "x" and more`)},
 		{"net/http's words in an error of another type", messageError("http: no Host in request URL")},
+		{"body length not a number", errors.New("http: ContentLength=7 with Body length x")},
+		{"body length missing", errors.New("http: ContentLength=7 with Body length ")},
+		{"ContentLength alone", errors.New("http: ContentLength=7")},
+		{"nil Body with more after it", errors.New("http: Request.ContentLength=7 with nil Body, twice")},
 	} {
 		if Invalid(tc.err) {
 			t.Errorf("%s: Invalid(%v) = true", tc.name, tc.err)
@@ -229,6 +274,9 @@ func TestNotInvalid(t *testing.T) {
 		`invalid Transfer-Encoding request header: []`,
 		`invalid request :path "x" from URL.Opaque = "x"`,
 		`net/http: invalid header field value for "X-Value"`,
+		"http: ContentLength=7 with Body length 0",
+		"http: ContentLength=-1 with Body length 12",
+		"http: Request.ContentLength=7 with nil Body",
 	} {
 		if err := fmt.Errorf("wrapped: %w", errors.New(s)); !Invalid(err) {
 			t.Errorf("Invalid(%q) = false", err)

@@ -143,6 +143,15 @@ func (r *Replay) TooLarge() bool {
 	return r.over
 }
 
+// Mismatch reports whether what was read of the caller's body so far
+// proves it does not match length, the request's ContentLength: more
+// bytes than that, or an end at fewer (see Source.Mismatch).
+func (r *Replay) Mismatch(length int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return mismatch(int64(r.n), r.eof, length)
+}
+
 // Err returns the caller's body's read error, if it failed.
 func (r *Replay) Err() error {
 	r.mu.Lock()
