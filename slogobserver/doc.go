@@ -1,11 +1,16 @@
 // Package slogobserver logs what resilix does to calls with log/slog.
 //
-// [New] returns a *policy.Observer; put it in transport.Config.Observer,
-// alone or joined with others (policy.JoinObservers):
+// [NewLogger] returns a [Logger]; put its Observer in
+// transport.Config.Observer, alone or joined with others
+// (policy.JoinObservers), and call its Flush at shutdown, so that the
+// last interval's summaries are written ([New] returns the Observer
+// alone, for a caller that needs no Flush):
 //
+//	logs := slogobserver.NewLogger(logger, slogobserver.Options{})
+//	defer logs.Flush()
 //	rt, err := transport.New(transport.Config{
 //		Policies: set,
-//		Observer: slogobserver.New(logger, slogobserver.Options{}),
+//		Observer: logs.Observer(),
 //	})
 //
 // It logs what resilix does beyond sending a call once: failed attempts,
@@ -22,7 +27,8 @@
 //
 // # Records
 //
-// Every record has the attribute key, the transport's scope key. The
+// Every record has the attribute key, the transport's scope key, but the
+// summary of the other keys, which has other_keys in its place. The
 // other attributes are named as package otelmetrics names its attributes
 // (kind, outcome, reason, gate, priority, http.response.status_code,
 // http.header), or as package oteltrace names its event attributes,
@@ -53,13 +59,16 @@
 //	                                         lane, reason, for_ms
 //	lanes changed        Info                an answer of the key's Endpoints changed its
 //	                                         lanes: key, added, removed (addresses), lanes
-//	summary              Info                at most once per key each Options.Summary
-//	                                         (10s), when the key had any of the per-call
-//	                                         records below that are counted: key, since_ms
-//	                                         (the span counted), and each count that is not
-//	                                         zero: attempts_failed, attempts_invalid,
-//	                                         retries_skipped, pushbacks, malformed_headers,
-//	                                         and refused, a group by gate (refused.limiter)
+//	summary              Info                each Options.Summary (10s), for each of the
+//	                                         Options.SummaryKeys (4) keys with the most
+//	                                         per-call records below that are counted: key,
+//	                                         since_ms (the span counted), and each count
+//	                                         that is not zero: attempts_failed,
+//	                                         attempts_invalid, retries_skipped, pushbacks,
+//	                                         malformed_headers, and refused, a group by
+//	                                         gate (refused.limiter); and one more for the
+//	                                         other keys, if any: other_keys (how many keys
+//	                                         it sums) in place of key, since_ms, the sums
 //	attempt failed       Debug, counted      a wire attempt failed (Outcome Failure):
 //	                                         key, kind, attempt, outcome, latency_ms, lane
 //	                                         (with Replicas), http.response.status_code
@@ -103,18 +112,24 @@
 // ejected), Info when it got better or moved (a key's lanes changed).
 // What comes once per call, a failed attempt, a refusal, a skipped retry,
 // is Debug, and counted: the key's summary line says at Info how many
-// there were. Hedges are routine by design and the adaptive limit moves
+// there were, and an interval writes at most SummaryKeys+1 summaries
+// however many keys had them. Hedges are routine by design and the adaptive limit moves
 // all the time: Debug, and not counted. A host failing a fifth of its
 // calls at 60 calls a second, half of them Bulk calls shed by its rate
 // limit, logs 2 lines at Info in 30 seconds, both summaries, where a line
 // per failed attempt and refusal would be about 1,170
-// (TestSlogOperatorScenario).
+// (TestSlogOperatorScenario). A client calling 601 hosts in 30 seconds,
+// each failing its one call, logs 15 lines at Info in those 30 seconds,
+// 5 summaries an interval (TestSlogManyHostsFailingOnce).
 //
-// The summary needs no timer: a key's counts are written by the first
-// event, of any key, after its interval; a key's next interval starts
-// with its next counted event. The Observer keeps the counts of the keys
-// counted in the last interval, and nothing when Summary is negative or
-// the handler is above Info.
+// The summaries need no timer: an interval starts with a counted event,
+// and its counts are written by the first counted event, of any key,
+// after it, which starts the next one; Flush writes them at once. The
+// counts of the last interval before the events stop are written by
+// Flush only. The Logger keeps the counts of at most 1024 keys an
+// interval (the events of a key past them are in the other keys'
+// summary, which does not count it in other_keys), and nothing when
+// Summary is negative or the handler is above Info.
 //
 // The lane attribute is the lane's address (host:port) for a lane of
 // Endpoints, or its index, "0" to "63", for a connection lane, as in
