@@ -81,6 +81,8 @@ const (
 	msgStoreRecovered   = "store recovered"
 	msgLaneEjected      = "lane ejected"
 	msgLaneReturned     = "lane returned"
+	msgLaneStarved      = "lane starved"
+	msgLaneFed          = "lane fed again"
 	msgPushback         = "pushback"
 	msgMalformedHeader  = "malformed header"
 	msgLanesChanged     = "lanes changed"
@@ -118,6 +120,8 @@ const (
 	attrSince        = "since_ms"
 	attrRefused      = "refused"
 	attrOtherKeys    = "other_keys"
+	attrShare        = "share"
+	attrFairShare    = "fair_share"
 )
 
 // The counts of a summary line, in the order it writes them.
@@ -153,10 +157,12 @@ func millis(key string, d time.Duration) slog.Attr {
 // most Options.SummaryKeys+1 an interval, with no timer: the first
 // counted event after the interval writes them. Call Flush at shutdown,
 // after the transports' last calls, so that the counts of the last
-// interval are written too.
+// interval are written too. It counts each key's attempts by lane, to log
+// a lane starved of its share and fed again.
 //
 // Its memory is bounded whatever keys arrive: the counts of at most 1024
-// keys an interval.
+// keys an interval, and those of the lanes (at most policy.MaxLanes each)
+// of at most 1024 keys with attempts in the last 20 s.
 //
 // A Logger is safe for concurrent use, and its Observer may be shared by
 // transports and combined with others with policy.JoinObservers.
@@ -169,6 +175,8 @@ type Logger struct {
 	tallies   map[string]*tally // by key, those counted this interval: at most maxTallies
 	untracked tally             // the counts of keys past maxTallies this interval
 	start     time.Time         // the interval's start; zero: nothing counted
+
+	lanes laneWatch
 }
 
 // New returns an Observer that logs to l what resilix does to calls: the
@@ -193,6 +201,7 @@ func NewLogger(l *slog.Logger, opts Options) *Logger {
 		opts.SummaryKeys = DefaultSummaryKeys
 	}
 	lg := &Logger{l: l, opts: opts, tallies: map[string]*tally{}}
+	lg.lanes.keys = map[string]*laneKey{}
 	lg.obs = policy.Observer{
 		AttemptDone:       lg.attemptDone,
 		Refused:           lg.refused,
@@ -395,6 +404,9 @@ func emit(ctx context.Context, h slog.Handler, level slog.Level, msg string, att
 }
 
 func (lg *Logger) attemptDone(a policy.AttemptInfo) {
+	if a.Lane != "" {
+		lg.watchLane(a)
+	}
 	level, msg := slog.LevelDebug, msgAttemptDone
 	switch a.Outcome {
 	case policy.Failure:
@@ -591,9 +603,15 @@ func (lg *Logger) storeTransition(s policy.StoreTransition) {
 	emit(ctx, h, level, msg, attrs...)
 }
 
-func (lg *Logger) laneEjected(e policy.LaneEjection) { lg.lane(slog.LevelWarn, msgLaneEjected, e) }
+func (lg *Logger) laneEjected(e policy.LaneEjection) {
+	lg.lanes.eject(e.Key, policy.LaneName(e.Addr, e.Index), true)
+	lg.lane(slog.LevelWarn, msgLaneEjected, e)
+}
 
-func (lg *Logger) laneReturned(e policy.LaneEjection) { lg.lane(slog.LevelInfo, msgLaneReturned, e) }
+func (lg *Logger) laneReturned(e policy.LaneEjection) {
+	lg.lanes.eject(e.Key, policy.LaneName(e.Addr, e.Index), false)
+	lg.lane(slog.LevelInfo, msgLaneReturned, e)
+}
 
 func (lg *Logger) lane(level slog.Level, msg string, e policy.LaneEjection) {
 	ctx, h, ok := lg.enabled(e.Context, level)
@@ -640,6 +658,7 @@ func (lg *Logger) malformedHeader(m policy.MalformedHeader) {
 // Endpoints that changed them: the addresses added and removed, and how
 // many lanes it has.
 func (lg *Logger) lanesChanged(c policy.LaneSetChange) {
+	lg.lanes.change(c)
 	ctx, h, ok := lg.enabled(c.Context, slog.LevelInfo)
 	if !ok {
 		return
