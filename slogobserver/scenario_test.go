@@ -131,10 +131,11 @@ func TestSlogOperatorScenario(t *testing.T) {
 	})
 }
 
-// TestSlogSummary: a key's counts are written once its interval has
-// passed, by the next event of any key; a key with no events is written
-// then too and forgotten; a key's next interval starts with its next
-// event.
+// TestSlogSummary: the counts of every key since the first counted event
+// are written together, once the interval has passed, by the next
+// counted event of any key, which starts the next interval; the key with
+// the most counts comes first, and a key with no events since is not
+// written again.
 func TestSlogSummary(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{level: slog.LevelInfo}
@@ -155,28 +156,145 @@ func TestSlogSummary(t *testing.T) {
 		if recs := rec.take(); len(recs) != 0 {
 			t.Fatalf("before an event past the interval:%s", messages(recs))
 		}
-		fail("b") // a's interval is over, b's is not
-		want := []record{{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
-			"key": "a", "since_ms": "10000", "attempts_failed": "1", "refused": "[throttler=1 rate_limit=1]",
-		}}}
+		fail("b") // the interval is over: it starts the next
+		want := []record{
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
+				"key": "a", "since_ms": "10000", "attempts_failed": "1", "refused": "[throttler=1 rate_limit=1]",
+			}},
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
+				"key": "b", "since_ms": "6000", "attempts_failed": "1",
+			}},
+		}
 		if diff := cmp.Diff(want, rec.take()); diff != "" {
-			t.Errorf("after a's interval (-want +got):\n%s", diff)
+			t.Errorf("after the first interval (-want +got):\n%s", diff)
 		}
 		time.Sleep(20 * time.Second)
 		fail("c")
 		want = []record{{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
-			"key": "b", "since_ms": "26000", "attempts_failed": "2",
+			"key": "b", "since_ms": "20000", "attempts_failed": "1",
 		}}}
 		if diff := cmp.Diff(want, rec.take()); diff != "" {
-			t.Errorf("after b's interval (-want +got):\n%s", diff)
+			t.Errorf("after the second interval (-want +got):\n%s", diff)
 		}
-		time.Sleep(10 * time.Second)
+		time.Sleep(9 * time.Second)
 		fail("a")
-		want = []record{{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
-			"key": "c", "since_ms": "10000", "attempts_failed": "1",
-		}}}
+		time.Sleep(time.Second)
+		fail("a")
+		want = []record{
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
+				"key": "a", "since_ms": "1000", "attempts_failed": "1",
+			}},
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{
+				"key": "c", "since_ms": "10000", "attempts_failed": "1",
+			}},
+		}
 		if diff := cmp.Diff(want, rec.take()); diff != "" {
-			t.Errorf("after c's interval (-want +got):\n%s", diff)
+			t.Errorf("after the third interval (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestSlogManyHostsFailingOnce: a client calling 601 hosts over 30 s,
+// one call each, every one failing, writes at most 20 lines at Info in
+// those 30 s: each interval, a summary for each of the 4 keys with the
+// most failures and one for the others, which says how many keys it
+// sums; Flush then writes the last interval's, and the summaries count
+// every failure.
+func TestSlogManyHostsFailingOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{level: slog.LevelInfo}
+		logs := slogobserver.NewLogger(slog.New(rec), slogobserver.Options{})
+		tr, err := transport.New(transport.Config{
+			Base: httptestutil.InMemory(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			})),
+			Observer: logs.Observer(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: tr}
+		const hosts, span = 601, 30 * time.Second
+		for i := range hosts {
+			resp, err := client.Get(fmt.Sprintf("http://host-%03d.test/", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			time.Sleep(span / (hosts - 1))
+		}
+		recs := rec.take()
+		t.Logf("%d lines at Info and above in %v for %d hosts failing once:%s", len(recs), span, hosts, messages(recs))
+		if len(recs) > 20 {
+			t.Errorf("%d lines at Info and above in %v, want at most 20", len(recs), span)
+		}
+		logs.Flush()
+		last := rec.take()
+		if len(last) == 0 {
+			t.Errorf("Flush wrote nothing, want the last interval's summaries")
+		}
+		var failed, keys int
+		for _, r := range append(recs, last...) {
+			if r.Msg != "summary" {
+				t.Errorf("%s at %v, want only summaries", r.Msg, r.Level)
+				continue
+			}
+			n, _ := strconv.Atoi(r.Attrs["attempts_failed"])
+			failed += n
+			if others, ok := r.Attrs["other_keys"]; ok {
+				n, _ := strconv.Atoi(others)
+				keys += n
+			} else {
+				keys++
+			}
+		}
+		if failed != hosts || keys != hosts {
+			t.Errorf("the summaries count %d failed attempts of %d keys, want %d of %d", failed, keys, hosts, hosts)
+		}
+		logs.Flush()
+		if recs := rec.take(); len(recs) != 0 {
+			t.Errorf("a second Flush wrote:%s", messages(recs))
+		}
+	})
+}
+
+// TestSlogFlush: Flush writes what was counted at once, ranked and bound
+// as at the interval's end, and the next counted event starts a new
+// interval; with nothing counted it writes nothing.
+func TestSlogFlush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{level: slog.LevelInfo}
+		logs := slogobserver.NewLogger(slog.New(rec), slogobserver.Options{SummaryKeys: 1})
+		obs := logs.Observer()
+		fail := func(key string) {
+			obs.AttemptDone(policy.AttemptInfo{Context: context.Background(), Key: key, Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Failure, StatusCode: 503})
+		}
+		logs.Flush()
+		fail("a")
+		fail("b")
+		fail("b")
+		fail("c")
+		time.Sleep(3 * time.Second)
+		logs.Flush()
+		want := []record{
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{"key": "b", "since_ms": "3000", "attempts_failed": "2"}},
+			{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{"other_keys": "2", "since_ms": "3000", "attempts_failed": "2"}},
+		}
+		if diff := cmp.Diff(want, rec.take()); diff != "" {
+			t.Errorf("Flush (-want +got):\n%s", diff)
+		}
+		time.Sleep(8 * time.Second)
+		fail("a") // starts an interval: 10 s from here, not from the first
+		time.Sleep(9 * time.Second)
+		fail("a")
+		if recs := rec.take(); len(recs) != 0 {
+			t.Errorf("within the interval Flush started:%s", messages(recs))
+		}
+		time.Sleep(time.Second)
+		fail("a")
+		want = []record{{Level: slog.LevelInfo, Msg: "summary", Attrs: map[string]string{"key": "a", "since_ms": "10000", "attempts_failed": "2"}}}
+		if diff := cmp.Diff(want, rec.take()); diff != "" {
+			t.Errorf("after the interval (-want +got):\n%s", diff)
 		}
 	})
 }

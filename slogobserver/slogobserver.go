@@ -26,21 +26,39 @@ type Options struct {
 	// logged.
 	Attempts bool
 
-	// Summary is how often a key's summary line comes at most: the
-	// counts of what went wrong in its calls since its last one (failed
-	// and invalid attempts, skipped retries, refusals by gate, pushbacks,
-	// malformed headers), each of which is logged one by one at Debug
-	// only. A key's summary is written by the first event of any key
-	// after Summary has passed since its counting began, so that no timer
-	// runs: a key whose calls stopped has its last counts written by the
-	// next event of another key, or never. A key with nothing to count
-	// has no summary. If zero, DefaultSummary is used. If negative, no
-	// summary is written, and nothing is counted.
+	// Summary is how long an interval of the summaries is: the counts of
+	// what went wrong in the calls of every key (failed and invalid
+	// attempts, skipped retries, refusals by gate, pushbacks, malformed
+	// headers), each of which is logged one by one at Debug only, from
+	// the first counted event, written together once Summary has passed.
+	// They are written by the first counted event, of any key, after
+	// the interval, so that no timer runs, or by Flush: counts left when
+	// the events stop wait for Flush. A key with nothing to count has no
+	// summary. If zero, DefaultSummary is used. If negative, no summary
+	// is written, and nothing is counted.
 	Summary time.Duration
+
+	// SummaryKeys is how many keys get a summary line of their own each
+	// interval: those with the most counted events, ties by key. The
+	// counts of the other keys are summed in one more line, so that an
+	// interval writes at most SummaryKeys+1 summaries however many keys
+	// failed. If zero, DefaultSummaryKeys is used. If negative, every
+	// key's counts are in that one line.
+	SummaryKeys int
 }
 
 // DefaultSummary is the Summary used when the field is zero.
 const DefaultSummary = 10 * time.Second
+
+// DefaultSummaryKeys is the SummaryKeys used when the field is zero: 5
+// summaries an interval, at most 20 in any 30 s at DefaultSummary.
+const DefaultSummaryKeys = 4
+
+// maxTallies bounds the keys counted an interval, as
+// transport.DefaultMaxKeys bounds the keys a transport keeps: the events
+// of a key past them are added to the other keys' line, which does not
+// count the key in other_keys.
+const maxTallies = 1024
 
 // The messages, one per kind of record; the package doc lists them.
 const (
@@ -63,6 +81,8 @@ const (
 	msgStoreRecovered   = "store recovered"
 	msgLaneEjected      = "lane ejected"
 	msgLaneReturned     = "lane returned"
+	msgLaneStarved      = "lane starved"
+	msgLaneFed          = "lane fed again"
 	msgPushback         = "pushback"
 	msgMalformedHeader  = "malformed header"
 	msgLanesChanged     = "lanes changed"
@@ -99,6 +119,9 @@ const (
 	attrLanes        = "lanes"
 	attrSince        = "since_ms"
 	attrRefused      = "refused"
+	attrOtherKeys    = "other_keys"
+	attrShare        = "share"
+	attrFairShare    = "fair_share"
 )
 
 // The counts of a summary line, in the order it writes them.
@@ -125,53 +148,99 @@ func millis(key string, d time.Duration) slog.Attr {
 	return slog.Float64(key, float64(d)/float64(time.Millisecond))
 }
 
+// Logger logs to a *slog.Logger what resilix does to calls, through the
+// policy.Observer its Observer method returns: the package doc lists the
+// records, their levels and their attributes.
+//
+// It counts the per-call events of every key over an interval
+// (Options.Summary) and writes the counts as summary lines at Info, at
+// most Options.SummaryKeys+1 an interval, with no timer: the first
+// counted event after the interval writes them. Call Flush at shutdown,
+// after the transports' last calls, so that the counts of the last
+// interval are written too. It counts each key's attempts by lane, to log
+// a lane starved of its share and fed again.
+//
+// Its memory is bounded whatever keys arrive: the counts of at most 1024
+// keys an interval, and those of the lanes (at most policy.MaxLanes each)
+// of at most 1024 keys with attempts in the last 20 s.
+//
+// A Logger is safe for concurrent use, and its Observer may be shared by
+// transports and combined with others with policy.JoinObservers.
+type Logger struct {
+	l    *slog.Logger // nil: slog.Default()
+	opts Options
+	obs  policy.Observer
+
+	mu        sync.Mutex
+	tallies   map[string]*tally // by key, those counted this interval: at most maxTallies
+	untracked tally             // the counts of keys past maxTallies this interval
+	start     time.Time         // the interval's start; zero: nothing counted
+
+	lanes laneWatch
+}
+
 // New returns an Observer that logs to l what resilix does to calls: the
-// package doc lists the records, their levels and their attributes. A nil
-// l logs to slog.Default(), as it is at each event, so that a later
-// slog.SetDefault applies.
-//
-// Options is taken by value, as every resilix config is: New keeps a copy,
-// and the zero Options is the recommended setting.
-//
-// The Observer holds the summary's counts, per key, for the keys counted
-// in the last Options.Summary (one lock, taken only for the events it
-// counts), and is safe for concurrent use and for sharing between
-// transports. Combine it with others with
-// policy.JoinObservers.
+// Observer of NewLogger(l, opts), for a caller that needs no Flush (the
+// last interval's summaries are then lost when the process exits).
 func New(l *slog.Logger, opts Options) *policy.Observer {
+	return NewLogger(l, opts).Observer()
+}
+
+// NewLogger returns a Logger that logs to l; a nil l logs to
+// slog.Default(), as it is at each event, so that a later slog.SetDefault
+// applies. Put its Observer in transport.Config.Observer, and call its
+// Flush at shutdown.
+//
+// Options is taken by value, as every resilix config is: NewLogger keeps
+// a copy, and the zero Options is the recommended setting.
+func NewLogger(l *slog.Logger, opts Options) *Logger {
 	if opts.Summary == 0 {
 		opts.Summary = DefaultSummary
 	}
-	o := &observer{l: l, opts: opts, tallies: map[string]*tally{}}
-	obs := &policy.Observer{
-		AttemptDone:       o.attemptDone,
-		Refused:           o.refused,
-		RetrySkipped:      o.retrySkipped,
-		HedgeStarted:      o.hedgeStarted,
-		HedgeWon:          o.hedgeWon,
-		HedgeSuppressed:   o.hedgeSuppressed,
-		BreakerTransition: o.breakerTransition,
-		MalformedHeader:   o.malformedHeader,
-		LimitTransition:   o.limitTransition,
-		StoreTransition:   o.storeTransition,
-		Pushback:          o.pushback,
-		LaneEjected:       o.laneEjected,
-		LaneReturned:      o.laneReturned,
-		LanesChanged:      o.lanesChanged,
+	if opts.SummaryKeys == 0 {
+		opts.SummaryKeys = DefaultSummaryKeys
+	}
+	lg := &Logger{l: l, opts: opts, tallies: map[string]*tally{}}
+	lg.lanes.keys = map[string]*laneKey{}
+	lg.obs = policy.Observer{
+		AttemptDone:       lg.attemptDone,
+		Refused:           lg.refused,
+		RetrySkipped:      lg.retrySkipped,
+		HedgeStarted:      lg.hedgeStarted,
+		HedgeWon:          lg.hedgeWon,
+		HedgeSuppressed:   lg.hedgeSuppressed,
+		BreakerTransition: lg.breakerTransition,
+		MalformedHeader:   lg.malformedHeader,
+		LimitTransition:   lg.limitTransition,
+		StoreTransition:   lg.storeTransition,
+		Pushback:          lg.pushback,
+		LaneEjected:       lg.laneEjected,
+		LaneReturned:      lg.laneReturned,
+		LanesChanged:      lg.lanesChanged,
 	}
 	if opts.Calls {
-		obs.CallDone = o.callDone
+		lg.obs.CallDone = lg.callDone
 	}
-	return obs
+	return lg
 }
 
-type observer struct {
-	l    *slog.Logger // nil: slog.Default()
-	opts Options
+// Observer returns the policy.Observer that logs, for
+// transport.Config.Observer: the same one each call.
+func (lg *Logger) Observer() *policy.Observer { return &lg.obs }
 
-	mu      sync.Mutex
-	tallies map[string]*tally // by key, those counting now
-	due     time.Time         // the earliest end of a tally's interval
+// Flush writes the summaries of what was counted since the last ones
+// were written, without waiting for the interval to end, and starts a new
+// interval with the next counted event. Call it at shutdown, once the
+// transports' calls have returned: nothing else writes the last
+// interval's counts. It may be called at any time, and more than once.
+func (lg *Logger) Flush() {
+	_, h, ok := lg.enabled(context.Background(), slog.LevelInfo)
+	lg.mu.Lock()
+	done := lg.takeLocked(time.Now())
+	lg.mu.Unlock()
+	if ok {
+		lg.write(h, done)
+	}
 }
 
 // tally is what a key's summary counts.
@@ -181,62 +250,112 @@ type tally struct {
 }
 
 // count counts one event of kind c for key, if the handler would write
-// its summary, and then writes the summaries that are due, with no lock
-// held. It allocates only for a key that starts counting, and to write.
-func (o *observer) count(ctx context.Context, key string, c int) {
-	if o.opts.Summary < 0 {
+// its summary: first, when the interval has passed, it takes out the
+// interval's counts and writes them, with no lock held, and the event
+// starts the next interval. It allocates only for a key that starts
+// counting, and to write.
+func (lg *Logger) count(ctx context.Context, key string, c int) {
+	if lg.opts.Summary < 0 {
 		return
 	}
-	_, h, ok := o.enabled(ctx, slog.LevelInfo)
+	_, h, ok := lg.enabled(ctx, slog.LevelInfo)
 	if !ok {
 		return
 	}
 	now := time.Now()
-	o.mu.Lock()
-	t := o.tallies[key]
+	lg.mu.Lock()
+	var done []summary
+	if !lg.start.IsZero() && now.Sub(lg.start) >= lg.opts.Summary {
+		done = lg.takeLocked(now)
+	}
+	if lg.start.IsZero() {
+		lg.start = now
+	}
+	t := lg.tallies[key]
 	if t == nil {
-		t = &tally{since: now}
-		o.tallies[key] = t
-		if len(o.tallies) == 1 {
-			o.due = now.Add(o.opts.Summary)
+		t = &lg.untracked
+		if len(lg.tallies) < maxTallies {
+			t = &tally{since: now}
+			lg.tallies[key] = t
 		}
 	}
 	t.n[c]++
-	if now.Before(o.due) {
-		o.mu.Unlock()
-		return
+	lg.mu.Unlock()
+	lg.write(h, done)
+}
+
+// takeLocked takes out the interval's counts as the summaries to write,
+// those of the keys with the most first and the other keys' last, and
+// ends the interval. lg.mu must be held.
+func (lg *Logger) takeLocked(now time.Time) []summary {
+	if lg.start.IsZero() {
+		return nil
 	}
-	var done []summary
-	o.due = time.Time{}
-	for k, t := range o.tallies {
-		if end := t.since.Add(o.opts.Summary); now.Before(end) {
-			if o.due.IsZero() || end.Before(o.due) {
-				o.due = end
-			}
-			continue
-		}
+	done := make([]summary, 0, len(lg.tallies)+1)
+	for k, t := range lg.tallies {
 		done = append(done, summary{key: k, since: now.Sub(t.since), n: t.n})
-		delete(o.tallies, k)
 	}
-	o.mu.Unlock()
-	slices.SortFunc(done, func(a, b summary) int { return strings.Compare(a.key, b.key) })
+	clear(lg.tallies)
+	untracked := lg.untracked
+	lg.untracked = tally{}
+	since := now.Sub(lg.start)
+	lg.start = time.Time{}
+
+	slices.SortFunc(done, func(a, b summary) int {
+		if c := b.total() - a.total(); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	own := min(max(lg.opts.SummaryKeys, 0), len(done))
+	if own == len(done) && untracked == (tally{}) {
+		return done
+	}
+	rest := summary{rest: true, since: since, others: len(done) - own, n: untracked.n}
+	for _, s := range done[own:] {
+		for c, n := range s.n {
+			rest.n[c] += n
+		}
+	}
+	return append(done[:own], rest)
+}
+
+// write writes the summaries, with no lock held.
+func (lg *Logger) write(h slog.Handler, done []summary) {
 	for _, s := range done {
 		s.emit(context.Background(), h) // no one call's: the summary is the key's
 	}
 }
 
-// summary is a tally taken out to be written.
+// summary is a tally taken out to be written: a key's, or, with rest
+// set, the sum of the other keys'.
 type summary struct {
-	key   string
-	since time.Duration
-	n     [countRefused + gates]int
+	key    string
+	rest   bool
+	others int // with rest: how many keys it sums
+	since  time.Duration
+	n      [countRefused + gates]int
 }
 
-// emit writes the summary at Info: the key, the span counted, and each
-// count that is not zero, the refusals as a group by gate.
+func (s *summary) total() int {
+	var sum int
+	for _, n := range s.n {
+		sum += n
+	}
+	return sum
+}
+
+// emit writes the summary at Info: the key (or how many other keys it
+// sums), the span counted, and each count that is not zero, the refusals
+// as a group by gate.
 func (s summary) emit(ctx context.Context, h slog.Handler) {
 	attrs := make([]slog.Attr, 0, 2+countRefused+1)
-	attrs = append(attrs, slog.String(attrKey, s.key), millis(attrSince, s.since))
+	if s.rest {
+		attrs = append(attrs, slog.Int(attrOtherKeys, s.others))
+	} else {
+		attrs = append(attrs, slog.String(attrKey, s.key))
+	}
+	attrs = append(attrs, millis(attrSince, s.since))
 	for c, name := range countNames {
 		if s.n[c] > 0 {
 			attrs = append(attrs, slog.Int(name, s.n[c]))
@@ -263,8 +382,8 @@ func (s summary) emit(ctx context.Context, h slog.Handler) {
 // record filtered out costs no allocation. A nil context, possible only
 // in an event built by hand, is read as context.Background(), as
 // slog.Logger does.
-func (o *observer) enabled(ctx context.Context, level slog.Level) (context.Context, slog.Handler, bool) {
-	l := o.l
+func (lg *Logger) enabled(ctx context.Context, level slog.Level) (context.Context, slog.Handler, bool) {
+	l := lg.l
 	if l == nil {
 		l = slog.Default()
 	}
@@ -284,23 +403,26 @@ func emit(ctx context.Context, h slog.Handler, level slog.Level, msg string, att
 	_ = h.Handle(ctx, r)
 }
 
-func (o *observer) attemptDone(a policy.AttemptInfo) {
+func (lg *Logger) attemptDone(a policy.AttemptInfo) {
+	if a.Lane != "" {
+		lg.watchLane(a)
+	}
 	level, msg := slog.LevelDebug, msgAttemptDone
 	switch a.Outcome {
 	case policy.Failure:
 		msg = msgAttemptFailed
-		o.count(a.Context, a.Key, countFailed)
+		lg.count(a.Context, a.Key, countFailed)
 	case policy.Invalid:
 		msg = msgAttemptInvalid
-		o.count(a.Context, a.Key, countInvalid)
+		lg.count(a.Context, a.Key, countInvalid)
 	case policy.Discarded:
 		msg = msgAttemptDiscarded
 	default: // the success path, or the caller gave up
-		if !o.opts.Attempts {
+		if !lg.opts.Attempts {
 			return
 		}
 	}
-	ctx, h, ok := o.enabled(a.Context, level)
+	ctx, h, ok := lg.enabled(a.Context, level)
 	if !ok {
 		return
 	}
@@ -331,12 +453,12 @@ func result(attrs []slog.Attr, status int, err error) []slog.Attr {
 	return attrs
 }
 
-func (o *observer) callDone(c policy.CallInfo) {
+func (lg *Logger) callDone(c policy.CallInfo) {
 	level := slog.LevelInfo
 	if c.Outcome == policy.Success || c.Outcome == policy.Canceled {
 		level = slog.LevelDebug
 	}
-	ctx, h, ok := o.enabled(c.Context, level)
+	ctx, h, ok := lg.enabled(c.Context, level)
 	if !ok {
 		return
 	}
@@ -352,9 +474,9 @@ func (o *observer) callDone(c policy.CallInfo) {
 	emit(ctx, h, level, msgCallDone, attrs...)
 }
 
-func (o *observer) retrySkipped(s policy.RetrySkip) {
-	o.count(s.Context, s.Key, countSkipped)
-	ctx, h, ok := o.enabled(s.Context, slog.LevelDebug)
+func (lg *Logger) retrySkipped(s policy.RetrySkip) {
+	lg.count(s.Context, s.Key, countSkipped)
+	ctx, h, ok := lg.enabled(s.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -374,12 +496,12 @@ func (o *observer) retrySkipped(s policy.RetrySkip) {
 	emit(ctx, h, slog.LevelDebug, msgRetrySkipped, attrs...)
 }
 
-func (o *observer) hedgeStarted(i policy.HedgeInfo) { o.hedge(msgHedgeStarted, i) }
+func (lg *Logger) hedgeStarted(i policy.HedgeInfo) { lg.hedge(msgHedgeStarted, i) }
 
-func (o *observer) hedgeWon(i policy.HedgeInfo) { o.hedge(msgHedgeWon, i) }
+func (lg *Logger) hedgeWon(i policy.HedgeInfo) { lg.hedge(msgHedgeWon, i) }
 
-func (o *observer) hedge(msg string, i policy.HedgeInfo) {
-	ctx, h, ok := o.enabled(i.Context, slog.LevelDebug)
+func (lg *Logger) hedge(msg string, i policy.HedgeInfo) {
+	ctx, h, ok := lg.enabled(i.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -391,8 +513,8 @@ func (o *observer) hedge(msg string, i policy.HedgeInfo) {
 	)
 }
 
-func (o *observer) hedgeSuppressed(s policy.HedgeSuppression) {
-	ctx, h, ok := o.enabled(s.Context, slog.LevelDebug)
+func (lg *Logger) hedgeSuppressed(s policy.HedgeSuppression) {
+	ctx, h, ok := lg.enabled(s.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -403,13 +525,13 @@ func (o *observer) hedgeSuppressed(s policy.HedgeSuppression) {
 	)
 }
 
-func (o *observer) refused(r policy.Refusal) {
+func (lg *Logger) refused(r policy.Refusal) {
 	g := int(r.Gate)
 	if g >= gates {
 		g = 0
 	}
-	o.count(r.Context, r.Key, countRefused+g)
-	ctx, h, ok := o.enabled(r.Context, slog.LevelDebug)
+	lg.count(r.Context, r.Key, countRefused+g)
+	ctx, h, ok := lg.enabled(r.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -427,7 +549,7 @@ func (o *observer) refused(r policy.Refusal) {
 	emit(ctx, h, slog.LevelDebug, msgRefused, attrs...)
 }
 
-func (o *observer) breakerTransition(b policy.BreakerTransition) {
+func (lg *Logger) breakerTransition(b policy.BreakerTransition) {
 	level, msg := slog.LevelInfo, msgBreakerClosed
 	switch b.To {
 	case policy.BreakerOpen:
@@ -437,7 +559,7 @@ func (o *observer) breakerTransition(b policy.BreakerTransition) {
 	case policy.BreakerIsolated:
 		level, msg = slog.LevelWarn, msgBreakerIsolated
 	}
-	ctx, h, ok := o.enabled(b.Context, level)
+	ctx, h, ok := lg.enabled(b.Context, level)
 	if !ok {
 		return
 	}
@@ -448,8 +570,8 @@ func (o *observer) breakerTransition(b policy.BreakerTransition) {
 	)
 }
 
-func (o *observer) limitTransition(l policy.LimitTransition) {
-	ctx, h, ok := o.enabled(l.Context, slog.LevelDebug)
+func (lg *Logger) limitTransition(l policy.LimitTransition) {
+	ctx, h, ok := lg.enabled(l.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -460,12 +582,12 @@ func (o *observer) limitTransition(l policy.LimitTransition) {
 	)
 }
 
-func (o *observer) storeTransition(s policy.StoreTransition) {
+func (lg *Logger) storeTransition(s policy.StoreTransition) {
 	level, msg := slog.LevelWarn, msgStoreFailing
 	if s.To == policy.StoreUp {
 		level, msg = slog.LevelInfo, msgStoreRecovered
 	}
-	ctx, h, ok := o.enabled(s.Context, level)
+	ctx, h, ok := lg.enabled(s.Context, level)
 	if !ok {
 		return
 	}
@@ -481,12 +603,18 @@ func (o *observer) storeTransition(s policy.StoreTransition) {
 	emit(ctx, h, level, msg, attrs...)
 }
 
-func (o *observer) laneEjected(e policy.LaneEjection) { o.lane(slog.LevelWarn, msgLaneEjected, e) }
+func (lg *Logger) laneEjected(e policy.LaneEjection) {
+	lg.lanes.eject(e.Key, policy.LaneName(e.Addr, e.Index), true)
+	lg.lane(slog.LevelWarn, msgLaneEjected, e)
+}
 
-func (o *observer) laneReturned(e policy.LaneEjection) { o.lane(slog.LevelInfo, msgLaneReturned, e) }
+func (lg *Logger) laneReturned(e policy.LaneEjection) {
+	lg.lanes.eject(e.Key, policy.LaneName(e.Addr, e.Index), false)
+	lg.lane(slog.LevelInfo, msgLaneReturned, e)
+}
 
-func (o *observer) lane(level slog.Level, msg string, e policy.LaneEjection) {
-	ctx, h, ok := o.enabled(e.Context, level)
+func (lg *Logger) lane(level slog.Level, msg string, e policy.LaneEjection) {
+	ctx, h, ok := lg.enabled(e.Context, level)
 	if !ok {
 		return
 	}
@@ -498,9 +626,9 @@ func (o *observer) lane(level slog.Level, msg string, e policy.LaneEjection) {
 	)
 }
 
-func (o *observer) pushback(p policy.Pushback) {
-	o.count(p.Context, p.Key, countPushback)
-	ctx, h, ok := o.enabled(p.Context, slog.LevelDebug)
+func (lg *Logger) pushback(p policy.Pushback) {
+	lg.count(p.Context, p.Key, countPushback)
+	ctx, h, ok := lg.enabled(p.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -513,9 +641,9 @@ func (o *observer) pushback(p policy.Pushback) {
 
 // malformedHeader logs the value as resilix gives it, at most its first 64
 // bytes: a handler quotes it as it quotes any string.
-func (o *observer) malformedHeader(m policy.MalformedHeader) {
-	o.count(m.Context, m.Key, countMalformed)
-	ctx, h, ok := o.enabled(m.Context, slog.LevelDebug)
+func (lg *Logger) malformedHeader(m policy.MalformedHeader) {
+	lg.count(m.Context, m.Key, countMalformed)
+	ctx, h, ok := lg.enabled(m.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -529,8 +657,9 @@ func (o *observer) malformedHeader(m policy.MalformedHeader) {
 // lanesChanged logs, at Info, a key's lanes after an answer of its
 // Endpoints that changed them: the addresses added and removed, and how
 // many lanes it has.
-func (o *observer) lanesChanged(c policy.LaneSetChange) {
-	ctx, h, ok := o.enabled(c.Context, slog.LevelInfo)
+func (lg *Logger) lanesChanged(c policy.LaneSetChange) {
+	lg.lanes.change(c)
+	ctx, h, ok := lg.enabled(c.Context, slog.LevelInfo)
 	if !ok {
 		return
 	}
