@@ -194,14 +194,27 @@
 // transport.Config.Key, or drop the key attribute with an SDK View whose
 // AttributeFilter leaves it out.
 //
+// The lane attribute is bounded by the lanes a key has at once, at most
+// 64: resilix.lane.state has a series per lane, resilix.lane.attempts one
+// per lane and outcome seen (three or four in practice: success, failure,
+// discarded, canceled), 12 to 16 for a key of four lanes. By index, a key's
+// series stay those of its 64 indexes at most, whatever addresses its lanes
+// have had. With Options.LaneAddresses, every address a lane has had stays
+// a series of a cumulative exporter: set it where the addresses are few and
+// fixed (a static list, hosts that keep theirs), not where replicas come
+// and go with addresses of their own (pods behind a headless Service,
+// rescheduled with new ones).
+//
 // # Cost
 //
 // The observer's funcs run on the caller's goroutine, on every call. The
 // attribute sets, and the measurement options that carry them, are built
 // once per combination of key and attribute values and then reused, so a
 // warm event costs a lock-free map lookup, an atomic load and the SDK's own
-// recording. The cache holds at most 2048 keys; when a new key would
-// exceed that, it is emptied and refills with the keys still in use.
+// recording; an attempt on a lane adds an atomic load or two and one more
+// recording, and no allocation. The cache holds at most 2048 keys (with
+// the sets of each key's lanes, at most 64); when a new key would exceed
+// that, it is emptied and refills with the keys still in use.
 // Measurements stay exact past the bound; only the saving is lost until
 // the cache is warm again.
 package otelmetrics
