@@ -1,6 +1,7 @@
 package otelmetrics
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ const (
 	attrStatus   = attribute.Key("http.response.status_code")
 	attrHeader   = attribute.Key("http.header")
 	attrState    = attribute.Key("state")
+	attrLane     = attribute.Key("lane")
 )
 
 // maxCachedKeys bounds the keys whose attribute sets are cached; the
@@ -105,6 +107,31 @@ type entry struct {
 
 	ejections [numEjections]atomic.Pointer[attrs]
 	lanes     [numLaneStates]atomic.Pointer[attrs]
+
+	perLane atomic.Pointer[[policy.MaxLanes]atomic.Pointer[laneAttrs]] // by lane index, made on the key's first lane
+}
+
+// laneAttrs is the attribute sets of one lane of a key, named name: the
+// key and the lane alone (for resilix.lane.state), and with each outcome
+// (for resilix.lane.attempts).
+type laneAttrs struct {
+	name string
+	*attrs
+	outcomes [numOutcomes]atomic.Pointer[attrs]
+}
+
+// outcome returns the attributes of an attempt on the lane with outcome
+// o; key is the lane's key attribute.
+func (l *laneAttrs) outcome(key attribute.KeyValue, o policy.Outcome) *attrs {
+	kv := attrLane.String(l.name)
+	if int(o) >= numOutcomes {
+		return newAttrs(key, kv, attrOutcome.String(o.String()))
+	}
+	p := &l.outcomes[o]
+	if a := p.Load(); a != nil {
+		return a
+	}
+	return fill(p, key, kv, attrOutcome.String(o.String()))
 }
 
 // headerAttrs is the attribute set of one header name.
@@ -233,6 +260,37 @@ func (e *entry) laneState(s int) *attrs {
 		return a
 	}
 	return fill(p, e.key, attrState.String(laneStateNames[s]))
+}
+
+// lane returns the attribute sets of the key's lane at index, named name,
+// or, when name is "", by its index. The sets of an index are kept until
+// a lane of another name is seen there (with Options.LaneAddresses, when
+// Endpoints gave the index to another address). An index out of range (an
+// event built by hand) gets sets built for the event.
+func (e *entry) lane(index int, name string) *laneAttrs {
+	if index < 0 || index >= policy.MaxLanes {
+		if name == "" {
+			name = strconv.Itoa(index)
+		}
+		return &laneAttrs{name: name, attrs: newAttrs(e.key, attrLane.String(name))}
+	}
+	slots := e.perLane.Load()
+	if slots == nil {
+		slots = new([policy.MaxLanes]atomic.Pointer[laneAttrs])
+		if !e.perLane.CompareAndSwap(nil, slots) {
+			slots = e.perLane.Load()
+		}
+	}
+	p := &slots[index]
+	if a := p.Load(); a != nil && (name == "" || a.name == name) {
+		return a
+	}
+	if name == "" {
+		name = strconv.Itoa(index)
+	}
+	a := &laneAttrs{name: name, attrs: newAttrs(e.key, attrLane.String(name))}
+	p.Store(a)
+	return a
 }
 
 // priority is what this package needs of shedding.Priority, which it

@@ -7,6 +7,8 @@
 //	if err != nil { ... }
 //	rt, err := transport.New(transport.Config{Policies: set, Observer: obs})
 //
+// [NewWith] takes [Options]: whether a lane is named by its address.
+//
 // One Observer may serve several transports: each attaches its state when
 // it is built, and the gauges report the keys of all of them. The Observer
 // does not keep a transport alive: one that is dropped (say, replaced on a
@@ -38,6 +40,8 @@
 //	resilix.rate_limit.store        int64 gauge (async)   {state}    key
 //	resilix.repeats.sent_once       int64 counter (async) {call}     key
 //	resilix.lanes                   int64 gauge (async)   {lane}     key, state
+//	resilix.lane.attempts           int64 counter         {attempt}  key, lane, outcome
+//	resilix.lane.state              int64 gauge (async)   {state}    key, lane
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -87,12 +91,28 @@
 //   - state on lanes: open or ejected, the lanes a key with
 //     policy.Set.Replicas picks from (Snapshot.Lanes, lanes draining after
 //     their address left not counted) that are not ejected, and those
-//     that are (Snapshot.LanesEjected).
+//     that are (Snapshot.LanesEjected);
+//   - lane on lane.attempts and lane.state: the lane's index among its
+//     key's lanes, "0" to "63" (policy.AttemptInfo.LaneIndex, the index of
+//     Snapshot.PerLane), or, with Options.LaneAddresses, a lane of
+//     Endpoints' address (policy.AttemptInfo.Lane); and outcome on
+//     lane.attempts, as on attempts.
 //
-// No attribute names a lane: a replica's address would make a series per
-// replica, and a connection lane's index says nothing a dashboard can use.
-// The lane an attempt went to is on its span event (package oteltrace,
-// resilix.lane).
+// resilix.lane.attempts counts the wire attempts of a key with
+// policy.Set.Replicas on each of its lanes, and so gives each lane's share
+// of its key's attempts, which is what picking gave it: a replica slow or
+// failing gets a small share before anything is ejected. It is a counter
+// of its own, rather than a lane attribute on resilix.attempts, which would
+// multiply that counter's series by the lanes. resilix.lane.state is each
+// lane's state (Snapshot.PerLane), the value of policy.LaneState: 1 open,
+// 2 probing (nothing known of it, one attempt at a time until it answers),
+// 3 held by a Retry-After, 4 down (its dial refused or timed out, or its
+// attempt's timeout met no answer), 5 ejected. Together they tell which
+// replica is bad, and, beside the hedge win rate, whether picking or
+// hedging helped the tail.
+//
+// The ejections and lanes instruments name no lane. The lane an attempt
+// went to is also on its span event (package oteltrace, resilix.lane).
 //
 // resilix.repeats.sent_once counts, for the keys that retry or hedge, the
 // calls sent once, without retry or hedge, because their request was
@@ -168,7 +188,7 @@
 // resilix_hedge_threshold_seconds_bucket,
 // resilix_hedge_threshold_current_seconds, resilix_breaker_state,
 // resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store,
-// resilix_lanes;
+// resilix_lanes, resilix_lane_attempts_total, resilix_lane_state;
 // the attribute http.header becomes the label http_header.
 // The hedge win rate per
 // key:
@@ -194,14 +214,27 @@
 // transport.Config.Key, or drop the key attribute with an SDK View whose
 // AttributeFilter leaves it out.
 //
+// The lane attribute is bounded by the lanes a key has at once, at most
+// 64: resilix.lane.state has a series per lane, resilix.lane.attempts one
+// per lane and outcome seen (three or four in practice: success, failure,
+// discarded, canceled), 12 to 16 for a key of four lanes. By index, a key's
+// series stay those of its 64 indexes at most, whatever addresses its lanes
+// have had. With Options.LaneAddresses, every address a lane has had stays
+// a series of a cumulative exporter: set it where the addresses are few and
+// fixed (a static list, hosts that keep theirs), not where replicas come
+// and go with addresses of their own (pods behind a headless Service,
+// rescheduled with new ones).
+//
 // # Cost
 //
 // The observer's funcs run on the caller's goroutine, on every call. The
 // attribute sets, and the measurement options that carry them, are built
 // once per combination of key and attribute values and then reused, so a
 // warm event costs a lock-free map lookup, an atomic load and the SDK's own
-// recording. The cache holds at most 2048 keys; when a new key would
-// exceed that, it is emptied and refills with the keys still in use.
+// recording; an attempt on a lane adds an atomic load or two and one more
+// recording, and no allocation. The cache holds at most 2048 keys (with
+// the sets of each key's lanes, at most 64); when a new key would exceed
+// that, it is emptied and refills with the keys still in use.
 // Measurements stay exact past the bound; only the saving is lost until
 // the cache is warm again.
 package otelmetrics

@@ -112,7 +112,7 @@ func TestDroppedTransportsAreCollected(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
-	r, err := newRecorder(mp)
+	r, err := newRecorder(mp, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestDroppedTransportsAreCollected(t *testing.T) {
 func TestAttachForgetsDeadSources(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	defer mp.Shutdown(context.Background())
-	r, err := newRecorder(mp)
+	r, err := newRecorder(mp, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,8 +42,11 @@ type recorder struct {
 	store          metric.Int64ObservableGauge
 	sentOnce       metric.Int64ObservableCounter
 	lanes          metric.Int64ObservableGauge
+	laneAttempts   metric.Int64Counter
+	laneState      metric.Int64ObservableGauge
 
-	attrs cache
+	attrs         cache
+	laneAddresses bool // Options.LaneAddresses
 
 	mu      sync.Mutex
 	sources []*source // attached, and not yet found dead
@@ -73,10 +76,34 @@ const minPruneAt = 16
 // sources of the live transports only: when nothing collects, at most 16,
 // or twice as many as were alive when it last looked.
 func New(mp metric.MeterProvider) (*policy.Observer, error) {
+	return NewWith(mp, Options{})
+}
+
+// Options says how an Observer names what it records. The zero Options is
+// what New uses, and the recommended setting.
+type Options struct {
+	// LaneAddresses names a lane of policy.Replicas.Endpoints by its
+	// address in the lane attribute of resilix.lane.attempts and
+	// resilix.lane.state, so that a dashboard names the replica itself.
+	// A key has at most 64 lanes at once, but every address a lane has
+	// ever had stays a series of a cumulative exporter for the life of
+	// the process: set it where the addresses are few and stable (a
+	// static list, a fleet of fixed hosts), not where replicas come and
+	// go with addresses of their own (pods behind a headless Service).
+	// If false, every lane is named by its index, "0" to "63", which a
+	// lane keeps while its address stays in Endpoints' answers; the
+	// address of a lane is then on its span events (package oteltrace)
+	// and log records (package slogobserver). A connection lane
+	// (Replicas.Connections) is named by its index either way.
+	LaneAddresses bool
+}
+
+// NewWith is New with options.
+func NewWith(mp metric.MeterProvider, o Options) (*policy.Observer, error) {
 	if mp == nil {
 		return nil, errors.New("otelmetrics: nil MeterProvider")
 	}
-	r, err := newRecorder(mp)
+	r, err := newRecorder(mp, o)
 	if err != nil {
 		return nil, err
 	}
@@ -85,9 +112,9 @@ func New(mp metric.MeterProvider) (*policy.Observer, error) {
 
 // newRecorder creates the instruments on mp and registers the gauges'
 // callback.
-func newRecorder(mp metric.MeterProvider) (*recorder, error) {
+func newRecorder(mp metric.MeterProvider, o Options) (*recorder, error) {
 	m := mp.Meter(MeterName)
-	r := &recorder{}
+	r := &recorder{laneAddresses: o.LaneAddresses}
 	var errs []error
 	check := func(err error) {
 		if err != nil {
@@ -166,8 +193,16 @@ func newRecorder(mp metric.MeterProvider) (*recorder, error) {
 		metric.WithUnit("{lane}"),
 		metric.WithDescription("Lanes a key (policy.Replicas) picks from, by state: open, or ejected now."))
 	check(err)
+	r.laneAttempts, err = m.Int64Counter("resilix.lane.attempts",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Wire attempts finished on each lane of a key (policy.Replicas), by outcome; a lane's share of the key's attempts is what picking gave it."))
+	check(err)
+	r.laneState, err = m.Int64ObservableGauge("resilix.lane.state",
+		metric.WithUnit("{state}"),
+		metric.WithDescription("State of each lane of a key (policy.Replicas): 1 open, 2 probing, 3 held by a Retry-After, 4 down, 5 ejected."))
+	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.hedgeCurrent, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes)
+		_, err = m.RegisterCallback(r.observe, r.hedgeCurrent, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes, r.laneState)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -205,8 +240,23 @@ func (r *recorder) callDone(c policy.CallInfo) {
 }
 
 func (r *recorder) attemptDone(at policy.AttemptInfo) {
-	a := r.attrs.get(at.Key).attempt(at.Kind, at.Outcome)
-	r.attempts.Add(orBackground(at.Context), 1, a.add...)
+	e := r.attrs.get(at.Key)
+	ctx := orBackground(at.Context)
+	r.attempts.Add(ctx, 1, e.attempt(at.Kind, at.Outcome).add...)
+	if at.Lane != "" {
+		a := e.lane(at.LaneIndex, r.laneName(at.Lane)).outcome(e.key, at.Outcome)
+		r.laneAttempts.Add(ctx, 1, a.add...)
+	}
+}
+
+// laneName returns the lane attribute's value for a lane that observers
+// name name (policy.LaneName): "" when lanes are named by their index,
+// which entry.lane then fills in.
+func (r *recorder) laneName(name string) string {
+	if r.laneAddresses {
+		return name
+	}
+	return ""
 }
 
 func (r *recorder) refused(f policy.Refusal) {
@@ -332,6 +382,16 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 			if s.HasReplicas {
 				o.ObserveInt64(r.lanes, int64(s.Lanes-s.LanesEjected), e.laneState(laneOpen).obs...)
 				o.ObserveInt64(r.lanes, int64(s.LanesEjected), e.laneState(laneEjected).obs...)
+				for i, l := range s.PerLane {
+					if l.State == 0 {
+						continue
+					}
+					name := ""
+					if r.laneAddresses {
+						name = policy.LaneName(l.Addr, i)
+					}
+					o.ObserveInt64(r.laneState, int64(l.State), e.lane(i, name).obs...)
+				}
 			}
 		})
 		if !alive {

@@ -218,6 +218,11 @@ type AttemptInfo struct {
 	// is "" without Replicas, and for a hedge leg discarded before it
 	// took a lane. Bounded: at most MaxLanes values a key at once.
 	Lane string
+	// LaneIndex is the index of that lane among the key's lanes, in
+	// [0, MaxLanes) (LaneEjection's Index, Snapshot.PerLane's): for a
+	// lane of Endpoints too, whose Lane is its address. Meaningful only
+	// when Lane is not "".
+	LaneIndex int
 }
 
 // RetryReason says why a retry was sent.

@@ -272,6 +272,46 @@ func (r EjectionReason) String() string {
 	return enumName(ejectionReasonNames[:], int(r), "ejection_reason")
 }
 
+// LaneState is the state of one lane of a key (see Replicas), as
+// Snapshot.PerLane reports it. The zero LaneState is no lane.
+type LaneState uint8
+
+const (
+	// LaneOpen: the lane is picked by its cost, as any lane with an
+	// answer is.
+	LaneOpen LaneState = iota + 1
+	// LaneProbing: nothing is known of the lane (new in the set, back
+	// from an ejection, a hold or a refused dial, dialed anew, or it has
+	// only failed since): it gets one attempt at a time until it answers.
+	LaneProbing
+	// LaneHeld: a 503 or 429 with Retry-After from the lane holds it
+	// back; it is picked only when no other lane is left.
+	LaneHeld
+	// LaneDown: the lane's dial was refused or timed out, or its
+	// attempt's own timeout met no answer: it is out for a second, then
+	// probed.
+	LaneDown
+	// LaneEjected: the lane is ejected (see EjectionReason), and picked
+	// only when no other lane is left.
+	LaneEjected
+)
+
+var laneStateNames = [...]string{"", "open", "probing", "held", "down", "ejected"}
+
+// String returns "open", "probing", "held", "down" or "ejected".
+func (s LaneState) String() string { return enumName(laneStateNames[:], int(s), "lane_state") }
+
+// LaneSnapshot is one lane of a key, read at one instant (see
+// Snapshot.PerLane).
+type LaneSnapshot struct {
+	// State is the lane's state; zero when there is no lane.
+	State LaneState
+	// Addr is the lane's address with Replicas.Endpoints, "" for a
+	// connection lane and for the lane that dials the request's own
+	// address until Endpoints answers.
+	Addr string
+}
+
 // LaneName is the name of a key's lane, as AttemptInfo.Lane and the
 // observers give it: its address with Replicas.Endpoints, or, for a
 // connection lane (no address), its index, "0" to "63".

@@ -106,4 +106,11 @@ type Snapshot struct {
 	// Endpoints' last answer.
 	HasReplicas                       bool
 	Lanes, LanesEjected, LanesIgnored int
+
+	// PerLane is each lane the key picks from, at its index
+	// (LaneEjection.Index, AttemptInfo.LaneIndex), with its state and
+	// address; an index with no lane has the zero LaneSnapshot. Lanes
+	// draining after their address left are not in it. Meaningful under
+	// HasReplicas.
+	PerLane [MaxLanes]LaneSnapshot
 }

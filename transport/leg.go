@@ -552,6 +552,9 @@ func (c *call) attemptDone(l *leg) {
 			Reason:  l.retryReason,
 			Lane:    l.laneName(),
 		}
+		if l.sent != nil {
+			info.LaneIndex = l.sent.Index
+		}
 		if l.resp != nil {
 			info.StatusCode = l.resp.StatusCode
 		}

@@ -214,6 +214,7 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 		m.HasReplicas = true
 		c := s.lanes.Counts(now)
 		m.Lanes, m.LanesEjected, m.LanesIgnored = c.Lanes, c.Ejected, c.Ignored
+		s.lanes.States(now, &m.PerLane)
 	}
 	return m
 }

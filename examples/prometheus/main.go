@@ -4,7 +4,9 @@
 //
 // It starts a local upstream on loopback (mostly fast, sometimes slow, a
 // few 503s), calls it through an http.Client whose transport is resilix
-// with Retry, Hedge, Timeout, Breaker, Throttler and Limiter, records what
+// with Retry, Hedge, Timeout, Breaker, Throttler and Limiter, and, beside
+// it, a fleet of three replicas, one of which answers every call 503, that
+// resilix reaches over lanes (policy.Replicas); it records what
 // resilix does with otelmetrics into an OpenTelemetry MeterProvider, and
 // serves the OpenTelemetry Prometheus exporter's /metrics on loopback
 // while it generates traffic, in a cycle of phases (see scenario):
@@ -70,7 +72,7 @@ func run(ctx context.Context, addr string, s scenario) error {
 	if err != nil {
 		return err
 	}
-	log.Printf("metrics on %s, upstream %s", d.metricsURL(), d.upstream.URL)
+	log.Printf("metrics on %s, upstream %s, fleet %s", d.metricsURL(), d.upstream.URL, d.fleetURL)
 	var playErr error
 	for ctx.Err() == nil && playErr == nil {
 		playErr = d.play(ctx, s, log.Printf)
@@ -87,7 +89,7 @@ var (
 	usualFaults  = []httptestutil.Fault{{Probability: 0.02, Status: http.StatusServiceUnavailable}}
 )
 
-// demo is the running example: the upstream, the resilix client, and the
+// demo is the running example: the upstream, the fleet, the resilix client, and the
 // /metrics server.
 type demo struct {
 	upstream *httptest.Server
@@ -101,6 +103,12 @@ type demo struct {
 	metrics  *http.Server
 	listener net.Listener
 	served   chan error
+
+	// fleet is the replicas of the fleet, the last of them bad; fleetURL
+	// is the first one's, and fleetKey resilix's key for the fleet.
+	fleet    []*httptest.Server
+	fleetURL string
+	fleetKey string
 }
 
 // start starts the upstream, the client and the /metrics endpoint on addr
@@ -113,11 +121,15 @@ func start(addr string) (*demo, error) {
 		return nil, err
 	}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	obs, err := otelmetrics.New(provider)
+	// The fleet's lanes are named by their addresses, which are three and
+	// fixed here; where replicas come and go, leave lanes named by index.
+	obs, err := otelmetrics.NewWith(provider, otelmetrics.Options{LaneAddresses: true})
 	if err != nil {
 		provider.Shutdown(context.Background())
 		return nil, err
 	}
+	fleet, fleetAddrs := startFleet()
+	fleetKey := fleetAddrs[0]
 	rt, err := transport.New(transport.Config{
 		Policies: policy.Set{
 			Retry:   &policy.Retry{BaseDelay: 5 * time.Millisecond},
@@ -132,15 +144,27 @@ func start(addr string) (*demo, error) {
 			// eight never reach.
 			Limiter: &policy.Limiter{MaxLimit: 16},
 		},
+		PerKey: map[string]policy.Set{
+			// The fleet: each replica a lane; the bad one is ejected,
+			// and the retry of a call it failed goes to another lane.
+			fleetKey: {
+				Retry:    &policy.Retry{BaseDelay: 5 * time.Millisecond},
+				Hedge:    &policy.Hedge{},
+				Timeout:  &policy.Timeout{PerAttempt: 500 * time.Millisecond},
+				Replicas: &policy.Replicas{Endpoints: transport.Static(fleetAddrs...)},
+			},
+		},
 		Observer: obs,
 	})
 	if err != nil {
+		closeAll(fleet)
 		provider.Shutdown(context.Background())
 		return nil, err
 	}
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		closeAll(fleet)
 		provider.Shutdown(context.Background())
 		return nil, err
 	}
@@ -158,11 +182,48 @@ func start(addr string) (*demo, error) {
 		metrics:  &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 		listener: ln,
 		served:   make(chan error, 1),
+		fleet:    fleet,
+		fleetURL: "http://" + fleetKey,
+		fleetKey: fleetKey,
 	}
 	d.upstream = httptest.NewServer(http.HandlerFunc(d.serveUpstream))
 	d.key = strings.TrimPrefix(d.upstream.URL, "http://")
 	go func() { d.served <- d.metrics.Serve(ln) }()
 	return d, nil
+}
+
+// fleetSize is the number of the fleet's replicas; the last is bad.
+const fleetSize = 3
+
+// startFleet starts the fleet's replicas on loopback and returns them and
+// their addresses. Each is an upstream of the usual latency and faults,
+// but the last, which answers every call 503: a replica whose own
+// dependency is gone.
+func startFleet() ([]*httptest.Server, []string) {
+	var servers []*httptest.Server
+	var addrs []string
+	for i := range fleetSize {
+		var h http.Handler = httptestutil.NewUpstream(httptestutil.Options{
+			Latency: usualLatency,
+			Faults:  usualFaults,
+			Seed:    uint64(2 + i),
+		})
+		if i == fleetSize-1 {
+			h = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			})
+		}
+		s := httptest.NewServer(h)
+		servers = append(servers, s)
+		addrs = append(addrs, strings.TrimPrefix(s.URL, "http://"))
+	}
+	return servers, addrs
+}
+
+func closeAll(servers []*httptest.Server) {
+	for _, s := range servers {
+		s.Close()
+	}
 }
 
 // serveUpstream is the upstream's handler: d.up, behind d.limit during
@@ -195,6 +256,8 @@ func (d *demo) metricsURL() string { return "http://" + d.listener.Addr().String
 //     with Retry-After 1. The throttler's pushback paces the Bulk and
 //     BestEffort calls, refusing what goes beyond the pace.
 //   - Calm: the usual upstream.
+//
+// In every phase, two more callers call the fleet at a quarter of Rate.
 type scenario struct {
 	Steady, Flood, Storm, Recover, Limited, Calm time.Duration
 
@@ -260,10 +323,12 @@ func (d *demo) play(ctx context.Context, s scenario, logf func(string, ...any)) 
 		if p.flood {
 			wg.Go(func() { d.flood(pctx, 32) })
 		}
-		_, err := d.traffic(pctx, -1, s.Rate, 8)
+		var fleetErr error
+		wg.Go(func() { _, fleetErr = d.traffic(pctx, d.fleetURL, -1, s.Rate/4, 2) })
+		_, err := d.traffic(pctx, d.upstream.URL, -1, s.Rate, 8)
 		wg.Wait()
 		cancel()
-		if err != nil {
+		if err := errors.Join(err, fleetErr); err != nil {
 			return fmt.Errorf("phase %s: %w", p.name, err)
 		}
 	}
@@ -276,10 +341,11 @@ var priorities = [10]shedding.Priority{
 	shedding.Degraded, shedding.Degraded, shedding.BestEffort, shedding.Bulk, shedding.Bulk,
 }
 
-// traffic makes calls from workers goroutines, at most perSecond calls a
-// second in all (no limit if perSecond <= 0), until ctx ends or, if calls
-// >= 0, that many calls are made. It returns the number of calls made.
-func (d *demo) traffic(ctx context.Context, calls int, perSecond float64, workers int) (int64, error) {
+// traffic makes calls to url from workers goroutines, at most perSecond
+// calls a second in all (no limit if perSecond <= 0), until ctx ends or, if
+// calls >= 0, that many calls are made. It returns the number of calls
+// made.
+func (d *demo) traffic(ctx context.Context, url string, calls int, perSecond float64, workers int) (int64, error) {
 	var tick <-chan time.Time
 	if perSecond > 0 {
 		t := time.NewTicker(time.Duration(float64(time.Second) / perSecond))
@@ -297,7 +363,7 @@ func (d *demo) traffic(ctx context.Context, calls int, perSecond float64, worker
 		wg.Go(func() {
 			for prio := range jobs {
 				made.Add(1)
-				if _, err := d.call(ctx, prio); err != nil && ctx.Err() == nil {
+				if _, err := d.call(ctx, url, prio); err != nil && ctx.Err() == nil {
 					errMu.Lock()
 					first = cmp.Or(first, err)
 					errMu.Unlock()
@@ -333,7 +399,7 @@ func (d *demo) flood(ctx context.Context, callers int) {
 	for range callers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				refused, _ := d.call(ctx, shedding.Bulk)
+				refused, _ := d.call(ctx, d.upstream.URL, shedding.Bulk)
 				if refused {
 					select {
 					case <-time.After(50 * time.Millisecond):
@@ -346,14 +412,14 @@ func (d *demo) flood(ctx context.Context, callers int) {
 	wg.Wait()
 }
 
-// call makes one GET of priority prio, and reports whether a gate refused
-// it. A 503, a refusal, an attempt that timed out or a call past its
-// deadline is part of the demo; only another transport failure is an
-// error.
-func (d *demo) call(ctx context.Context, prio shedding.Priority) (refused bool, err error) {
+// call makes one GET of url with priority prio, and reports whether a
+// gate refused it. A 503, a refusal, an attempt that timed out or a call
+// past its deadline is part of the demo; only another transport failure
+// is an error.
+func (d *demo) call(ctx context.Context, url string, prio shedding.Priority) (refused bool, err error) {
 	ctx, cancel := context.WithTimeout(shedding.WithPriority(ctx, prio), 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.upstream.URL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false, err
 	}
@@ -367,7 +433,7 @@ func (d *demo) call(ctx context.Context, prio shedding.Priority) (refused bool, 
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("GET %s: %w", d.upstream.URL, err)
+		return false, fmt.Errorf("GET %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	_, err = io.Copy(io.Discard, resp.Body)
@@ -385,5 +451,6 @@ func (d *demo) close() error {
 	}
 	d.rt.CloseIdleConnections()
 	d.upstream.Close()
+	closeAll(d.fleet)
 	return errors.Join(err, d.provider.Shutdown(ctx))
 }

@@ -38,7 +38,7 @@ func startDemo(t *testing.T) *demo {
 func TestScrape(t *testing.T) {
 	d := startDemo(t)
 	const calls = 400
-	n, err := d.traffic(context.Background(), calls, 0, 8)
+	n, err := d.traffic(context.Background(), d.upstream.URL, calls, 0, 8)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -221,7 +221,8 @@ func readRules(t *testing.T) (records []string, qs []query) {
 // TestPrometheus runs a real Prometheus server that scrapes the example
 // every second and evaluates rules.yml, while the example plays a short
 // scenario (hedges, a Bulk flood that is shed, a 503 storm that opens the
-// breaker, a rate-limited phase with pushback, skipped retries). Then it
+// breaker, a rate-limited phase with pushback, skipped retries), and calls
+// the fleet, whose bad replica picking avoids and ejects. Then it
 // checks through Prometheus's HTTP API that the events happened, that
 // every metric the dashboard's and the rules' queries name was scraped
 // (or recorded), that every dashboard query gives numbers, that the
@@ -351,6 +352,8 @@ func TestPrometheus(t *testing.T) {
 		`resilix_hedges_total{outcome="won"}`,
 		`resilix_hedges_total{outcome="suppressed"}`,
 		`resilix_attempts_total{kind="retry"}`,
+		`resilix_lane_attempts_total{outcome="failure"}`, // the fleet's bad replica
+		`resilix_lane_state`,
 	} {
 		if v := api.scalar(t, "sum("+q+")"); !(v > 0) {
 			t.Errorf("sum(%s) = %v: the scenario did not make it happen", q, v)
@@ -358,6 +361,15 @@ func TestPrometheus(t *testing.T) {
 	}
 	t.Logf("breaker state at most %v over the scenario",
 		api.scalar(t, `max(max_over_time(resilix_breaker_state[1m]))`))
+	// Picking keeps the fleet's bad replica, which answers every call 503,
+	// to a small share of the fleet's attempts: a fair share is a third.
+	bad := strings.TrimPrefix(d.fleet[fleetSize-1].URL, "http://")
+	share := api.scalar(t, `sum(resilix_lane_attempts_total{lane="`+bad+`"}) / sum(resilix_lane_attempts_total{key="`+d.fleetKey+`"})`)
+	if !(share < 0.15) {
+		t.Errorf("the fleet's bad replica had %v of its attempts, want under 0.15", share)
+	}
+	t.Logf("the fleet's bad replica: %.3f of its attempts, state at most %v", share,
+		api.scalar(t, `max(max_over_time(resilix_lane_state{lane="`+bad+`"}[1m]))`))
 
 	// Every metric the queries name was scraped (or, for a recording
 	// rule, recorded).
@@ -380,10 +392,12 @@ func TestPrometheus(t *testing.T) {
 		if strings.HasPrefix(q.where, "variable") {
 			continue
 		}
-		// The key as Grafana writes a variable's value into a regexp
-		// matcher: escaped for the regexp, then for the PromQL string.
+		// Both keys, the upstream and the fleet, as Grafana writes a
+		// variable's values into a regexp matcher: escaped for the
+		// regexp, then for the PromQL string.
+		keys := "(" + regexp.QuoteMeta(d.key) + "|" + regexp.QuoteMeta(d.fleetKey) + ")"
 		expr := strings.NewReplacer(
-			"$key", strings.ReplaceAll(regexp.QuoteMeta(d.key), `\`, `\\`),
+			"$key", strings.ReplaceAll(keys, `\`, `\\`),
 			"$__rate_interval", "1m",
 		).Replace(q.expr)
 		// A series may be NaN where its rates are all zero in the window

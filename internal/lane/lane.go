@@ -159,15 +159,16 @@ type Lane[P any] struct {
 	answered        bool // some outcome was evidence
 	lastOK          bool // the last outcome that was evidence was a Success
 	consecutive     int
-	slow            int     // answers in a row far slower than the other lanes' (see latencyFactor)
-	wasOut          bool    // taken out for not answering (outLocked), and no success since
-	typ             float64 // its typical latency, ns (see typical)
-	typT            int64   // when typ was last sampled, ns; 0: never
-	lastS           int64   // when its last success was sent, ns; 0: never
-	lastX           float64 // and its latency net of the key's stalls, ns
-	endT            int64   // when its last attempt ended, ns
-	calls, failures int     // in the current interval
-	ejections       int     // the multiplier of the next ejection's time, less one
+	slow            int              // answers in a row far slower than the other lanes' (see latencyFactor)
+	wasOut          bool             // taken out for not answering (outLocked), and no success since
+	blockedAs       policy.LaneState // LaneHeld or LaneDown: what set until last, when not an ejection
+	typ             float64          // its typical latency, ns (see typical)
+	typT            int64            // when typ was last sampled, ns; 0: never
+	lastS           int64            // when its last success was sent, ns; 0: never
+	lastX           float64          // and its latency net of the key's stalls, ns
+	endT            int64            // when its last attempt ended, ns
+	calls, failures int              // in the current interval
+	ejections       int              // the multiplier of the next ejection's time, less one
 	ejected         bool
 	last            Ejection[P] // the last ejection
 	back            bool        // returned from it, and not yet reported
@@ -715,6 +716,7 @@ func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
 	l.forget(t)
 	if u := t + int64(min(d, s.maxEjectFor)); u > l.until.Load() {
 		l.until.Store(u)
+		l.blockedAs = policy.LaneHeld
 		s.reblockLocked(t)
 	}
 }
@@ -737,6 +739,7 @@ func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 	l.wasOut = true
 	if u := t + int64(downFor); u > l.until.Load() {
 		l.until.Store(u)
+		l.blockedAs = policy.LaneDown
 		s.reblockLocked(t)
 	}
 }
@@ -1084,6 +1087,38 @@ func (s *Set[P]) Counts(now time.Time) Counts {
 		c.InFlight += int(l.outstanding.Load())
 	}
 	return c
+}
+
+// States writes into lanes, at the index of each lane picked from (those
+// draining left out), its state and address at now, and the zero
+// LaneSnapshot at every other index. It allocates nothing.
+func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapshot) {
+	t := s.nanos(now)
+	*lanes = [policy.MaxLanes]policy.LaneSnapshot{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view.Load()
+	for m := v.mask; m != 0; m &= m - 1 {
+		l := v.lanes[bits.TrailingZeros64(m)]
+		lanes[l.Index] = policy.LaneSnapshot{State: l.stateLocked(t), Addr: l.Addr}
+	}
+}
+
+// stateLocked returns l's state at t. A lane whose block is over is
+// probing: it returns as a lane nothing is known of (an ejected one once
+// the next pick unblocks it). The Set's mu is held.
+func (l *Lane[P]) stateLocked(t int64) policy.LaneState {
+	switch blocked := l.until.Load() > t; {
+	case blocked && l.ejected:
+		return policy.LaneEjected
+	case blocked && l.blockedAs != 0:
+		return l.blockedAs
+	case blocked:
+		return policy.LaneHeld
+	case l.ejected, l.est.Load() == 0:
+		return policy.LaneProbing
+	}
+	return policy.LaneOpen
 }
 
 // Pools calls f with the pool of every lane, those draining included, with
