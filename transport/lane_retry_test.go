@@ -193,6 +193,41 @@ func TestAnUnsentAttemptLeavesAttemptsToTheCallsOtherRetries(t *testing.T) {
 	})
 }
 
+// TestFreeRetriesAreBoundByTheLanes: with every replica refusing every
+// dial, a call's free retries take each lane once, and Attempts bounds
+// what follows: with Attempts 2 over four lanes, the first attempt, three
+// free retries, and one retry that counts.
+func TestFreeRetriesAreBoundByTheLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet() // nothing is served
+		t.Cleanup(f.net.Close)
+		for round := range 8 {
+			var n int
+			rt, err := New(Config{Base: f.net.Transport(), Observer: &policy.Observer{
+				AttemptDone: func(policy.AttemptInfo) { n++ },
+			}, Policies: policy.Set{
+				Attempts: 2,
+				Retry:    &policy.Retry{},
+				Budget:   policy.Budget{Ratio: -1},
+				Replicas: &policy.Replicas{Endpoints: Static(four...), MaxEjected: -1},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.CloseIdleConnections)
+			prime(t, rt, "http://api/")
+			time.Sleep(2 * time.Second) // the refused dials' take-outs end
+			n = 0
+			if _, err := laneGet(t, rt, "http://api/", strconv.Itoa(round)); err == nil {
+				t.Fatalf("round %d: a call to four refusing replicas succeeded", round)
+			}
+			if n != 5 {
+				t.Errorf("round %d: %d wire attempts, want 5: one on each lane, then Attempts' second", round, n)
+			}
+		}
+	})
+}
+
 // TestAnUnsentAttemptLeavesAttemptsToTheRoundsHedge: no connection to a
 // is made (a proxy's refusal: unsent, and no refused dial, which would
 // take a's lane out), b answers 503, and every replica is slow to the
