@@ -17,7 +17,9 @@ import (
 type Set struct {
 	// Attempts is the number of wire calls one logical call may make,
 	// retries and hedges together, the first included. One number bounds
-	// the load a call can add.
+	// the load a call can add. With Replicas, the retry of an attempt that
+	// never reached a server, sent to a replica the call has not used,
+	// is not counted (see "What never left" in package transport).
 	//
 	// If zero, it is 3 when Retry or Hedge is set and 1 otherwise. It must
 	// not be negative; a value above 1 needs Retry or Hedge, and Retry or

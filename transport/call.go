@@ -2,6 +2,7 @@ package transport
 
 import (
 	"io"
+	"math/bits"
 	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
@@ -190,7 +191,8 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 	}
 	for c.retryAsked && c.mayRetry {
 		now := time.Now()
-		if c.wire >= c.attempts && !c.unsentElsewhere(err, now) {
+		free := c.unsentElsewhere(err, now)
+		if c.spent() >= c.attempts && !free {
 			break
 		}
 		delay, why := c.backoff(resp, err, now)
@@ -201,7 +203,6 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 				why = policy.SkipBodyError
 			}
 		}
-		free := c.retryReason == policy.RetryUnsent && c.elsewhere
 		if why == 0 && !free && !c.s.budget.Withdraw(now) {
 			closeBody(body)
 			why = policy.SkipBudget
@@ -251,6 +252,9 @@ func (c *call) retry(l *leg, body io.ReadCloser) (*http.Response, error) {
 			httpx.Discard(resp)
 		}
 		c.retriesSent++
+		if free {
+			c.freed++
+		}
 		resp, err = c.round(l, policy.AttemptRetry, body, now)
 	}
 	return resp, err
@@ -362,20 +366,23 @@ func (c *call) backoff(resp *http.Response, err error, now time.Time) (time.Dura
 	return d, 0
 }
 
-// unsentElsewhere reports whether the last attempt, which ended in err,
-// provably never reached a server and a lane the call has not used is
-// open at now: its retry then goes there, and does not use up Attempts
-// (it is bounded by the lanes), as gRPC's retry design (gRFC A6) retries
-// an RPC that never left the client transparently, outside its policy's
-// attempts. Three replicas removed from the set and stopped at once,
-// before a refresh had dropped them, refused a GET's three attempts in
-// fleetops' scale-in.
+// unsentElsewhere reports whether the retry of the last attempt, which
+// ended in err, is free: the attempt provably never reached a server, and
+// a lane the call has not used is open at now. The retry then goes there
+// at once, draws no token from the budget, and does not use up Attempts
+// (see spent), neither its own nor those of the rounds after it, as
+// gRPC's retry design (gRFC A6) retries an RPC that never left the client
+// transparently, outside its policy's attempts. The lanes bound it: each
+// free retry takes a lane the call had not used, so that the call has
+// always used more lanes than it sent free retries; the last check keeps
+// that bound should the lane be taken out between this look and the pick.
 func (c *call) unsentElsewhere(err error, now time.Time) bool {
 	if c.s.lanes == nil || err == nil || !httpx.Unsent(err) {
 		return false
 	}
-	wait, ok := c.s.lanes.OpenIn(now, atomic.LoadUint64(&c.used))
-	return ok && wait == 0
+	used := atomic.LoadUint64(&c.used)
+	wait, ok := c.s.lanes.OpenIn(now, used)
+	return ok && wait == 0 && c.freed < bits.OnesCount64(used)
 }
 
 // buffers reports whether the call keeps a copy of the request's body as
@@ -461,7 +468,7 @@ func (c *call) done(resp *http.Response, err error) {
 			Retries:      c.retriesSent,
 			Hedges:       c.hedges,
 			HedgeWon:     c.hedgeWon,
-			Exhausted:    c.retryAsked && c.mayRetry && c.wire >= c.attempts && c.skip == 0 && c.refusal == nil,
+			Exhausted:    c.retryAsked && c.mayRetry && c.spent() >= c.attempts && c.skip == 0 && c.refusal == nil,
 			Skipped:      c.skip,
 			Refusal:      c.refusal,
 			Lanes:        c.used,

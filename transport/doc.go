@@ -107,16 +107,19 @@
 // passes the gates, and needs a body it can replay. With Replicas, while
 // a lane the call has not used is open (neither ejected nor held back by
 // a Retry-After), it is sent there at once, with no backoff, draws no
-// token from the budget, and does not use up Attempts (the lanes bound
-// it: each goes to one the call has not used): it cost the host nothing,
-// and the replica that was not there says nothing of the others; gRPC's
-// retry design (gRFC A6) likewise retries an RPC that never left the
-// client outside its retry policy. Otherwise (every lane used or
-// blocked, or no Replicas) it is a retry like any other: a wire attempt
-// counted against Attempts, it draws a token, is not sent when none is
-// left, and waits the backoff. Observer.AttemptDone
-// reports it with Kind AttemptRetry and Reason RetryUnsent. Hedges are
-// unchanged: a request that may not be sent twice is never hedged.
+// token from the budget, and is not counted against Attempts (the lanes
+// bound it: each goes to one the call has not used): the retries and
+// hedges after it have as many attempts left as before the attempt that
+// never left. It cost the host nothing, and the replica that was not
+// there says nothing of the others; gRPC's retry design (gRFC A6)
+// likewise retries an RPC that never left the client outside its retry
+// policy. Otherwise (every lane used or blocked, or no Replicas) it is a
+// retry like any other: a wire attempt counted against Attempts, it
+// draws a token, is not sent when none is left, and waits the backoff.
+// Observer.AttemptDone reports it with Kind AttemptRetry and Reason
+// RetryUnsent; CallInfo.WireAttempts and Report.WireAttempts count it.
+// Hedges are unchanged: a request that may not be sent twice is never
+// hedged, and a hedge leg that never left counts against Attempts.
 //
 // # What could not be sent
 //

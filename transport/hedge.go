@@ -395,7 +395,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	r.legs = append(r.legs, l)
 	r.live++
 	r.hedging, *deciding = hedgeIdle, false
-	if r.live < r.max && c.wire < c.attempts {
+	if r.live < r.max && c.spent() < c.attempts {
 		r.due = now.Add(r.threshold)
 		r.armLocked(now)
 	}
@@ -414,7 +414,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 // ended reports whether the round can send no more legs: it is over, or
 // at MaxConcurrent legs, or the call's Attempts are spent. r.mu is held.
 func (r *round) ended() bool {
-	return r.over() || r.live >= r.max || r.c.wire >= r.c.attempts
+	return r.over() || r.live >= r.max || r.c.spent() >= r.c.attempts
 }
 
 // budgetRefusedLocked ends a hedge's decision for a budget with no token,
@@ -530,7 +530,7 @@ func (r *round) gate(now time.Time) policy.SuppressReason {
 	return r.h.Gate(now, hedge.Due{
 		Deadline: dl,
 		Live:     r.live,
-		Wire:     c.wire,
+		Wire:     c.spent(),
 		Attempts: c.attempts,
 		Priority: c.prio,
 		Breaker:  c.s.breaker,

@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/resilix/resilix/internal/lane"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -133,4 +134,89 @@ func TestAFrozenReplicaGetsNoPlainPOST(t *testing.T) {
 			t.Errorf("the frozen replica drew %d attempts in its 5 s, want few", n)
 		}
 	})
+}
+
+// silence marks the lane of addr in rt's key api as silent, as a hedge leg
+// lost there with no answer would.
+func silence(t *testing.T, rt *Transport, addr string) {
+	t.Helper()
+	s := rt.scopes.lookup("api").lanes
+	now := time.Now()
+	var used uint64
+	for range policy.MaxLanes {
+		l := s.Take(now, used)
+		if l.Addr == addr {
+			s.Done(l, now, 0, policy.Discarded, lane.Answer{Silent: true})
+			return
+		}
+		s.Done(l, now, 0, policy.Canceled, lane.Answer{})
+		used |= 1 << l.Index
+	}
+	t.Fatalf("no lane of %s", addr)
+}
+
+// TestARequestThatCannotBeSentTwicePassesOverASilentLane: a PUT or a
+// DELETE is idempotent, but one whose body cannot be sent again (no
+// GetBody, and no replay buffer, or a body over it) cannot be sent twice
+// either, as a plain POST cannot: with the lane of a silent (its last
+// attempt lost with no answer), it goes to b or c, while a PUT whose body
+// GetBody re-creates still goes to a.
+func TestARequestThatCannotBeSentTwicePassesOverASilentLane(t *testing.T) {
+	const body = "0123456789abcdef0123456789abcdef" // 32 bytes
+	unreplayable := func(method string) *http.Request {
+		req, _ := http.NewRequest(method, "http://api/", io.NopCloser(strings.NewReader(body)))
+		req.ContentLength = int64(len(body))
+		return req
+	}
+	for _, tc := range []struct {
+		name string
+		set  policy.Set
+		req  func() *http.Request
+		toA  bool // the request may be sent twice, and goes to a as to any
+	}{
+		{"PUT, no replay buffer", policy.Set{Retry: &policy.Retry{}, ReplayBuffer: -1},
+			func() *http.Request { return unreplayable(http.MethodPut) }, false},
+		{"PUT over the replay buffer", policy.Set{Retry: &policy.Retry{}, Hedge: &policy.Hedge{}, ReplayBuffer: len(body) - 1},
+			func() *http.Request { return unreplayable(http.MethodPut) }, false},
+		{"DELETE, neither retried nor hedged", policy.Set{},
+			func() *http.Request { return unreplayable(http.MethodDelete) }, false},
+		{"PUT with GetBody", policy.Set{Retry: &policy.Retry{}, ReplayBuffer: -1},
+			func() *http.Request {
+				req, _ := http.NewRequest(http.MethodPut, "http://api/", strings.NewReader(body))
+				return req
+			}, true},
+		{"PUT that fits the replay buffer", policy.Set{Retry: &policy.Retry{}},
+			func() *http.Request { return unreplayable(http.MethodPut) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				for _, a := range []string{"a:80", "b:80", "c:80"} {
+					f.serve(a, a[:1])
+				}
+				tc.set.Replicas = &policy.Replicas{Endpoints: Static("a:80", "b:80", "c:80")}
+				rt := newLaneTransport(t, f, Config{Policies: tc.set})
+				prime(t, rt, "http://api/")
+				before := f.reps["a"].hits.Load() // the prime's
+				const calls = 90
+				for i := range calls {
+					silence(t, rt, "a:80")
+					resp, err := rt.RoundTrip(tc.req())
+					if err != nil {
+						t.Fatalf("call %d: %v", i, err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				n := f.reps["a"].hits.Load() - before
+				switch {
+				case !tc.toA && n != 0:
+					t.Errorf("%d of %d calls went to the silent lane, want 0", n, calls)
+				case tc.toA && n == 0:
+					t.Errorf("no call of %d went to the silent lane, want about a third", calls)
+				}
+				t.Logf("%d of %d calls went to a", n, calls)
+			})
+		})
+	}
 }

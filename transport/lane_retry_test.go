@@ -5,8 +5,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -144,6 +146,181 @@ func TestUnsentAttemptsDoNotUseUpAttempts(t *testing.T) {
 		if most < 3 {
 			t.Fatalf("no call made more than %d attempts: the test tested nothing", most)
 		}
+	})
+}
+
+// TestAnUnsentAttemptLeavesAttemptsToTheCallsOtherRetries: of three
+// replicas, a refuses every dial, b answers 503 and c 200. With Attempts
+// 2, a call whose first pick was a sends its free retry to b or c; one
+// that went to b still has its second attempt, its retry, which goes to
+// c. Every call succeeds. A transport for each call, so that a is as
+// likely as any to be its first pick; about one call in 16 goes a, b, c.
+func TestAnUnsentAttemptLeavesAttemptsToTheCallsOtherRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serve("b:80", "b")
+		f.serve("c:80", "c")
+		f.reps["b"].status.Store(http.StatusServiceUnavailable)
+		t.Cleanup(f.net.Close)
+		through := 0 // calls that went a, b, c
+		for round := range 400 {
+			var lanes []string
+			rt, err := New(Config{Base: f.net.Transport(), Observer: &policy.Observer{
+				AttemptDone: func(i policy.AttemptInfo) { lanes = append(lanes, i.Lane) },
+			}, Policies: policy.Set{
+				Attempts: 2,
+				Retry:    &policy.Retry{},
+				Replicas: &policy.Replicas{Endpoints: Static(four[:3]...)},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.CloseIdleConnections)
+			prime(t, rt, "http://api/") // api:80 is not there
+			lanes = nil
+			code, err := laneGet(t, rt, "http://api/", strconv.Itoa(round))
+			if err != nil || code != 200 {
+				t.Errorf("round %d: %d through %v, %v", round, code, lanes, err)
+			}
+			if strings.Join(lanes, " ") == "a:80 b:80 c:80" {
+				through++
+			}
+		}
+		if through == 0 {
+			t.Fatal("no call went a, b, c: the test tested nothing")
+		}
+		t.Logf("%d of 400 calls went a, b, c", through)
+	})
+}
+
+// TestFreeRetriesAreBoundByTheLanes: with every replica refusing every
+// dial, a call's free retries take each lane once, and Attempts bounds
+// what follows: with Attempts 2 over four lanes, the first attempt, three
+// free retries, and one retry that counts.
+func TestFreeRetriesAreBoundByTheLanes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet() // nothing is served
+		t.Cleanup(f.net.Close)
+		for round := range 8 {
+			var n int
+			rt, err := New(Config{Base: f.net.Transport(), Observer: &policy.Observer{
+				AttemptDone: func(policy.AttemptInfo) { n++ },
+			}, Policies: policy.Set{
+				Attempts: 2,
+				Retry:    &policy.Retry{},
+				Budget:   policy.Budget{Ratio: -1},
+				Replicas: &policy.Replicas{Endpoints: Static(four...), MaxEjected: -1},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rt.CloseIdleConnections)
+			prime(t, rt, "http://api/")
+			time.Sleep(2 * time.Second) // the refused dials' take-outs end
+			n = 0
+			if _, err := laneGet(t, rt, "http://api/", strconv.Itoa(round)); err == nil {
+				t.Fatalf("round %d: a call to four refusing replicas succeeded", round)
+			}
+			if n != 5 {
+				t.Errorf("round %d: %d wire attempts, want 5: one on each lane, then Attempts' second", round, n)
+			}
+		}
+	})
+}
+
+// TestAnUnsentAttemptLeavesAttemptsToTheRoundsHedge: no connection to a
+// is made (a proxy's refusal: unsent, and no refused dial, which would
+// take a's lane out), b answers 503, and every replica is slow to the
+// first arrival of a call. With Attempts 2, a call whose first pick was
+// a, and whose free retry went to b, still has its second attempt: the
+// round's hedge, which c answers. Calls 3 s apart, so that the lanes'
+// failure penalties fade and a is picked first as often as any.
+func TestAnUnsentAttemptLeavesAttemptsToTheRoundsHedge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var refuse atomic.Bool
+		base := f.net.Transport()
+		dial := base.DialContext
+		base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == "a:80" && refuse.Load() {
+				return nil, &net.OpError{Op: "proxyconnect", Net: network, Err: errRefused}
+			}
+			return dial(ctx, network, addr)
+		}
+		var mu sync.Mutex  // AttemptDone runs on hedge legs' goroutines
+		var lanes []string // of the call's attempts, as they end
+		first := ""        // the lane of the call's first attempt
+		hedgedToC := false // c's attempt was the call's hedge
+		rt, err := New(Config{Base: base, Observer: &policy.Observer{
+			AttemptDone: func(i policy.AttemptInfo) {
+				mu.Lock()
+				defer mu.Unlock()
+				if i.Kind == policy.AttemptFirst {
+					first = i.Lane
+				}
+				if i.Lane == "c:80" && i.Kind == policy.AttemptHedge {
+					hedgedToC = true
+				}
+				lanes = append(lanes, i.Lane)
+			},
+		}, Policies: policy.Set{
+			Attempts: 2,
+			Retry:    &policy.Retry{},
+			Hedge:    &policy.Hedge{Quantile: 0.1, MaxConcurrent: 2, Window: time.Hour},
+			Budget:   policy.Budget{Ratio: -1},
+			Replicas: &policy.Replicas{Endpoints: Static(four[:3]...), MaxEjected: -1},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			rt.CloseIdleConnections()
+			f.net.Close()
+		})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		for i := range 1000 { // the scope's error rate stays low: hedges are healthy
+			laneGet(t, rt, "http://api/", "warm"+strconv.Itoa(i))
+		}
+		refuse.Store(true)
+		f.reps["b"].status.Store(http.StatusServiceUnavailable)
+		for _, r := range f.reps {
+			r.slowFirst.Store(int64(50 * time.Millisecond))
+		}
+		abc := 0 // calls whose attempts went a, then b, and c
+		for i := range 300 {
+			time.Sleep(3 * time.Second)
+			mu.Lock()
+			lanes, first, hedgedToC = nil, "", false
+			mu.Unlock()
+			code, err := laneGet(t, rt, "http://api/", strconv.Itoa(i))
+			synctest.Wait() // the loser's attempt ends
+			mu.Lock()
+			fromA, went, hedged := first == "a:80", slices.Clone(lanes), hedgedToC
+			mu.Unlock()
+			if !fromA {
+				continue
+			}
+			if err != nil || code != 200 {
+				t.Errorf("call %d: %d through %v, %v", i, code, went, err)
+			}
+			f.mu.Lock()
+			bc := slices.Equal(f.calls[strconv.Itoa(i)], []string{"b", "c"})
+			f.mu.Unlock()
+			if bc {
+				abc++
+				if !hedged {
+					t.Errorf("call %d went a, b, c, and c's attempt was not the round's hedge", i)
+				}
+			}
+		}
+		if abc == 0 {
+			t.Fatal("no call went a, then b and c: the test tested nothing")
+		}
+		t.Logf("%d of 300 calls went a, then b and c", abc)
 	})
 }
 

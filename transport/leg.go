@@ -480,16 +480,34 @@ func (c *call) takeLane(l *leg) http.RoundTripper {
 	if s.lanes.StartRefresh(l.took) {
 		go s.resolve(c.t.obs, hostport(l.req))
 	}
-	if used := atomic.LoadUint64(&c.used); httpx.Repeatable(c.req, false) || markedRepeatable(c.ctx) {
-		l.lane = s.lanes.Take(l.took, used)
-	} else {
+	if used := atomic.LoadUint64(&c.used); c.sendsOnce(l.req) {
 		l.lane = s.lanes.TakeOnce(l.took, used)
+	} else {
+		l.lane = s.lanes.Take(l.took, used)
 	}
 	if l.lane.Redial.Load() {
 		l.lane.Pool.CloseIdleConnections()
 	}
 	atomic.OrUint64(&c.used, 1<<l.lane.Index)
 	return l.lane.Pool
+}
+
+// sendsOnce reports whether req, a leg's request, is one the call may
+// not send twice, as its retry would judge it (see backoff): its method
+// (or key, or mark) does not allow it, or its body cannot be sent again.
+// Such a leg takes its lane with TakeOnce. A body the replay buffer keeps
+// can be sent again once it is complete, or, while still being read, when
+// its announced size fits the buffer: one of unknown size may outgrow it,
+// and when in doubt, resilix does not repeat.
+func (c *call) sendsOnce(req *http.Request) bool {
+	if !httpx.Repeatable(req, markedRepeatable(c.ctx)) {
+		return true
+	}
+	if rb := c.rb; rb != nil {
+		n := req.ContentLength
+		return !rb.Replayable() || !rb.Complete() && (n <= 0 || n > int64(c.s.set.replay))
+	}
+	return !httpx.Rewindable(req)
 }
 
 // leaveLane tells leg l's lane how its attempt went: outcome o, resp the

@@ -56,6 +56,7 @@ type callPlan struct {
 // hedged round's legs count in the round's copy, under its lock.
 type callTally struct {
 	wire         int                // wire attempts made
+	freed        int                // of them, free retries of attempts that never left (see unsentElsewhere)
 	retriesBegun int                // retries begun: past their backoff, and asked of the gates
 	outcome      policy.Outcome     // of what the call returns
 	retryAsked   bool               // what the call returns asks for a retry (see leg.retryAsked)
@@ -77,3 +78,7 @@ type callTally struct {
 	refusal     *policy.RejectedError // the refusal that ended the call or its retry
 	lane        string                // the lane of the answer returned (laneName)
 }
+
+// spent returns the wire attempts that count against the call's Attempts:
+// all but the free retries of attempts that never left (freed).
+func (t *callTally) spent() int { return t.wire - t.freed }
