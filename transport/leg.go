@@ -253,9 +253,11 @@ func (c *call) send(l *leg) {
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
 		return
 	}
+	expired := false
 	switch {
 	case c.ctx.Err() != nil:
 		l.outcome = policy.Canceled
+		expired = resp == nil && c.ctx.Err() == context.DeadlineExceeded
 	case err != nil && httpx.Invalid(err):
 		// net/http would not send the request as it is: the caller's
 		// bug, and no word from the dependency. No Classify, no If, no
@@ -299,7 +301,8 @@ func (c *call) send(l *leg) {
 		judged:   judged,
 		latency:  l.latency,
 		sampled:  resp != nil || timedOut,
-		accepted: l.throttled && s.set.throttler.Accepted(resp, err),
+		accepted: l.throttled && !expired && s.set.throttler.Accepted(resp, err),
+		expired:  expired,
 		pushback: pushback,
 	}, true)
 	if resp == nil {
