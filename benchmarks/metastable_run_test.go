@@ -16,6 +16,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/resilix/resilix/admission"
 	"github.com/resilix/resilix/httptestutil"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
@@ -105,6 +106,9 @@ func runTwoTiers(tb testing.TB, sc scenario, m metaClient) outcome {
 // replicas, each connection placed on the next replica in turn.
 type fleet struct {
 	clients, servers int
+	// admission puts each server behind admission.Handler at its
+	// defaults, the server side resilix ships.
+	admission bool
 }
 
 // runSimulated runs sc in virtual time on httptestutil's in-memory
@@ -122,6 +126,13 @@ func runSimulated(t *testing.T, sc scenario, f fleet, m metaClient) outcome {
 		for i := range servers {
 			servers[i] = newFIFOServer(sc, c)
 			handlers[i] = servers[i]
+			if f.admission {
+				h, err := admission.Handler(servers[i], admission.Config{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				handlers[i] = h
+			}
 		}
 		nw.Listen("back:80", handlers...)
 		callers := make([]caller, f.clients)

@@ -32,7 +32,12 @@ import (
 // at once) never takes more than half of the bucket from the retries that
 // follow it. So with Max below 2, where half the bucket is less than a
 // token, the budget sends no hedges at all: a bucket that small is the
-// retries'.
+// retries'. The allowance also lets go of what it holds above one token,
+// with a time constant of 2 s: a scope holds one hedge and about what its
+// last two seconds of calls deposited, so that a fleet of small clients
+// (each at a few calls a second) does not send every client's 10 into the
+// first second of a collapse; a scope of 50 calls a second or more keeps
+// its 10.
 //
 // With the defaults, a host that fails a random 20% of attempts is retried
 // through: the 0.24 retries a call that takes (0.2 + 0.2²) withdraw, and

@@ -18,7 +18,11 @@ import (
 // Requests are every attempt the throttler is asked about, the ones it
 // refuses itself included; accepts are those the backend took on, as
 // Accepted says (DefaultAccepted: not transport errors, 429, 502, 503 or
-// 504). Canceled, Discarded and Invalid attempts count neither way. The
+// 504). An attempt that the caller's deadline ended before any answer is
+// a request not accepted: the backend had it for as long as the caller
+// could wait, and what it does with it now is work for nobody. An attempt
+// the caller cancelled, a hedge's losing leg (Discarded) and an Invalid
+// attempt count neither way. The
 // probability is shed bottom-up: Bulk first, then BestEffort, then
 // Degraded, and Critical only when every lower priority is fully shed;
 // within a priority, tenants above their fair share are refused more. A

@@ -51,7 +51,13 @@ type result struct {
 	// timeout's lower bound); a refused connection's speed says nothing
 	// of how long the dependency takes to answer.
 	sampled  bool
-	accepted bool           // the throttler's: the dependency took the request
+	accepted bool // the throttler's: the dependency took the request
+	// expired: the caller's deadline ended the attempt before its
+	// headers came (outcome Canceled). The throttler counts it as a
+	// request the dependency did not accept: it had the request for as
+	// long as the caller could wait, and whatever work it does on it now
+	// is for nobody.
+	expired  bool
 	pushback *http.Response // the answer whose pushback the throttler may obey, or nil
 }
 
@@ -148,7 +154,11 @@ func (c *call) callerDone() error { return contextDone(c.ctx, time.Now()) }
 func (c *call) finish(p *permits, r result, keep bool) *gate.Bulkhead {
 	s := c.s
 	if p.throttled {
-		c.pushedBack(s.throttle.Done(r.now, r.outcome, r.accepted, r.pushback))
+		o := r.outcome
+		if r.expired {
+			o = policy.Failure
+		}
+		c.pushedBack(s.throttle.Done(r.now, o, r.accepted, r.pushback))
 		p.throttled = false
 	}
 	if p.breaker {

@@ -276,9 +276,11 @@ func (c *call) send(l *leg) {
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
 		return
 	}
+	expired := false
 	switch {
 	case c.ctx.Err() != nil:
 		l.outcome = policy.Canceled
+		expired = resp == nil && c.ctx.Err() == context.DeadlineExceeded
 	case err != nil && (httpx.Invalid(err) || c.bodyAtFault(l, err)):
 		// net/http would not send the request as it is, or the caller's
 		// body failed to read or did not match its ContentLength: the
@@ -323,7 +325,8 @@ func (c *call) send(l *leg) {
 		judged:   judged,
 		latency:  l.latency,
 		sampled:  resp != nil || timedOut,
-		accepted: l.throttled && s.set.throttler.Accepted(resp, err),
+		accepted: l.throttled && !expired && s.set.throttler.Accepted(resp, err),
+		expired:  expired,
 		pushback: pushback,
 	}, true)
 	if resp == nil {

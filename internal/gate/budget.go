@@ -27,6 +27,15 @@ import (
 // and 10 tokens, while retries, which turn a failure into an answer, have
 // the whole of Ratio and Max.
 //
+// The allowance also lets go of what it holds above one token, with a
+// time constant of hedgeTau (2 s), so that it holds one token and about
+// what the last two seconds of calls deposited, no more than 10: a client
+// of 12.8 calls a second, one of a fleet of 200 small ones, holds about
+// 3.6 at most, where an allowance of 10 each sent the fleet 2000 hedges into a
+// collapse's first second. A scope that has hedged nothing for a while
+// has one hedge ready, and its calls add to it; one of 50 calls a second
+// or more deposits faster than the allowance lets go, and keeps its 10.
+//
 // It is safe for concurrent use; a nil *Budget is an unlimited budget.
 type Budget struct {
 	ratio, perSecond, max float64
@@ -41,7 +50,15 @@ type Budget struct {
 	tokens float64
 	hedges float64   // the hedges' allowance, in [0, hedgeMax]
 	last   time.Time // when the floor was last accrued; stale while full
+	// hedgeAt is when the allowance last let go of what it holds (see
+	// accrue); not moved while full.
+	hedgeAt time.Time
 }
+
+// hedgeTau is the time constant with which the hedges' allowance lets go
+// of what it holds: about two seconds of deposits, as Max's default is two
+// seconds of the floor.
+const hedgeTau = 2 * time.Second
 
 // NewBudget returns the runtime state of b, full, or nil when b is off
 // (negative Ratio). b must have its defaults applied.
@@ -54,6 +71,7 @@ func NewBudget(b policy.Budget, now time.Time) *Budget {
 		perSecond: max(b.MinPerSecond, 0),
 		max:       b.Max,
 		last:      now,
+		hedgeAt:   now,
 	}
 	bb.hedgeRatio, bb.hedgeMax = b.Ratio/2, min(b.Max/2, 10)
 	bb.tokens, bb.hedges = bb.max, bb.hedgeMax
@@ -61,17 +79,23 @@ func NewBudget(b policy.Budget, now time.Time) *Budget {
 	return bb
 }
 
-// accrue adds the floor's tokens for the time since the last accrual. The
-// caller holds b.mu.
+// accrue adds the floor's tokens for the time since the last accrual, and
+// lets the hedges' allowance go by exp(−dt/hedgeTau) for the time since
+// it last did, full or not. The caller holds b.mu.
 func (b *Budget) accrue(now time.Time) {
 	if b.full.Load() {
-		// Full until now, whatever last says: nothing accrued.
+		// Full until now, whatever last says: no floor accrued.
 		b.last = now
-		return
-	}
-	if dt := now.Sub(b.last); dt > 0 {
+	} else if dt := now.Sub(b.last); dt > 0 {
 		b.tokens = min(b.max, b.tokens+b.perSecond*dt.Seconds())
 		b.last = now
+	}
+	if dt := now.Sub(b.hedgeAt); dt > 0 {
+		if keep := min(1, b.hedgeMax); b.hedges > keep {
+			b.hedges = keep + (b.hedges-keep)*math.Exp(-dt.Seconds()/hedgeTau.Seconds())
+		}
+		b.hedgeAt = now
+		b.setFull()
 	}
 }
 

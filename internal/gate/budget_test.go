@@ -338,3 +338,39 @@ func TestBudgetHedgesLeaveTheRetriesHalf(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetHedgesOfASmallClientAfterACalm: a client of 12.8 calls a
+// second (one of a fleet of 200 small ones) that hedged nothing through a
+// calm of 10 s, then sees every call come due for a hedge that loses (a
+// collapse, where every attempt waits): its allowance has let go of what
+// it held above one token through the calm, so the collapse's first
+// second gets one hedge and about what the client's own calls deposited
+// over two seconds, where a full allowance sent 10 and more; and its
+// hedges over the next 10 s stay at about a tenth of its calls.
+func TestBudgetHedgesOfASmallClientAfterACalm(t *testing.T) {
+	const rate = 12.8
+	b := newBudget(policy.Budget{}, t0)
+	now := t0
+	every := time.Duration(float64(time.Second) / rate)
+	for now.Before(t0.Add(10 * time.Second)) {
+		now = now.Add(every)
+		b.Deposit(now)
+	}
+	hedges := func(d time.Duration) int {
+		n := 0
+		for end := now.Add(d); now.Before(end); {
+			now = now.Add(every)
+			b.Deposit(now)
+			if b.WithdrawHedge(now) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := hedges(time.Second); n > 3 {
+		t.Errorf("%d hedges in the collapse's first second, want at most 3 (a token, and what 2 s of calls deposit)", n)
+	}
+	if n := hedges(10 * time.Second); n > 14 {
+		t.Errorf("%d hedges in the next 10 s of 128 calls, want at most 14 (a tenth of them, and a token)", n)
+	}
+}

@@ -83,7 +83,11 @@ const (
 // 502, 503 and 504; yes for every other status, 500 included. An attempt
 // that ended Canceled (the caller gave up) or Discarded (a hedge loser that
 // resilix cancelled) is not evidence either way: Done withdraws it from the
-// requests. (A withdrawal lands in the slice it happens in, so for a moment
+// requests. But the transport reports an attempt its caller's deadline
+// ended before any answer as a Failure, not accepted: the backend held it
+// as long as the caller could wait, which is the evidence a fleet of small
+// clients gets of a server whose queue outlasts their deadlines. (A
+// withdrawal lands in the slice it happens in, so for a moment
 // at a slice boundary the requests may be undercounted; the count is never
 // taken below zero.)
 //
