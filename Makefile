@@ -49,6 +49,17 @@ test-benchmarks:
 test-docs:
 	cd docs && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
+## test-oldest-go: go vet and the root module's tests (no -race) with
+## the oldest Go that go.mod allows (its go directive), which the go
+## command downloads from the Go module proxy as golang.org/toolchain;
+## .ci/run runs it after make test.
+OLDEST_GO := go$(shell sed -n 's/^go //p' go.mod)
+.PHONY: test-oldest-go
+test-oldest-go:
+	GOTOOLCHAIN=$(OLDEST_GO) $(GO) version
+	GOTOOLCHAIN=$(OLDEST_GO) $(GO) vet ./...
+	GOTOOLCHAIN=$(OLDEST_GO) $(GO) test -count=1 ./...
+
 ## soak: the transport's contract checks over loopback, randomized, for
 ## SOAK (default 3m): 5xx storms, resets, stalled bodies, slow headers and
 ## a panicking base; ends by itself and prints what it checked. make test

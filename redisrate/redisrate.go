@@ -39,10 +39,10 @@
 // had (say 3.7) while granting their integer part (3): each partial grant
 // loses up to a token. Under contention many grants are partial: four
 // goroutines asking for 7 to 13 tokens of a limit of 2000 a second for
-// half a second on a local Redis 7.0 get from it 66 to 158 tokens fewer
-// than the server's clock made, a fifth to a third of a token for each
-// partial grant (two runs of TestRedisRateUnderContention), and every
-// token from this package's script (TestTakeIsExact). Its key prefix is
+// half a second on a local Redis 7.0 get from it 6% to 12% fewer tokens
+// than the server's clock made, and every token from this package's
+// script (TestTakeIsExact checks it; TestPeerGrants prints the two side
+// by side, as README.md says). Its key prefix is
 // also fixed ("rate:"), a partial grant comes with no retry-after, and
 // its last release is from 2023. The script here is thirty lines; the
 // client is github.com/redis/go-redis/v9, which Redis maintains.
