@@ -184,7 +184,7 @@ const (
 	// (4.7 samples each) from the p95's 5%; at 2 the bound would land in
 	// the tail about half the time, and a brownout's threshold would stay
 	// up after it in as many periods. On the way up, the same bound raised
-	// 5 of those 256 periods.
+	// 6 of those 256 periods.
 	noiseZ = 1
 )
 
