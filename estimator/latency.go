@@ -43,29 +43,30 @@ const (
 // holds (see the package doc): no timer or goroutine ever runs, and an idle
 // window reports nothing once its rings are stale.
 //
-// Beside the window, three marks let [LatencyWindow.Threshold] tell the most
-// recent samples apart, and follow the latency within seconds when it
-// falls and within a few dozen calls when it rises, where the window
-// alone lags it by a twentieth of what it holds (over a second at the
-// default 30s) on the way up and stays up until it forgets on the way
-// down (see Threshold). The first Threshold of each period of Window/32
-// (under a second at the default 30s window) copies the counts of the
-// current slice's ring into a mark, in coarser buckets (4 per octave,
-// every pair of the window's buckets in one, so that none is wider than
-// 25% of its lower bound); the counts since a mark are that ring's now
-// less the mark, and the next slice's ring if a slice began since. The
-// marks cost the reader a copy once a period, and the writer nothing; a
-// threshold the recent samples were read for costs each record above it
-// one more atomic add, so that enough of them end it early. A window
-// takes about 4.6 KB, allocated once by [NewLatencyWindow].
+// Beside the window, three marks let [LatencyWindow.Threshold] tell the
+// most recent samples apart, and follow the latency within seconds when it
+// falls and within a few dozen calls when it rises, where the window alone
+// lags it by a twentieth of what it holds (over a second at the default
+// 30s) on the way up and stays up until it forgets on the way down (see
+// Threshold). The first Threshold of each period of Window/32 (under a
+// second at the default 30s window) copies the counts of the current
+// slice's ring into a mark, in coarser buckets (4 per octave, every pair of
+// the window's buckets in one, so that none is wider than 25% of its lower
+// bound); the counts since a mark are that ring's now less the mark, and
+// the next slice's ring if a slice began since. The marks cost the reader a
+// copy once a period, and the writer nothing; a threshold the recent
+// samples were read for costs each record above it one more atomic add, so
+// that enough of them end it early. A window takes about 4.6 KB, allocated
+// once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
 // sample quantile (the smallest sample s such that at least ceil(q·n)
 // samples are ≤ s): never below it, and at most 12.5% above it, or one
-// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns for
-// the recent samples' answers). Durations above MaxDuration are clamped into the top
-// bucket and counted by [LatencyWindow.Clamped]; a quantile that lands there
-// is reported as MaxDuration, which is then an underestimate.
+// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns
+// for the recent samples' answers). Durations above MaxDuration are clamped
+// into the top bucket and counted by [LatencyWindow.Clamped]; a quantile
+// that lands there is reported as MaxDuration, which is then an
+// underestimate.
 //
 // Most callers want [LatencyWindow.Record] on every completed call
 // ([LatencyWindow.RecordFailure] for one that failed) and
@@ -90,11 +91,12 @@ type LatencyWindow struct {
 	recentMinimum uint64
 
 	// memo is the configured quantile's answer: (period+1)<<memoShift |
-	// watched | bucket, written only once the window holds at least
-	// minimum samples; watched when the recent samples were read for it,
-	// so that enough records above it end it before its period does. A
-	// watched memo that risen ends keeps its bucket alone, which no period
-	// matches.
+	// raised | watched | bucket, written only once the window holds at
+	// least minimum samples; watched when the recent samples were read for
+	// it, so that enough records above it end it before its period does,
+	// and raised when they raised it above the window's. A watched memo
+	// that risen ends keeps its bucket and raised alone, which no period
+	// matches, for the next scan to hold a raised answer from.
 	memo atomic.Uint64
 	// risen counts the records above a watched memo's bucket since it was
 	// taken (low 32 bits), against how many end it (high 32 bits).
@@ -137,23 +139,22 @@ const (
 )
 
 // periodShift sets the period, the unit of the memo and of the marks: a
-// slice holds 1<<periodShift periods, 8, so a period is Window/32
-// (under a second at the default 30s window). The memoized threshold is
-// rescanned once a period, and sooner only when enough records above an
-// answer the recent samples were read for end it (see
-// LatencyWindow.Threshold): a slice-long memo
-// would let a brownout run for up to 7.5s against the threshold of the
-// calm before it, hedging nearly every call; a rescan costs a couple of
-// microseconds.
+// slice holds 1<<periodShift periods, 8, so a period is Window/32 (under a
+// second at the default 30s window). The memoized threshold is rescanned
+// once a period, and sooner only when enough records above an answer the
+// recent samples were read for end it (see LatencyWindow.Threshold): a
+// slice-long memo would let a brownout run for up to 7.5s against the
+// threshold of the calm before it, hedging nearly every call; a rescan
+// costs a couple of microseconds.
 const periodShift = 3
 
 const (
 	// marks is how many marks are kept: the current period's and the two
-	// before it. The recent samples a fall is read from are those since
-	// the mark of two periods before (or, missing that, of the period
-	// before): read at the start of a period, about two periods of
-	// samples, under 2s at the default window; a rise reads those since
-	// the latest mark with enough samples after it. A fourth mark would take the window past its
+	// before it. The recent samples a fall is read from are those since the
+	// mark of two periods before (or, missing that, of the period before):
+	// read at the start of a period, about two periods of samples, under 2s
+	// at the default window; a rise reads those since the latest mark with
+	// enough samples after it. A fourth mark would take the window past its
 	// allocation size class (see TestLatencyWindowSize).
 	marks = 3
 
@@ -304,8 +305,8 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 //
 // The answer is the window's quantile, moved by the recent samples when
 // there are enough of them, at least 10/(1 − Quantile) (200 for the p95)
-// and never fewer than MinSamples, and they say, by more than
-// their own noise, that the latency has moved:
+// and never fewer than MinSamples, and they say, by more than their own
+// noise, that the latency has moved:
 //
 //   - Down, from the samples since the mark of two periods before: when the
 //     bucket of an upper confidence bound on their quantile (one standard
@@ -326,19 +327,20 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 //     twentieth of what the window holds, over a second at the default
 //     window, and every call in between would be hedged: against a latency
 //     that rises 1ms a second, or a quarter every 2s, the window alone
-//     leaves half or more of the calls above its answer. A raise may read fewer samples than a fall because
-//     an answer too high errs toward hedging less; with fewer samples, a
-//     few dozen calls at a new latency move their quantile.
+//     leaves half or more of the calls above its answer. A raise may read
+//     fewer samples than a fall because an answer too high errs toward
+//     hedging less; with fewer samples, a few dozen calls at a new latency
+//     move their quantile.
 //
 // On a quieter host (about 110 calls a second or fewer for the p95 at the
-// default window), or while the recent samples do not clearly differ
-// from the window's, the answer is the window's alone. A lowered answer is
-// never below the sample quantile of the samples it was taken from (see
+// default window), or while the recent samples do not clearly differ from
+// the window's, the answer is the window's alone. A lowered answer is never
+// below the sample quantile of the samples it was taken from (see
 // [LatencyWindow.RecordFailure] for the failures the recent samples leave
-// out), and a raised one never above the end of the recent bucket
-// holding their sample quantile (at most 25% above it). The recent samples need the marks that
-// Threshold takes: on a window read less than once a period, the answer
-// is the window's.
+// out), and a raised one never above the end of the recent bucket holding
+// their sample quantile (at most 25% above it). The recent samples need the
+// marks that Threshold takes: on a window read less than once a period, the
+// answer is the window's.
 //
 // Once there are enough samples, the answer is memoized for the rest of
 // the period, and reading it costs one epoch computation, one atomic load
@@ -368,7 +370,7 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 		sum    [numBuckets]uint64
 		newest newestRings
 	)
-	n := w.snapshot(p>>periodShift, &sum, &newest)
+	n := w.snapshot(p>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
@@ -379,13 +381,14 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	marked := w.takeMark(p)
 	prev := w.memo.Load()
 	var (
-		recent [recentBuckets]uint64
+		spans  [2][recentBuckets]uint64 // for a fall, and for a rise
+		recent = &spans[0]
 		flag   uint64
 		room   uint64 // records above the answer before it may move
 	)
-	k, fast, ok := w.sinceMark(p, 2, &newest, &recent)
+	k, fast, ok := w.sinceMark(p, 2, &newest, recent)
 	if !ok {
-		k, fast, ok = w.sinceMark(p, 1, &newest, &recent)
+		k, fast, ok = w.sinceMark(p, 1, &newest, recent)
 	}
 	enough := ok && k-fast >= w.recentMinimum
 	if enough {
@@ -408,12 +411,12 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 		// are enough since: this period's (unless this scan just took
 		// it), the one before, or those above. Fewer samples need fewer
 		// records of a new latency to move their quantile.
-		var latest [recentBuckets]uint64
+		latest := &spans[1]
 		for back := uint64(0); back < 2; back++ {
 			if back == 0 && marked {
 				continue
 			}
-			if k1, fast1, ok1 := w.sinceMark(p, back, &newest, &latest); ok1 && k1-fast1 >= w.recentMinimum {
+			if k1, fast1, ok1 := w.sinceMark(p, back, &newest, latest); ok1 && k1-fast1 >= w.recentMinimum {
 				k, fast, recent = k1, fast1, latest
 				break
 			}
@@ -470,7 +473,7 @@ func (w *LatencyWindow) Quantile(now time.Time, q float64) (time.Duration, bool)
 		return 0, false
 	}
 	var sum [numBuckets]uint64
-	n := w.snapshot(w.clock.epoch(now)>>periodShift, &sum, nil)
+	n := w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
 	}
@@ -483,7 +486,7 @@ func (w *LatencyWindow) Count(now time.Time) uint64 {
 		return 0
 	}
 	var sum [numBuckets]uint64
-	return w.snapshot(w.clock.epoch(now)>>periodShift, &sum, nil)
+	return w.snapshot(w.clock.epoch(now)>>periodShift, &sum)
 }
 
 // Clamped returns how many durations Record has clamped because they were
@@ -495,18 +498,10 @@ func (w *LatencyWindow) Clamped() uint64 {
 	return w.clamped.Load()
 }
 
-// newestRings is what snapshot read of the rings of the two newest slices,
-// coarse, for sinceMark: counts[k] is slice e-k's, if held[k].
-type newestRings struct {
-	counts [2][recentBuckets]uint64
-	held   [2]bool
-}
-
 // snapshot adds into sum the counts of the rings in the window at epoch e
-// (those stamped with e, e-1, e-2 or e-3) and returns their total, and, if
-// newest is not nil, writes there those of e and e-1. A ring claimed for a
-// newer epoch while it is being read is left out.
-func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64, newest *newestRings) uint64 {
+// (those stamped with e, e-1, e-2 or e-3) and returns their total. A ring
+// claimed for a newer epoch while it is being read is left out.
+func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64) uint64 {
 	var n uint64
 	var part [numBuckets]uint32
 	for k := uint64(0); k < rings && k <= e; k++ {
@@ -524,12 +519,6 @@ func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64, newest *newe
 		for i, c := range part {
 			sum[i] += uint64(c)
 			n += uint64(c)
-		}
-		if newest != nil && k < 2 {
-			newest.held[k] = true
-			for j := range newest.counts[k] {
-				newest.counts[k][j] = uint64(part[2*j]) + uint64(part[2*j+1])
-			}
 		}
 	}
 	return n
@@ -564,11 +553,39 @@ func (w *LatencyWindow) takeMark(p uint64) bool {
 	return true
 }
 
+// newestRings is the rings of the two newest slices at an epoch e, coarse,
+// as the first sinceMark of a scan that needs each reads it, so that the
+// next reads the same: counts[k] is slice e-k's if held[k], once read[k].
+type newestRings struct {
+	counts [2][recentBuckets]uint64
+	read   [2]bool
+	held   [2]bool
+}
+
+// ring returns whether the ring of slice e-k holds that slice, reading it
+// into counts[k] first if it is not read yet. A ring not yet claimed for
+// its slice, or claimed for a newer one, is not held.
+func (nr *newestRings) ring(w *LatencyWindow, e, k uint64) bool {
+	if nr.read[k] || k > e {
+		return nr.held[k]
+	}
+	nr.read[k] = true
+	r := &w.rings[(e-k)%rings]
+	if r.stamp.v.Load() != e-k+1 {
+		return false
+	}
+	for j := range nr.counts[k] {
+		nr.counts[k][j] = uint64(r.counts[2*j].Load()) + uint64(r.counts[2*j+1].Load())
+	}
+	nr.held[k] = true
+	return true
+}
+
 // sinceMark writes into sum, coarse, the counts recorded since the mark
 // of period p-back, for back in [0, marks): those of the rings of its
-// slice and of any after it up to p's, as snapshot read them into newest,
+// slice and of any after it up to p's (read once a scan, into newest),
 // less the mark. It returns their total and the fast failures among them,
-// and false if the mark cannot be read or its ring was not read.
+// and false if the mark cannot be read or its ring turned over.
 func (w *LatencyWindow) sinceMark(p, back uint64, newest *newestRings, sum *[recentBuckets]uint64) (n, fast uint64, ok bool) {
 	if p < back {
 		return 0, 0, false
@@ -588,13 +605,16 @@ func (w *LatencyWindow) sinceMark(p, back uint64, newest *newestRings, sum *[rec
 		return 0, 0, false
 	}
 	from := e + 1 - ring // the mark's slice is e-from
-	if !newest.held[from] {
-		return 0, 0, false // its ring turned over, or was not read
+	if !newest.ring(w, e, from) {
+		return 0, 0, false // the mark's ring turned over
+	}
+	if from == 1 {
+		newest.ring(w, e, 0) // not held: not yet claimed for its slice, empty
 	}
 	for j := range sum {
 		var c uint64
 		for k := range from + 1 {
-			c += newest.counts[k][j] // a newer ring not read is empty: not yet claimed
+			c += newest.counts[k][j]
 		}
 		c -= min(c, uint64(part[j])) // records lost to a turnover after the mark
 		sum[j] = c

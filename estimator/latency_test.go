@@ -324,7 +324,7 @@ func TestLatencyWindowConcurrentRecord(t *testing.T) {
 		want[bucketIndex(time.Duration(i)*time.Microsecond)]++
 	}
 	var got [numBuckets]uint64
-	w.snapshot(w.clock.epoch(now)>>periodShift, &got, nil)
+	w.snapshot(w.clock.epoch(now)>>periodShift, &got)
 	if got != want {
 		t.Errorf("bucket counts differ from a sequential count")
 	}
