@@ -43,33 +43,36 @@ const (
 // holds (see the package doc): no timer or goroutine ever runs, and an idle
 // window reports nothing once its rings are stale.
 //
-// Beside the window, three marks let [LatencyWindow.Threshold] tell the most
-// recent samples apart, and come down within seconds when the latency
-// falls instead of staying up until the window forgets (see Threshold).
-// The first Threshold of each period of Window/32 (under a second at the
-// default 30s window) copies the counts of the current slice's ring into a
-// mark, in coarser buckets (4 per octave, every pair of the window's
-// buckets in one, so that none is wider than 25% of its lower bound); the
-// counts since the mark of two periods before are that ring's now less the
-// mark, and the next slice's ring if a slice began since. The marks cost
-// the reader a copy once a period, and the writer nothing; a threshold the
-// recent samples lowered costs each record above it one more atomic add,
-// so that a rise ends it early. A window takes about 4.6 KB, allocated
+// Beside the window, three marks let [LatencyWindow.Threshold] tell the
+// most recent samples apart, and follow the latency within seconds when it
+// falls and within a few dozen calls when it rises, where the window alone
+// lags it by a twentieth of what it holds (over a second at the default
+// 30s) on the way up and stays up until it forgets on the way down (see
+// Threshold). The first Threshold of each period of Window/32 (under a
+// second at the default 30s window) copies the counts of the current
+// slice's ring into a mark, in coarser buckets (4 per octave, every pair of
+// the window's buckets in one, so that none is wider than 25% of its lower
+// bound); the counts since a mark are that ring's now less the mark, and
+// the next slice's ring if a slice began since. The marks cost the reader a
+// copy once a period, and the writer nothing; a threshold the recent
+// samples were read for costs each record above it one more atomic add, so
+// that enough of them end it early. A window takes about 4.6 KB, allocated
 // once by [NewLatencyWindow].
 //
 // A quantile is answered with the upper bound of the bucket holding the
 // sample quantile (the smallest sample s such that at least ceil(q·n)
 // samples are ≤ s): never below it, and at most 12.5% above it, or one
-// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns for
-// the recent samples). Durations above MaxDuration are clamped into the top
-// bucket and counted by [LatencyWindow.Clamped]; a quantile that lands there
-// is reported as MaxDuration, which is then an underestimate.
+// linear bucket (1024 ns) above it in the linear region (25% and 2048 ns
+// for the recent samples' answers). Durations above MaxDuration are clamped
+// into the top bucket and counted by [LatencyWindow.Clamped]; a quantile
+// that lands there is reported as MaxDuration, which is then an
+// underestimate.
 //
 // Most callers want [LatencyWindow.Record] on every completed call
 // ([LatencyWindow.RecordFailure] for one that failed) and
 // [LatencyWindow.Threshold] for the configured quantile, which is memoized
-// for a period (Window/32), or until a rise ends a lowered answer, so that
-// reading it costs one atomic load and a comparison.
+// for a period (Window/32), or until enough records above it end it, so
+// that reading it costs one atomic load and a comparison.
 //
 // A nil *LatencyWindow records nothing and reports nothing, so a scope that
 // neither hedges nor limits needs none. NewLatencyWindow is the only way to
@@ -88,12 +91,14 @@ type LatencyWindow struct {
 	recentMinimum uint64
 
 	// memo is the configured quantile's answer: (period+1)<<memoShift |
-	// lowered | bucket, written only once the window holds at least
-	// minimum samples; lowered when it is the recent samples' answer,
-	// below the window's. A lowered memo that risen ends keeps its bucket
-	// alone, which no period matches.
+	// raised | watched | bucket, written only once the window holds at
+	// least minimum samples; watched when the recent samples were read for
+	// it, so that enough records above it end it before its period does,
+	// and raised when they raised it above the window's. A watched memo
+	// that risen ends keeps its bucket and raised alone, which no period
+	// matches, for the next scan to hold a raised answer from.
 	memo atomic.Uint64
-	// risen counts the records above a lowered memo's bucket since it was
+	// risen counts the records above a watched memo's bucket since it was
 	// taken (low 32 bits), against how many end it (high 32 bits).
 	risen   atomic.Uint64
 	clamped atomic.Uint64
@@ -125,29 +130,31 @@ type mark struct {
 }
 
 // The fields of LatencyWindow.memo: the bucket in the low 8 bits, then
-// the lowered flag, then the period+1 from memoShift.
+// the watched and raised flags, then the period+1 from memoShift.
 const (
 	memoBucket = 1<<8 - 1
-	lowered    = 1 << 8
-	memoShift  = 9
+	watched    = 1 << 8
+	raised     = 1 << 9
+	memoShift  = 10
 )
 
 // periodShift sets the period, the unit of the memo and of the marks: a
-// slice holds 1<<periodShift periods, 8, so a period is Window/32
-// (under a second at the default 30s window). The memoized threshold is
-// rescanned once a period, and sooner only when a rise ends an answer the
-// recent samples lowered (see LatencyWindow.Threshold): a slice-long memo
-// would let a brownout run for up to 7.5s against the threshold of the
-// calm before it, hedging nearly every call; a rescan costs a couple of
-// microseconds.
+// slice holds 1<<periodShift periods, 8, so a period is Window/32 (under a
+// second at the default 30s window). The memoized threshold is rescanned
+// once a period, and sooner only when enough records above an answer the
+// recent samples were read for end it (see LatencyWindow.Threshold): a
+// slice-long memo would let a brownout run for up to 7.5s against the
+// threshold of the calm before it, hedging nearly every call; a rescan
+// costs a couple of microseconds.
 const periodShift = 3
 
 const (
 	// marks is how many marks are kept: the current period's and the two
-	// before it. The recent samples are those since the mark of two
-	// periods before (or, missing that, of the period before): read at
-	// the start of a period, about two periods of samples, under 2s at the
-	// default window. A fourth mark would take the window past its
+	// before it. The recent samples a fall is read from are those since the
+	// mark of two periods before (or, missing that, of the period before):
+	// read at the start of a period, about two periods of samples, under 2s
+	// at the default window; a rise reads those since the latest mark with
+	// enough samples after it. A fourth mark would take the window past its
 	// allocation size class (see TestLatencyWindowSize).
 	marks = 3
 
@@ -167,7 +174,8 @@ const (
 	// samples' quantile must be below the window's before it is used: the
 	// answer is the bucket of their upper confidence bound (see
 	// upperRankOf), and it is used only if that bucket is below the
-	// window's. At 1, the bound lies below the true quantile in about one
+	// window's; and above it, with their lower bound (lowerRankOf), on
+	// the way up. At 1, the bound lies below the true quantile in about one
 	// draw in six, and lowers the answer only when a bucket edge lies
 	// between them too: on a steady bimodal host, 14 periods of 256 were
 	// lowered, where the lower of the two point estimates was lowered in
@@ -176,7 +184,8 @@ const (
 	// whose slow tail is 3% of calls has that tail 2 standard deviations
 	// (4.7 samples each) from the p95's 5%; at 2 the bound would land in
 	// the tail about half the time, and a brownout's threshold would stay
-	// up after it in as many periods.
+	// up after it in as many periods. On the way up, the same bound raised
+	// 6 of those 256 periods.
 	noiseZ = 1
 )
 
@@ -222,9 +231,9 @@ func recentMinimumFor(q float64) uint64 {
 //
 // Record does not allocate: it computes the epoch and the bucket (no
 // division, no floating point), makes one atomic add and loads the memoized
-// threshold. A record above a threshold that the recent samples lowered
-// (see Threshold) makes one more atomic add, and the one that ends that
-// threshold early a compare-and-swap. The first Record of
+// threshold. A record above a threshold that the recent samples were read
+// for (see Threshold) makes one more atomic add, and the one that ends
+// that threshold early a compare-and-swap. The first Record of
 // a slice also claims that slice's ring and clears it. Records of the same
 // slice that run while the ring is being cleared are not held up, and those
 // that land in a bucket before the clear reaches it are lost: a loss bounded
@@ -244,16 +253,16 @@ func (w *LatencyWindow) Record(now time.Time, d time.Duration) {
 		w.turn(r, e+1)
 	}
 	r.counts[i].Add(1)
-	if m := w.memo.Load(); m&lowered != 0 && uint64(i) > m&memoBucket {
+	if m := w.memo.Load(); m&watched != 0 && uint64(i) > m&memoBucket {
 		w.rise(m)
 	}
 }
 
-// rise counts a record above the lowered memo m, and ends m once as many
+// rise counts a record above the watched memo m, and ends m once as many
 // have come as its answer had room for (see LatencyWindow.threshold).
 func (w *LatencyWindow) rise(m uint64) {
 	if v := w.risen.Add(1); uint32(v) >= uint32(v>>32) {
-		w.memo.CompareAndSwap(m, m&memoBucket)
+		w.memo.CompareAndSwap(m, m&(memoBucket|raised))
 	}
 }
 
@@ -294,37 +303,54 @@ func (w *LatencyWindow) turn(r *latencyRing, want uint64) {
 // is the estimate from the samples there are (zero if none) and should not
 // be acted on.
 //
-// The answer is the window's quantile, or the recent samples' when there
-// are enough and they answer lower by more than their own noise: at least
-// recentTail/(1 − Quantile), 200 for the p95, and never fewer than
-// MinSamples, and the bucket of an upper confidence bound on their
-// quantile (one standard deviation of its rank above it)
-// below the window's bucket. The lower of two estimates of one quantile
-// would be biased low; a bound that must fall below the window's bucket
-// does so by chance rarely. So a threshold
-// that a brownout raised comes back down within about three periods of
-// the latency falling (under 3s at the default 30s window) on a host busy
-// enough to fill two periods (about 110 calls a second or more for the
-// p95 at the default window), instead of staying up until the window
-// forgets; on a quieter host, or while the recent samples are not clearly
-// faster than the window's, the answer is the window's alone. The rise is
-// the window's: the recent samples can lower the answer, never raise it.
-// Either way the answer is never below the sample quantile of the samples
-// it was taken from (see [LatencyWindow.RecordFailure] for the failures
-// the recent samples leave out). The recent samples need the marks that
-// Threshold takes: on a window read less than once a period, the answer
-// is the window's.
+// The answer is the window's quantile, moved by the recent samples when
+// there are enough of them, at least 10/(1 − Quantile) (200 for the p95)
+// and never fewer than MinSamples, and they say, by more than their own
+// noise, that the latency has moved:
+//
+//   - Down, from the samples since the mark of two periods before: when the
+//     bucket of an upper confidence bound on their quantile (one standard
+//     deviation of its rank above it) is below the window's bucket, the
+//     answer is that bucket. The lower of two estimates of one quantile
+//     would be biased low, and would hedge more than 1 − Quantile of calls;
+//     a bound that must fall below the window's bucket does so by chance
+//     rarely. So a threshold that a brownout raised comes back down within
+//     about three periods of the latency falling (under 3s at the default
+//     30s window), instead of staying up until the window forgets.
+//   - Up, from the samples since the latest mark they are enough since
+//     (this period's, the one before, or two before): when the bucket of a
+//     lower confidence bound on their quantile (one standard deviation
+//     below) lies wholly above the window's bucket, the answer is the end
+//     of that bucket, and it holds while the bound stays in it (the window
+//     catching up to the bucket's lower half is no sign that the latency
+//     came down). The window's quantile lags a rising latency by a
+//     twentieth of what the window holds, over a second at the default
+//     window, and every call in between would be hedged: against a latency
+//     that rises 1ms a second, or a quarter every 2s, the window alone
+//     leaves half or more of the calls above its answer. A raise may read
+//     fewer samples than a fall because an answer too high errs toward
+//     hedging less; with fewer samples, a few dozen calls at a new latency
+//     move their quantile.
+//
+// On a quieter host (about 110 calls a second or fewer for the p95 at the
+// default window), or while the recent samples do not clearly differ from
+// the window's, the answer is the window's alone. A lowered answer is never
+// below the sample quantile of the samples it was taken from (see
+// [LatencyWindow.RecordFailure] for the failures the recent samples leave
+// out), and a raised one never above the end of the recent bucket holding
+// their sample quantile (at most 25% above it). The recent samples need the
+// marks that Threshold takes: on a window read less than once a period, the
+// answer is the window's.
 //
 // Once there are enough samples, the answer is memoized for the rest of
 // the period, and reading it costs one epoch computation, one atomic load
 // and a comparison. Below the minimum it is recomputed on every call, so
-// that a window turns warm as soon as it has enough samples. A lowered
-// answer (the recent samples') ends sooner if the latency rises: Record
+// that a window turns warm as soon as it has enough samples. An answer the
+// recent samples were read for ends sooner if the latency rises: Record
 // counts the records above it, and the record that makes them as many as
 // could still leave the recent samples' bound in its bucket ends the memo,
 // so that the next Threshold scans again. A step up in latency is hedged
-// for a few calls, not for the rest of the period; a window's own answer
-// rises at the next period, as the window does.
+// for a few dozen calls, not for the rest of the period.
 func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 	if w == nil {
 		return 0, false
@@ -337,10 +363,13 @@ func (w *LatencyWindow) Threshold(now time.Time) (time.Duration, bool) {
 }
 
 // threshold is the slow path of Threshold: scan, and memoize an answer
-// backed by enough samples, with, for a lowered one, how many records
+// backed by enough samples, with, for a watched one, how many records
 // above it can end it.
 func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
-	var sum [numBuckets]uint64
+	var (
+		sum    [numBuckets]uint64
+		newest newestRings
+	)
 	n := w.snapshot(p>>periodShift, &sum)
 	if n == 0 {
 		return 0, false
@@ -349,13 +378,20 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 	if n < w.minimum {
 		return bucketUpper(i), false
 	}
-	w.takeMark(p)
+	marked := w.takeMark(p)
+	prev := w.memo.Load()
 	var (
-		recent [recentBuckets]uint64
+		spans  [2][recentBuckets]uint64 // for a fall, and for a rise
+		recent = &spans[0]
 		flag   uint64
-		room   uint64 // records above a lowered answer before it may rise
+		room   uint64 // records above the answer before it may move
 	)
-	if k, fast, ok := w.sinceMark(p, &recent); ok && k-fast >= w.recentMinimum {
+	k, fast, ok := w.sinceMark(p, 2, &newest, recent)
+	if !ok {
+		k, fast, ok = w.sinceMark(p, 1, &newest, recent)
+	}
+	enough := ok && k-fast >= w.recentMinimum
+	if enough {
 		// Ranked as if the fast failures, all below the answer but for
 		// those that raced with the mark, had not been recorded (see
 		// RecordFailure): never below the quantile of the others. A
@@ -366,13 +402,42 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 			// only a record above the answer does not raise held too:
 			// the bound stays in bucket j until more records above it
 			// have come than held exceeds rank by.
-			i, flag = 2*j+1, lowered
-			var held uint64
-			for _, c := range recent[:j+1] {
-				held += c
-			}
-			room = held - rank + 1
+			i, flag = 2*j+1, watched
+			room = heldTo(recent[:], j) - rank + 1
 		}
+	}
+	if enough && flag == 0 {
+		// The rise reads the samples since the latest mark that they
+		// are enough since: this period's (unless this scan just took
+		// it), the one before, or those above. Fewer samples need fewer
+		// records of a new latency to move their quantile.
+		latest := &spans[1]
+		for back := uint64(0); back < 2; back++ {
+			if back == 0 && marked {
+				continue
+			}
+			if k1, fast1, ok1 := w.sinceMark(p, back, &newest, latest); ok1 && k1-fast1 >= w.recentMinimum {
+				k, fast, recent = k1, fast1, latest
+				break
+			}
+		}
+		// A lower bound now, ranked as above. It raises the answer
+		// to the end of its recent bucket j when j lies wholly above
+		// the window's bucket i (recent bucket i/2 holds i), and
+		// holds a raised answer while it stays in that answer's
+		// bucket: the window catching up to the lower half of j is
+		// no evidence that the latency came back down. While the
+		// bound stays in bucket c, the answer holds; as above, that
+		// is for held less rank records above it, and one more may
+		// move it.
+		rank := lowerRankOf(w.quantile, k-fast) + fast
+		c := i / 2
+		flag = watched
+		j := bucketOfRank(recent[:], rank)
+		if j > c || j == c && 2*j+1 > i && prev&(raised|memoBucket) == raised|uint64(2*j+1) {
+			i, c, flag = 2*j+1, j, watched|raised
+		}
+		room = heldTo(recent[:], c) - rank + 1
 	}
 	if flag != 0 {
 		w.risen.Store(min(room, math.MaxUint32) << 32)
@@ -388,6 +453,15 @@ func (w *LatencyWindow) threshold(p uint64) (time.Duration, bool) {
 		}
 	}
 	return bucketUpper(i), true
+}
+
+// heldTo returns how many samples sum counts in its buckets 0 to j.
+func heldTo(sum []uint64, j int) uint64 {
+	var held uint64
+	for _, c := range sum[:j+1] {
+		held += c
+	}
+	return held
 }
 
 // Quantile returns quantile q of the window at now, scanning the window
@@ -452,12 +526,12 @@ func (w *LatencyWindow) snapshot(e uint64, sum *[numBuckets]uint64) uint64 {
 
 // takeMark takes the mark of period p, unless it is taken or being taken:
 // the counts, coarse, of the ring of p's slice (zero if the ring is not yet
-// claimed for it: it is cleared when it is).
-func (w *LatencyWindow) takeMark(p uint64) {
+// claimed for it: it is cleared when it is). It reports whether it took it.
+func (w *LatencyWindow) takeMark(p uint64) bool {
 	mk := &w.marks[p%marks]
 	v := mk.stamp.Load()
 	if v&busy != 0 || v >= p+1 || !mk.stamp.CompareAndSwap(v, (p+1)|busy) {
-		return
+		return false
 	}
 	e := p >> periodShift
 	r := &w.rings[e%rings]
@@ -476,51 +550,77 @@ func (w *LatencyWindow) takeMark(p uint64) {
 	}
 	mk.ring.Store(ring)
 	mk.stamp.Store(p + 1)
+	return true
 }
 
-// sinceMark adds into sum, coarse, the counts recorded since the mark of
-// period p-2 (or, missing that, p-1): the rings of its slice and of any
-// after it up to p's, less the mark. It returns their total and the fast
-// failures among them, and false if neither mark can be read.
-func (w *LatencyWindow) sinceMark(p uint64, sum *[recentBuckets]uint64) (n, fast uint64, ok bool) {
-	var part [recentBuckets]uint32
-	for back := uint64(2); back >= 1; back-- {
-		if p < back {
-			continue
-		}
-		q := p - back
-		mk := &w.marks[q%marks]
-		if mk.stamp.Load() != q+1 {
-			continue
-		}
-		ring, since := mk.ring.Load(), mk.fast.Load()
-		for j := range part {
-			part[j] = mk.counts[j].Load()
-		}
-		if mk.stamp.Load() != q+1 || ring == 0 {
-			continue
-		}
-		var now [recentBuckets]uint64
-		for e := ring - 1; e <= p>>periodShift; e++ {
-			r := &w.rings[e%rings]
-			if r.stamp.v.Load() != e+1 {
-				if e == ring-1 {
-					return 0, 0, false // the mark's ring turned over
-				}
-				continue // not yet claimed for its slice: empty
-			}
-			for j := range now {
-				now[j] += uint64(r.counts[2*j].Load()) + uint64(r.counts[2*j+1].Load())
-			}
-		}
-		for j, c := range now {
-			c -= min(c, uint64(part[j])) // records lost to a turnover after the mark
-			sum[j] = c
-			n += c
-		}
-		return n, min(w.fast.Load()-since, n), true
+// newestRings is the rings of the two newest slices at an epoch e, coarse,
+// as the first sinceMark of a scan that needs each reads it, so that the
+// next reads the same: counts[k] is slice e-k's if held[k], once read[k].
+type newestRings struct {
+	counts [2][recentBuckets]uint64
+	read   [2]bool
+	held   [2]bool
+}
+
+// ring returns whether the ring of slice e-k holds that slice, reading it
+// into counts[k] first if it is not read yet. A ring not yet claimed for
+// its slice, or claimed for a newer one, is not held.
+func (nr *newestRings) ring(w *LatencyWindow, e, k uint64) bool {
+	if nr.read[k] || k > e {
+		return nr.held[k]
 	}
-	return 0, 0, false
+	nr.read[k] = true
+	r := &w.rings[(e-k)%rings]
+	if r.stamp.v.Load() != e-k+1 {
+		return false
+	}
+	for j := range nr.counts[k] {
+		nr.counts[k][j] = uint64(r.counts[2*j].Load()) + uint64(r.counts[2*j+1].Load())
+	}
+	nr.held[k] = true
+	return true
+}
+
+// sinceMark writes into sum, coarse, the counts recorded since the mark
+// of period p-back, for back in [0, marks): those of the rings of its
+// slice and of any after it up to p's (read once a scan, into newest),
+// less the mark. It returns their total and the fast failures among them,
+// and false if the mark cannot be read or its ring turned over.
+func (w *LatencyWindow) sinceMark(p, back uint64, newest *newestRings, sum *[recentBuckets]uint64) (n, fast uint64, ok bool) {
+	if p < back {
+		return 0, 0, false
+	}
+	q := p - back
+	mk := &w.marks[q%marks]
+	if mk.stamp.Load() != q+1 {
+		return 0, 0, false
+	}
+	var part [recentBuckets]uint32
+	ring, since := mk.ring.Load(), mk.fast.Load()
+	for j := range part {
+		part[j] = mk.counts[j].Load()
+	}
+	e := p >> periodShift
+	if mk.stamp.Load() != q+1 || ring == 0 || ring > e+1 || e+1-ring >= 2 {
+		return 0, 0, false
+	}
+	from := e + 1 - ring // the mark's slice is e-from
+	if !newest.ring(w, e, from) {
+		return 0, 0, false // the mark's ring turned over
+	}
+	if from == 1 {
+		newest.ring(w, e, 0) // not held: not yet claimed for its slice, empty
+	}
+	for j := range sum {
+		var c uint64
+		for k := range from + 1 {
+			c += newest.counts[k][j]
+		}
+		c -= min(c, uint64(part[j])) // records lost to a turnover after the mark
+		sum[j] = c
+		n += c
+	}
+	return n, min(w.fast.Load()-since, n), true
 }
 
 // upperRankOf returns the rank, among n samples, of an upper confidence
@@ -528,13 +628,19 @@ func (w *LatencyWindow) sinceMark(p uint64, sum *[recentBuckets]uint64) (n, fast
 // ceil(q·n + z·sqrt(n·q·(1−q))) with z = noiseZ (the normal approximation
 // of the binomial count of samples at or below the quantile), clamped into
 // [1, n], for n ≥ 1. A q that is not a number counts as 0.
-func upperRankOf(q float64, n uint64) uint64 {
+func upperRankOf(q float64, n uint64) uint64 { return boundRankOf(q, n, noiseZ) }
+
+// lowerRankOf is upperRankOf's lower confidence bound, with z = −noiseZ.
+func lowerRankOf(q float64, n uint64) uint64 { return boundRankOf(q, n, -noiseZ) }
+
+// boundRankOf returns ceil(q·n + z·sqrt(n·q·(1−q))) clamped into [1, n].
+func boundRankOf(q float64, n uint64, z float64) uint64 {
 	if !(q > 0) {
 		q = 0
 	}
 	q = min(q, 1)
 	x := float64(n)
-	r := math.Ceil(q*x + noiseZ*math.Sqrt(x*q*(1-q)))
+	r := math.Ceil(q*x + z*math.Sqrt(x*q*(1-q)))
 	if !(r >= 1) {
 		return 1
 	}

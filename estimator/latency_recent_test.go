@@ -144,22 +144,33 @@ func TestLatencyWindowComesDownAfterABrownout(t *testing.T) {
 		calm, during[len(during)-1].thr, after[down].thr, after[down].at-end)
 }
 
-// TestLatencyWindowRisesAsTheWindowDoes: the recent samples never raise the
-// threshold, so a brownout's start raises it exactly as the window alone
-// does. Each period's answer (the memo taken at its first read) equals the
-// window's own quantile at that read, from the calm through the brownout,
-// and the rise takes under two periods (1.875s) at 200 calls a second.
-func TestLatencyWindowRisesAsTheWindowDoes(t *testing.T) {
+// TestLatencyWindowRisesBeforeTheWindowDoes: at 200 calls a second, a
+// calm of 20s and then a brownout. The window's own p95 takes over a
+// second to reach the brownout's latency (a twentieth of the 22.5-30s it
+// holds), and the recent samples raise the answer before it: within 40
+// calls of the brownout's start (0.2s), once a twentieth of the samples
+// since the mark of the period before (and one standard deviation more)
+// are slower than the calm's p95. No answer after that is below the
+// window's.
+func TestLatencyWindowRisesBeforeTheWindowDoes(t *testing.T) {
 	const start = 20 * time.Second // of the brownout
 	tr := newTraffic(LatencyConfig{}, 200, 2)
 	tr.run(start, calmLatency)
 	pts := tr.run(start+8*time.Second, brownoutLatency)
-	tr.sameAsTheWindow(t, pts)
 	risen := slices.IndexFunc(pts, func(p point) bool { return p.thr >= 35*time.Millisecond })
-	if risen < 0 || pts[risen].at-start > 2*time.Duration(tr.w.clock.slice) {
-		t.Fatalf("the threshold did not reach the brownout's 35ms within two periods")
+	window := slices.IndexFunc(pts, func(p point) bool { w, _ := tr.windowAt(p.at, defaultQuantile); return w >= 35*time.Millisecond })
+	if risen < 0 || window < 0 {
+		t.Fatalf("the threshold (%d) or the window (%d) never reached the brownout's 35ms", risen, window)
 	}
-	t.Logf("risen to %v at %v into the brownout", pts[risen].thr, pts[risen].at-start)
+	t.Logf("risen to %v at %v into the brownout (call %d); the window's p95 at %v", pts[risen].thr, pts[risen].at-start, risen+1, pts[window].at-start)
+	if risen >= 40 {
+		t.Errorf("the threshold reached the brownout's 35ms at its call %d, want within 40", risen+1)
+	}
+	for _, p := range pts[risen:] {
+		if w, _ := tr.windowAt(p.at, defaultQuantile); p.thr < w {
+			t.Fatalf("at %v into the brownout: threshold %v, below the window's %v", p.at-start, p.thr, w)
+		}
+	}
 }
 
 // sameAsTheWindow checks that every read of pts answered what the window
@@ -233,13 +244,14 @@ func TestLatencyWindowQuietHostAsTheWindow(t *testing.T) {
 // TestLatencyWindowNeverBelowItsData checks Threshold over random traffic
 // (phases of 0.3 to 5s, 20 to 1500 calls a second, medians from 2µs to
 // 200ms, some phases failing fast): at the first read of every period, the
-// answer is the window's, or, when there are enough recent samples and
-// the bucket of their upper bound is lower, that bucket: never below the
-// sample quantile of the samples it is taken from.
+// answer is the window's, or, when there are enough recent samples, the
+// bucket of their upper bound if it is lower (never below the sample
+// quantile of the samples it is taken from), or the bucket of their lower
+// bound if it is higher (never above their sample quantile's bucket).
 func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 	rates := []int{20, 80, 200, 600, 1500}
 	medians := []time.Duration{2 * time.Microsecond, 300 * time.Microsecond, 4 * time.Millisecond, 40 * time.Millisecond, 200 * time.Millisecond}
-	lowered, withFast := 0, 0
+	lowered, raised, withFast := 0, 0, 0
 	for seed := range uint64(3) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		tr := newTraffic(LatencyConfig{}, 200, seed)
@@ -272,8 +284,18 @@ func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 				}
 				continue
 			}
-			lowered++
-			recent := tr.recentAt(p.at)
+			rankOf, recent := upperRankOf, tr.recentAt(p.at, 2, 1)
+			if p.thr > window {
+				// The rise reads the samples since the mark of the period
+				// before, if there are enough.
+				raised++
+				rankOf, recent = lowerRankOf, tr.recentAt(p.at, 1)
+				if !tr.enough(recent) {
+					recent = tr.recentAt(p.at, 2, 1)
+				}
+			} else {
+				lowered++
+			}
 			var ds []time.Duration
 			var others []time.Duration // but the fast failures
 			for _, s := range recent {
@@ -287,11 +309,11 @@ func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 			k, f := uint64(len(ds)), uint64(len(ds)-len(others))
 			var want, exact time.Duration
 			if k-f > 0 {
-				want = bucketUpper(bucketIndex(ds[upperRankOf(defaultQuantile, k-f)+f-1]) | 1)
+				want = bucketUpper(bucketIndex(ds[rankOf(defaultQuantile, k-f)+f-1]) | 1)
 				exact = exactQuantile(others, defaultQuantile)
 			}
-			if p.thr > window || k-f < tr.w.recentMinimum || p.thr != want || p.thr < exact {
-				t.Fatalf("seed %d, at %v: threshold %v, window %v, %d recent samples, %d fast failures (sample p95 of the others %v); want the window's, or the recent samples' %v, lower, from at least %d",
+			if k-f < tr.w.recentMinimum || p.thr != want || p.thr < window && p.thr < exact || p.thr > window && p.thr > bucketUpper(bucketIndex(exact)|1) {
+				t.Fatalf("seed %d, at %v: threshold %v, window %v, %d recent samples, %d fast failures (sample p95 of the others %v); want the window's, or the recent samples' %v, from at least %d",
 					seed, p.at, p.thr, window, k, f, exact, want, tr.w.recentMinimum)
 			}
 			if f > 0 {
@@ -299,23 +321,35 @@ func TestLatencyWindowNeverBelowItsData(t *testing.T) {
 			}
 		}
 	}
-	if lowered == 0 || withFast == 0 {
-		t.Fatalf("%d answers from the recent samples, %d with fast failures: the test tests too little of them", lowered, withFast)
+	if lowered == 0 || raised == 0 || withFast == 0 {
+		t.Fatalf("%d answers lowered and %d raised by the recent samples, %d with fast failures: the test tests too little of them", lowered, raised, withFast)
 	}
-	t.Logf("%d period answers from the recent samples, %d with fast failures among them", lowered, withFast)
+	t.Logf("%d period answers lowered and %d raised by the recent samples, %d with fast failures among them", lowered, raised, withFast)
 }
 
 // recentAt returns the recent samples at at: those recorded since the
-// mark of two periods before (or, missing that, of the one before).
-func (tr *traffic) recentAt(at time.Duration) []sample {
+// mark of backs[0] periods before or, missing that, of backs[1] and so on.
+func (tr *traffic) recentAt(at time.Duration, backs ...uint64) []sample {
 	p := tr.w.clock.epoch(t0.Add(at))
 	hi, _ := slices.BinarySearchFunc(tr.samples, at+1, func(s sample, at time.Duration) int { return cmp.Compare(s.at, at) })
-	for back := uint64(2); back >= 1; back-- {
+	for _, back := range backs {
 		if m, ok := tr.marks[p-back]; ok && p >= back {
 			return tr.samples[m:hi]
 		}
 	}
 	return nil
+}
+
+// enough reports whether samples, but their fast failures, are enough
+// for an answer from the recent samples.
+func (tr *traffic) enough(samples []sample) bool {
+	n := uint64(0)
+	for _, s := range samples {
+		if !s.fast {
+			n++
+		}
+	}
+	return n >= tr.w.recentMinimum
 }
 
 // exactAt returns the exact sample p95 at at of the window's samples.
@@ -440,13 +474,14 @@ func first(d time.Duration, _ bool) time.Duration { return d }
 // and the window estimate the same p95, which lies near a bucket edge of
 // the recent samples. The lower of the two would be biased low: taken
 // whenever the recent samples' estimate fell below by chance, it hedges
-// more calls than the window's own answer. An answer from the recent
-// samples must be below the window's by more than their noise, so that on
-// steady traffic at most a tenth of the period answers are lowered, and
-// the share of calls slower than the answer read before them is within 5%
-// of the share slower than the window's own answer (4 seeds, 60s each).
+// more calls than the window's own answer; the higher, biased high, fewer.
+// An answer from the recent samples must be below the window's, or above
+// it, by more than their noise, so that on steady traffic at most a tenth
+// of the period answers are lowered and at most a tenth raised, and the
+// share of calls slower than the answer read before them is within 5% of
+// the share slower than the window's own answer (4 seeds, 60s each).
 func TestLatencyWindowSteadyIsNotLowered(t *testing.T) {
-	var above, windowAbove, calls, lowered, periods int
+	var above, windowAbove, calls, lowered, raised, periods int
 	for seed := range uint64(4) {
 		w := NewLatencyWindow(LatencyConfig{}, t0)
 		rng := rand.New(rand.NewPCG(seed, 9))
@@ -480,17 +515,23 @@ func TestLatencyWindowSteadyIsNotLowered(t *testing.T) {
 					if thr < window {
 						lowered++
 					}
+					if thr > window {
+						raised++
+					}
 				}
 			}
 		}
 	}
 	share, windowShare := float64(above)/float64(calls), float64(windowAbove)/float64(calls)
-	t.Logf("%d of %d period answers lowered; %.2f%% of calls slower than the answer, %.2f%% than the window's", lowered, periods, 100*share, 100*windowShare)
+	t.Logf("%d of %d period answers lowered, %d raised; %.2f%% of calls slower than the answer, %.2f%% than the window's", lowered, periods, raised, 100*share, 100*windowShare)
 	if lowered*10 > periods {
 		t.Errorf("%d of %d period answers below the window's on steady traffic, want at most a tenth", lowered, periods)
 	}
-	if share > 1.05*windowShare {
-		t.Errorf("%.2f%% of calls slower than the answer, want at most 5%% more than the window's own %.2f%%", 100*share, 100*windowShare)
+	if raised*10 > periods {
+		t.Errorf("%d of %d period answers above the window's on steady traffic, want at most a tenth", raised, periods)
+	}
+	if share > 1.05*windowShare || share < 0.95*windowShare {
+		t.Errorf("%.2f%% of calls slower than the answer, want within 5%% of the window's own %.2f%%", 100*share, 100*windowShare)
 	}
 }
 
@@ -591,5 +632,48 @@ func TestLatencyWindowConcurrentRise(t *testing.T) {
 	}
 	if thr, _ := w.Threshold(at(4030)); thr < slow {
 		t.Errorf("0.3s into the rise to %v: threshold %v, want at least %v", slow, thr, slow)
+	}
+}
+
+// TestLatencyWindowFollowsARise: at 250 calls a second, a latency that
+// rises by 1ms a second from 5ms (a ramp), and one that rises by a quarter
+// every 2s from 1ms (a staircase). The window's p95 is the latency of a
+// second or more before (a twentieth of the 22.5-30s it holds), below
+// every call's; the recent samples must raise the answer, so that at most
+// 1.5 × (1 − q) of the calls are slower than the answer read before them
+// (counted from 12s to 52s).
+func TestLatencyWindowFollowsARise(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		latency func(at time.Duration) time.Duration
+	}{
+		{"ramp", func(at time.Duration) time.Duration { return 5*time.Millisecond + at/1000 }},
+		{"staircase", func(at time.Duration) time.Duration {
+			return time.Duration(float64(time.Millisecond) * math.Pow(1.25, float64(at/(2*time.Second))))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := newTraffic(LatencyConfig{}, 250, 12)
+			var pts []point
+			for tr.at < 52*time.Second {
+				d := c.latency(tr.at)
+				pts = append(pts, tr.run(tr.at+1, func(*rand.Rand) time.Duration { return d })...)
+			}
+			above, calls := 0, 0
+			for i := 1; i < len(pts); i++ {
+				if pts[i].at < 12*time.Second {
+					continue
+				}
+				calls++
+				if tr.samples[i].d > pts[i-1].thr {
+					above++
+				}
+			}
+			share := float64(above) / float64(calls)
+			t.Logf("%.2f%% of calls slower than the answer read before them", 100*share)
+			if share > 1.5*(1-defaultQuantile) {
+				t.Errorf("%.2f%% of calls slower than the answer read before them, want at most %.1f%%", 100*share, 150*(1-defaultQuantile))
+			}
+		})
 	}
 }

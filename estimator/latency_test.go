@@ -480,3 +480,41 @@ func BenchmarkLatencyWindowThresholdRescan(b *testing.B) {
 		w.Threshold(now)
 	}
 }
+
+// BenchmarkLatencyWindowThresholdRescanBusy is a rescan within a period of
+// a window busy enough for the recent samples (320 samples a period), as
+// when the records above a threshold the recent samples were read for end
+// it: the window, the recent samples since the marks for a fall and for a
+// rise.
+func BenchmarkLatencyWindowThresholdRescanBusy(b *testing.B) {
+	origin := time.Now() // callers pass time.Now(): a monotonic reading
+	w := NewLatencyWindow(LatencyConfig{}, origin)
+	period := time.Duration(w.clock.slice)
+	var now time.Time
+	for i := range 40 * 320 { // 40 periods
+		now = origin.Add(time.Duration(i) * period / 320)
+		w.Record(now, benchDurations[i&1023])
+		w.Threshold(now)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.memo.Store(w.memo.Load() & memoBucket) // ended, as by records above it
+		w.Threshold(now)
+	}
+}
+
+// BenchmarkLatencyWindowCall is what a hedged call costs the window: one
+// Threshold and one Record, at 10,000 calls a second of the clock, so that
+// each op pays its share of the rescans, once a period and whenever the
+// records above a threshold end it.
+func BenchmarkLatencyWindowCall(b *testing.B) {
+	origin := time.Now() // callers pass time.Now(): a monotonic reading
+	w := NewLatencyWindow(LatencyConfig{}, origin)
+	now := origin
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now = now.Add(100 * time.Microsecond)
+		w.Threshold(now)
+		w.Record(now, benchDurations[i&1023])
+	}
+}

@@ -15,30 +15,36 @@ import (
 // 1 − Quantile instead of every call doubling. There is no fixed-delay
 // option, on purpose.
 //
-// The quantile is taken over Window, and rescanned every Window/32;
-// it rises as soon as Window's samples show the latency up. It comes down
-// when the last two or three Window/32 periods (about 2s at the default
-// 30s) hold at least 10/(1 − Quantile) latencies (200 for the p95: about
-// 110 calls a second at the defaults) and their quantile is lower by more
-// than its own noise (an upper confidence bound on it, one standard
-// deviation of its rank above, lies in a lower bucket): a brownout's
-// threshold is back at the calm's within about 3s of its end instead of
-// staying up until Window has forgotten it, while on steady traffic the
-// last seconds, which say the same as Window, rarely pull the threshold
-// below it by chance. A threshold lowered that way ends early when the
-// latency steps up again: once enough attempts have been slower than it
-// to move its bound, it is rescanned, a few dozen calls after the step
-// rather than at the end of its period. On a quieter scope it comes down
-// as Window forgets. Attempts that failed faster than the threshold are
-// left out of the last periods' quantile, so a dependency that fails
-// every call at once cannot pull the threshold down to its speed. In
-// virtual time over an in-memory upstream at 250 calls a second, an
-// upstream at 1 ms for 3 s and 4 ms for 1 s, over and over, has 2.6% of
-// calls hedged at the p95 with the budget off, and after an 8 s brownout
-// (calm 4 ms with 3% of calls at 100 ms; brownout 35-45 ms) the p99 of
-// the calls 3-8 s after it equals the calm's (8.2 ms):
+// The quantile is taken over Window, rescanned every Window/32, and
+// follows the last seconds when they hold at least 10/(1 − Quantile)
+// latencies (200 for the p95: about 110 calls a second at the defaults)
+// and say, by more than their own noise, that the latency moved (a
+// confidence bound on their quantile, one standard deviation of its rank
+// away from it toward Window's, lies in another bucket). Up: Window's
+// quantile lags a rising latency by a twentieth of Window, over a second
+// at the default 30s, and would hedge every call in between; the last
+// second or two raise the threshold a few dozen calls after a step up,
+// and a threshold they raised holds while they say it. Down: the last two
+// or three periods (about 2s) bring a brownout's threshold back to the
+// calm's within about 3s of its end instead of staying up until Window
+// has forgotten it. On steady traffic the last seconds, which say the
+// same as Window, rarely move the threshold by chance. Once enough
+// attempts have been slower than a threshold the last seconds were read
+// for to move their bound, it is rescanned, rather than at the end of
+// its period. On a quieter scope it follows Window alone. Attempts that
+// failed faster than the threshold are left out of the last periods'
+// quantile, so a dependency that fails every call at once cannot pull the
+// threshold down to its speed. In virtual time over an in-memory upstream
+// at 250 calls a second, with the budget off, the share of calls hedged
+// at the p95 is 2.6% for an upstream at 1 ms for 3 s and 4 ms for 1 s,
+// over and over, 1.7% for one whose latency rises 1 ms a second, and 5.4%
+// for one whose latency rises by a quarter every 2 s (from 1 ms to about
+// 100 ms: a step's calls sent before its first answer are hedged whatever
+// the threshold); after an 8 s brownout (calm 4 ms with 3% of calls at
+// 100 ms; brownout 35-45 ms) the p99 of the calls 3-8 s after it equals
+// the calm's (8.2 ms):
 //
-//	go test -count=1 -run 'TestHedgedShareFollowsAPhasedLatency|TestHedgeThresholdComesDownAfterABrownout' -v ./transport
+//	go test -count=1 -run 'TestHedgedShareFollows|TestHedgeThresholdComesDownAfterABrownout' -v ./transport
 //
 // The same brownout over loopback, whose figures move with the machine's
 // load (see docs/performance.md):

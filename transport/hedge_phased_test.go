@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -24,37 +25,82 @@ import (
 // at the p95, where a 1ms answer kept for the rest of its period hedged
 // nearly every call of a 4ms phase's first half-second.
 func TestHedgedShareFollowsAPhasedLatency(t *testing.T) {
+	const cycle = 4 * time.Second
+	testHedgedShare(t, 3*cycle, 10*cycle, func(at time.Duration) time.Duration {
+		if at%cycle < 3*time.Second {
+			return time.Millisecond
+		}
+		return 4 * time.Millisecond
+	})
+}
+
+// TestHedgedShareFollowsARamp: an upstream whose latency rises by 1ms
+// every second, from 5ms, as TestHedgedShareFollowsAPhasedLatency drives
+// it, counted from 12s to 52s (17ms to 57ms). The window's p95 is the
+// latency of over a second before (a twentieth of the 22.5-30s it holds),
+// below every call's: the threshold must follow the last seconds up, so
+// that at most 1.5 × (1 − Quantile) of the calls are hedged.
+func TestHedgedShareFollowsARamp(t *testing.T) {
+	testHedgedShare(t, 12*time.Second, 40*time.Second, func(at time.Duration) time.Duration {
+		return 5*time.Millisecond + at/1000
+	})
+}
+
+// TestHedgedShareFollowsAStaircase: an upstream whose latency rises by a
+// quarter every 2s, from 1ms, as TestHedgedShareFollowsAPhasedLatency
+// drives it, counted from 12s to 42s (3.8ms to 108ms). Each step lies two
+// or three histogram buckets above the one before, and the window takes a
+// twentieth of its 22.5-30s, over a second, to see it: the threshold must
+// follow the last seconds up, so that at most 1.5 × (1 − Quantile) of the
+// calls are hedged. The calls a step sends before its first answer comes
+// back are hedged whatever the threshold: 250 × its latency, 27 of the
+// 500 calls of the step to 108ms.
+func TestHedgedShareFollowsAStaircase(t *testing.T) {
+	testHedgedShare(t, 12*time.Second, 30*time.Second, func(at time.Duration) time.Duration {
+		return time.Duration(float64(time.Millisecond) * math.Pow(1.25, float64(at/(2*time.Second))))
+	})
+}
+
+// testHedgedShare drives a hedged transport, the budget off so that
+// nothing but the threshold decides, at 250 calls a second (an open loop:
+// each call on its own goroutine) against an upstream that answers a call
+// started at after the start in latency(after), and checks that the calls
+// started in the measured span after warmFor are hedged at most 1.5 × (1
+// − Quantile) of the time: 7.5% at the p95.
+func testHedgedShare(t *testing.T, warmFor, measured time.Duration, latency func(time.Duration) time.Duration) {
+	t.Helper()
 	const (
 		rate     = 250
 		q        = 0.95
-		cycle    = 4 * time.Second
-		warmFor  = 3 * cycle // before the share is counted
-		measured = 10 * cycle
 		maxShare = 1.5 * (1 - q)
 	)
 	synctest.Test(t, func(t *testing.T) {
 		begin := time.Now()
 		base := &slowRT{latency: func(int64, *http.Request) (time.Duration, int) {
-			if time.Since(begin)%cycle < 3*time.Second {
-				return time.Millisecond, 200
-			}
-			return 4 * time.Millisecond, 200
+			return latency(time.Since(begin)), 200
 		}}
-		var hedged, hedges atomic.Int64 // calls hedged, hedges started
+		var hedged, hedges, won atomic.Int64 // calls hedged, hedges started and won
 		tr := mustNew(t, Config{
 			Base: base,
 			Policies: policy.Set{
 				Hedge:  &policy.Hedge{Quantile: q},
 				Budget: policy.Budget{Ratio: -1},
 			},
-			Observer: &policy.Observer{HedgeStarted: func(h policy.HedgeInfo) {
-				if first, ok := h.Context.Value(measuredKey{}).(*atomic.Bool); ok {
-					hedges.Add(1)
-					if first.CompareAndSwap(false, true) {
-						hedged.Add(1)
+			Observer: &policy.Observer{
+				HedgeStarted: func(h policy.HedgeInfo) {
+					if first, ok := h.Context.Value(measuredKey{}).(*atomic.Bool); ok {
+						hedges.Add(1)
+						if first.CompareAndSwap(false, true) {
+							hedged.Add(1)
+						}
 					}
-				}
-			}},
+				},
+				HedgeWon: func(h policy.HedgeInfo) {
+					if _, ok := h.Context.Value(measuredKey{}).(*atomic.Bool); ok {
+						won.Add(1)
+					}
+				},
+			},
 		})
 		var wg sync.WaitGroup
 		calls := 0
@@ -77,7 +123,7 @@ func TestHedgedShareFollowsAPhasedLatency(t *testing.T) {
 		}
 		wg.Wait()
 		share := float64(hedged.Load()) / float64(calls)
-		t.Logf("%d of %d calls hedged (%.1f%%), %d hedges", hedged.Load(), calls, 100*share, hedges.Load())
+		t.Logf("%d of %d calls hedged (%.1f%%), %d hedges, %d won", hedged.Load(), calls, 100*share, hedges.Load(), won.Load())
 		if share > maxShare {
 			t.Errorf("%.1f%% of calls hedged, want at most %.1f%% (1.5 × (1 − %v))", 100*share, 100*maxShare, q)
 		}

@@ -503,8 +503,10 @@ func TestFirstRetryBacksOffBaseDelay(t *testing.T) {
 		set := policy.Set{
 			Attempts: 4,
 			Retry:    &policy.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second},
-			// The median stays at the warm-up's 10ms however many 50ms
-			// legs the test adds, so the first round always hedges.
+			// The median stays at the warm-up's 10ms, in the window and
+			// in the last seconds alike: three warm-up calls before each
+			// call outnumber its two 50ms legs, so the first round
+			// always hedges.
 			Hedge:  &policy.Hedge{Quantile: 0.5, MaxConcurrent: 2},
 			Budget: policy.Budget{Ratio: -1},
 		}
@@ -512,6 +514,7 @@ func TestFirstRetryBacksOffBaseDelay(t *testing.T) {
 		tr := mustNew(t, Config{Base: base, Policies: set, Observer: ev.observer()})
 		warm(t, tr, 100)
 		for i := range 20 {
+			warm(t, tr, 3)
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://up.test/", nil)
 			req.Header.Set("Call", fmt.Sprint(i))
 			resp, err := tr.RoundTrip(req)

@@ -68,7 +68,7 @@ func (h *State) Record(now time.Time, d time.Duration, o policy.Outcome) {
 // Threshold returns the latency after which a call is hedged, and false
 // while the window holds fewer than MinSamples (the warming gate): the
 // window's quantile, or the last seconds' when they hold enough samples
-// and say the latency fell (see estimator.LatencyWindow.Threshold).
+// and say the latency fell or rose (see estimator.LatencyWindow.Threshold).
 func (h *State) Threshold(now time.Time) (time.Duration, bool) { return h.lat.Threshold(now) }
 
 // median returns the window's median latency, which the deadline gate
