@@ -10,6 +10,10 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
+// firstRetry is the wait after a failed or empty Endpoints answer,
+// doubled after each one up to Refresh.
+const firstRetry = time.Second
+
 // StartRefresh reports whether Endpoints should be asked again at now: its
 // last good answer is older than Refresh, or the last answer failed and its
 // wait is over. When it returns true, a refresh is begun, no other is until
