@@ -2,7 +2,6 @@ package lane
 
 import (
 	"math"
-	"math/bits"
 	"slices"
 	"time"
 
@@ -73,8 +72,8 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 	v := s.view.Load()
 	var b uint64
 	next := int64(math.MaxInt64)
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		u := l.until.Load()
 		switch {
 		case u > t:
@@ -104,8 +103,8 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
 	least, all := math.Inf(1), math.Inf(1)
-	for m := v.mask; m != 0; m &= m - 1 {
-		o := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		o := v.lanes[i]
 		if o.typT == 0 {
 			continue
 		}
@@ -180,8 +179,8 @@ func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
 	from := t - int64(x)
 	v := s.view.Load()
 	alone := true
-	for m := v.mask; m != 0; m &= m - 1 {
-		o := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		o := v.lanes[i]
 		if o == l {
 			continue
 		}
@@ -203,8 +202,8 @@ func (s *Set[P]) overtakenLocked(l *Lane[P], t int64, x, y float64) bool {
 func (s *Set[P]) leastTypicalLocked(l *Lane[P], t int64) float64 {
 	v := s.view.Load()
 	least := math.Inf(1)
-	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l && o.typT != 0 && o.until.Load() <= t {
+	for i := range bitsOf(v.mask) {
+		if o := v.lanes[i]; o != l && o.typT != 0 && o.until.Load() <= t {
 			least = min(least, o.typ)
 		}
 	}
@@ -216,8 +215,8 @@ func (s *Set[P]) leastTypicalLocked(l *Lane[P], t int64) float64 {
 func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
 	v := s.view.Load()
 	slowest := 0.0
-	for m := v.mask; m != 0; m &= m - 1 {
-		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+	for i := range bitsOf(v.mask) {
+		if o := v.lanes[i]; o != l {
 			slowest = max(slowest, o.estimate(t))
 		}
 	}
@@ -230,8 +229,8 @@ func (s *Set[P]) slowestLocked(l *Lane[P], t int64) float64 {
 // held.
 func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 	v := s.view.Load()
-	for m := v.mask; m != 0; m &= m - 1 {
-		o := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		o := v.lanes[i]
 		if o != l && o.until.Load() <= t && (!ok || o.lastOK || !o.answered) {
 			return true
 		}
@@ -244,8 +243,8 @@ func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why policy.EjectionReason) (Ejection[P], bool) {
 	v := s.view.Load()
 	ejected := 0
-	for m := v.mask; m != 0; m &= m - 1 {
-		o := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		o := v.lanes[i]
 		if o.ejectedAt(t) {
 			ejected++
 		}
@@ -278,15 +277,15 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 	start := s.intervalT
 	s.intervalT = t
 	var calls, failures int
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		calls += l.calls
 		failures += l.failures
 	}
 	var worst [policy.MaxLanes]*Lane[P]
 	outliers := worst[:0]
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		oc, of := calls-l.calls, failures-l.failures
 		if l.calls >= minCalls && oc >= minCalls && !l.ejectedAt(t) {
 			theirs := float64(of) / float64(oc)
@@ -308,8 +307,8 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 		}
 		ejected = append(ejected, e)
 	}
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		l.calls, l.failures = 0, 0
 		// The intervals since the interval began, or since the lane's
 		// last ejection ended if later.
@@ -324,8 +323,8 @@ func (s *Set[P]) closeIntervalLocked(t int64) []Ejection[P] {
 // flight. s.mu is held.
 func (s *Set[P]) inFlightLocked() bool {
 	v := s.view.Load()
-	for m := v.mask; m != 0; m &= m - 1 {
-		if v.lanes[bits.TrailingZeros64(m)].outstanding.Load() > 0 {
+	for i := range bitsOf(v.mask) {
+		if v.lanes[i].outstanding.Load() > 0 {
 			return true
 		}
 	}

@@ -1,6 +1,7 @@
 package lane
 
 import (
+	"iter"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -213,4 +214,15 @@ func (s *Set[P]) unblock(t int64) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.reblockLocked(t)
+}
+
+// bitsOf yields the index of each set bit of m, lowest first.
+func bitsOf(m uint64) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for ; m != 0; m &= m - 1 {
+			if !yield(bits.TrailingZeros64(m)) {
+				return
+			}
+		}
+	}
 }

@@ -79,8 +79,8 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	old := s.view.Load()
 	nv := new(view[P])
 	var ejected []*Lane[P]
-	for m := old.mask; m != 0; m &= m - 1 {
-		l := old.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(old.mask) {
+		l := old.lanes[i]
 		if slices.Contains(uniq, l.Addr) { // never the first lane, dialing the request's own address ("")
 			nv.lanes[l.Index] = l
 			nv.mask |= 1 << l.Index

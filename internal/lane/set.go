@@ -2,7 +2,6 @@ package lane
 
 import (
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,8 +158,8 @@ func (s *Set[P]) Counts(now time.Time) Counts {
 	defer s.mu.Unlock()
 	v := s.view.Load()
 	c := Counts{Lanes: v.n, Ignored: s.ignored}
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		if l.ejectedAt(t) {
 			c.Ejected++
 		}
@@ -181,8 +180,8 @@ func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapsh
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := s.view.Load()
-	for m := v.mask; m != 0; m &= m - 1 {
-		l := v.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(v.mask) {
+		l := v.lanes[i]
 		lanes[l.Index] = policy.LaneSnapshot{State: l.stateLocked(t), Addr: l.Addr}
 	}
 }
@@ -210,8 +209,8 @@ func (s *Set[P]) Pools(f func(P)) {
 	s.mu.Lock()
 	v := s.view.Load()
 	pools := make([]P, 0, v.n+len(s.draining))
-	for m := v.mask; m != 0; m &= m - 1 {
-		pools = append(pools, v.lanes[bits.TrailingZeros64(m)].Pool)
+	for i := range bitsOf(v.mask) {
+		pools = append(pools, v.lanes[i].Pool)
 	}
 	for _, l := range s.draining {
 		pools = append(pools, l.Pool)
