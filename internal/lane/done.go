@@ -101,7 +101,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 // doneLocked is Done's learning, with s.mu held.
 func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	var rep Report[P]
-	s.endedLocked(t, t-int64(latency))
+	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
 	down, mute := false, false
 	switch {
 	case o == policy.Success:
@@ -110,7 +110,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 			if l.est.Load() == 0 {
 				l.warm.Store(t) // its first answer: the slow start begins
 			}
-			n := s.netLocked(t, x)
+			n := s.stalls.net(t, x)
 			if l.wasOut {
 				// The first answer of a lane taken out for not answering
 				// took as long as what kept it out (a frozen replica
@@ -166,7 +166,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		return rep
 	case o == policy.Discarded && latency > 0:
 		x := float64(latency)
-		n := s.netLocked(t, x)
+		n := s.stalls.net(t, x)
 		s.sampleLocked(l, t, x, n)
 		s.slowLocked(l, t, x, n, false, &rep)
 		return rep

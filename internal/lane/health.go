@@ -91,7 +91,7 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 
 // slowLocked judges l's answer at t, which took x (ns) or, unless
 // answered, at least x (a hedge leg cancelled as the loser), by the stall
-// rule: n, its time net of the key's stalls (netLocked), is at least
+// rule: n, its time net of the key's stalls (see stalls), is at least
 // latencyFactor × the lowest typical latency of the other lanes not
 // blocked and with an answer, and the other lanes answered latencyFactor
 // times faster over the same moments (overtakenLocked). Such an answer
@@ -130,7 +130,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 		all = min(all, l.typ)
 	}
 	if !math.IsInf(all, 1) {
-		s.quiet = int64(quietFactor * all)
+		s.stalls.quiet = int64(quietFactor * all)
 	}
 	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
 		return
@@ -143,7 +143,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 
 // sampleLocked folds an answer that came back at t into l's estimate:
 // Finagle's peak EWMA over n, its time net of the key's stalls
-// (netLocked), x as it was. The peak (a slower sample replacing the
+// (see stalls), x as it was. The peak (a slower sample replacing the
 // estimate at once) is taken only for the lane's first sample, or when
 // the other lanes answered peakFactor times faster over the same moments
 // (overtakenLocked); otherwise a slower sample is averaged in like a

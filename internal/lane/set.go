@@ -25,7 +25,7 @@ type view[P any] struct {
 // those the call has not used and that are not blocked, the lower
 // (outstanding + 1) × (latency estimate + failure penalty) wins. The
 // estimate jumps to a slower sample at once, averages a faster one in,
-// each sample net of the key's own stalls (see netLocked), and decays
+// each sample net of the key's own stalls (see stalls), and decays
 // towards zero while a lane is left alone (see decay). Failures are kept out of it: each sets a penalty that fades in
 // seconds (see failurePenalty). A lane nothing is known of (new in the
 // set, back from an ejection, a hold or a refused dial, dialed anew)
@@ -41,7 +41,7 @@ type view[P any] struct {
 // ejected when its consecutive failures reach ConsecutiveFailures; when
 // slowRun of its answers, with no fast one between, each took
 // latencyFactor × the lowest typical latency of the other lanes or more,
-// net of the key's own stalls (netLocked), and each overtaken by a faster
+// net of the key's own stalls (see stalls), and each overtaken by a faster
 // lane's answer (or alone in flight: see overtakenLocked), so that a stall
 // of the client's own process, which slows every lane at once, ejects
 // nothing; or, at the end of an interval, when it had minCalls outcomes,
@@ -96,13 +96,9 @@ type Set[P any] struct {
 	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
 
 	mu        sync.Mutex
-	intervalT int64   // ns: the start of the current interval
-	askedT    int64   // ns: when the last refresh began
-	lastDone  int64   // ns: the latest end of an attempt
-	meanGap   float64 // ns: the mean time between ends, a moving average of 16
-	quiet     int64   // ns: a stretch with no attempt ended this long is remembered in gaps
-	gaps      [gapRing]gap
-	gapNext   int // the slot of the next gap (the oldest, once full)
+	intervalT int64 // ns: the start of the current interval
+	askedT    int64 // ns: when the last refresh began
+	stalls    stalls
 	draining  []*Lane[P]
 	backoff   time.Duration
 	ignored   int

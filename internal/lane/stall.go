@@ -21,13 +21,32 @@ const (
 	gapRing = 16
 )
 
+// stalls is the stall rule of a key: it remembers the recent stretches
+// in which the key's own process may have stalled (gaps), and nets them
+// out of the answers that straddle them. A stall of the client's own
+// process (a GC pause, CPU throttling, a VM's steal time) makes every
+// answer in flight through it slow, and ends no attempt while it lasts.
+// Its zero value is ready; the Set's mu guards it.
+type stalls struct {
+	lastDone int64   // ns: the latest end of an attempt
+	meanGap  float64 // ns: the mean time between ends (see meanWindow)
+	// quiet is the least stretch, ns, that counts as a gap whatever the
+	// mean: quietFactor × the lowest typical latency of the key's lanes,
+	// set by the health rules.
+	quiet int64
+	gaps  [gapRing]gap
+	next  int // the slot of the next gap (the oldest, once full)
+}
+
 // gap is a stretch of time in which no attempt of a key ended, ns.
 type gap struct{ from, to int64 }
 
-// endedLocked notes that an attempt sent at sent ended at t. A stretch
-// of stallGaps × the key's mean time between ends or more (and s.quiet
-// or more) is remembered as a gap, the key's own process maybe stalled
-// through it, when an attempt was in flight through it and either
+// ended notes that an attempt sent at sent ended at t. latest is the
+// key's latest send (within sentGrain), and inFlight reports whether
+// another attempt of the key is in flight; it is asked only when needed.
+// A stretch of stallGaps × the mean time between ends or more (and quiet
+// or more) is remembered as a gap when an attempt was in flight through
+// it and either
 //   - no attempt ended in it: it runs from the last end, and this
 //     attempt was sent before that, or another is still in flight; or
 //   - no attempt was sent or ended in it: it runs from the latest send,
@@ -36,49 +55,47 @@ type gap struct{ from, to int64 }
 //
 // The second is the stall that catches one attempt alone, sent a moment
 // after the last end. A key that was idle had nothing in flight, and one
-// that went quiet was not busy before its next send. s.mu is held.
-func (s *Set[P]) endedLocked(t, sent int64) {
-	if t <= s.lastDone {
+// that went quiet was not busy before its next send. An end at or before
+// the last one changes nothing.
+func (st *stalls) ended(t, sent, latest int64, inFlight func() bool) {
+	if t <= st.lastDone {
 		return
 	}
-	d := float64(t - s.lastDone)
+	d := float64(t - st.lastDone)
 	switch {
-	case s.lastDone == 0:
-	case s.meanGap == 0:
-		s.meanGap = d
+	case st.lastDone == 0:
+	case st.meanGap == 0:
+		st.meanGap = d
 	default:
-		long := max(float64(s.quiet), stallGaps*s.meanGap)
-		switch ls := s.lastSent.Load(); {
-		case d >= long && (sent <= s.lastDone || s.inFlightLocked()):
-			s.gapLocked(s.lastDone, t)
-		case ls > s.lastDone && ls <= t && float64(ls-s.lastDone) < long && float64(t-ls) >= long:
-			s.gapLocked(ls, t)
+		long := max(float64(st.quiet), stallGaps*st.meanGap)
+		switch {
+		case d >= long && (sent <= st.lastDone || inFlight()):
+			st.gap(st.lastDone, t)
+		case latest > st.lastDone && latest <= t && float64(latest-st.lastDone) < long && float64(t-latest) >= long:
+			st.gap(latest, t)
 		}
 		// A stall is kept out of the mean it is judged by.
-		s.meanGap += (min(d, stallGaps*s.meanGap) - s.meanGap) / meanWindow
+		st.meanGap += (min(d, stallGaps*st.meanGap) - st.meanGap) / meanWindow
 	}
-	s.lastDone = t
+	st.lastDone = t
 }
 
-// gapLocked remembers [from, to] as a gap. s.mu is held.
-func (s *Set[P]) gapLocked(from, to int64) {
-	s.gaps[s.gapNext] = gap{from, to}
-	s.gapNext = (s.gapNext + 1) % gapRing
+// gap remembers [from, to] as a gap, in place of the oldest.
+func (st *stalls) gap(from, to int64) {
+	st.gaps[st.next] = gap{from, to}
+	st.next = (st.next + 1) % gapRing
 }
 
-// netLocked returns x, the time (ns) an answer that came back at t took,
-// less the key's gaps within it (see endedLocked): how long it would have
-// taken had the client not stalled. A stall of the client's own process
-// (a GC pause, CPU throttling, a VM's steal time) makes every answer that
-// straddles it slow, and ends no attempt while it lasts. When more gaps
-// came since than the Set remembers, x as it is. s.mu is held.
-func (s *Set[P]) netLocked(t int64, x float64) float64 {
+// net returns x, the time (ns) an answer that came back at t took, less
+// the gaps within it: how long it would have taken had the client not
+// stalled. When more gaps came since than it remembers, x as it is.
+func (st *stalls) net(t int64, x float64) float64 {
 	from := t - int64(x)
-	if s.gaps[s.gapNext].to > from {
+	if st.gaps[st.next].to > from {
 		return x
 	}
 	n := x
-	for _, g := range s.gaps {
+	for _, g := range st.gaps {
 		if g.to > from {
 			n -= float64(max(min(g.to, t)-max(g.from, from), 0))
 		}
