@@ -16,17 +16,33 @@ type Answer struct {
 	// Hint is how long the server means to hold back, when it said so
 	// in a header of its own beside Retry-After; zero otherwise.
 	Hint time.Duration
-	// Unreached is true when the attempt's dial was refused or timed
-	// out: nothing answers at the lane's address.
-	Unreached bool
-	// Mute is true when the attempt's own timeout ended it before any
-	// answer came: the replica took it and said nothing (frozen, hung).
-	Mute bool
-	// Silent is true when the attempt ended with no answer from a
-	// replica that was reached: a hedge leg cut short, a connection
-	// closed before the headers. Mute is Silent.
-	Silent bool
+	// Kind is whether the lane's replica answered, and if not, how it
+	// kept silent.
+	Kind Kind
 }
+
+// Kind is how an attempt ended on its lane, as far as an answer goes.
+type Kind uint8
+
+const (
+	// Answered: the replica answered (its headers came), or the attempt
+	// ended in a way that says nothing of the replica's silence.
+	Answered Kind = iota
+	// Silent: the attempt ended with no answer from a replica that was
+	// reached: a hedge leg cut short, a connection closed before the
+	// headers.
+	Silent
+	// Mute: the attempt's own timeout ended it before any answer came:
+	// the replica took it and said nothing (frozen, hung). A mute lane is
+	// silent too (see Set.TakeOnce).
+	Mute
+	// Unreached: the attempt's dial was refused or timed out: nothing
+	// answers at the lane's address.
+	Unreached
+)
+
+// silent reports whether k leaves its lane silent (see Set.TakeOnce).
+func (k Kind) silent() bool { return k == Silent || k == Mute }
 
 // Report is what Done tells the caller.
 type Report[P any] struct {
@@ -65,7 +81,7 @@ type Report[P any] struct {
 // the loser) is a sample of at least that latency, and no evidence; any
 // other outcome, or a zero latency, teaches nothing.
 //
-// A Failure whose dial was refused or timed out (a.Unreached) takes the
+// A Failure whose dial was refused or timed out (a.Kind Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
 // again early. A Failure with a.Hold (a Retry-After) holds the lane back
 // when another lane is left, and no penalty: the hold is its penalty; the
@@ -80,9 +96,9 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	last := l.outstanding.Add(-1) == 0
 	switch bit := uint64(1) << l.Index; {
 	case l.removed: // its slot may be another lane's now
-	case a.Silent || a.Mute:
+	case a.Kind.silent():
 		s.silent.Or(bit)
-	case o == policy.Success || o == policy.Failure && !a.Unreached:
+	case o == policy.Success || o == policy.Failure && a.Kind != Unreached:
 		s.silent.And(^bit)
 	}
 	rep := s.doneLocked(l, t, latency, o, a)
@@ -133,7 +149,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		if l.Redial.Load() {
 			l.Redial.Store(false)
 		}
-	case o == policy.Failure && a.Unreached:
+	case o == policy.Failure && a.Kind == Unreached:
 		l.answered, l.lastOK = true, false
 		down = true
 	case o == policy.Failure:
@@ -145,7 +161,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		// A lane that said nothing before the attempt's timeout is out
 		// for downFor, then probed, as one whose dial was refused:
 		// what it will do next is unknown, not 2^k times its timeout.
-		mute = a.Mute && !rep.Held
+		mute = a.Kind == Mute && !rep.Held
 		if !rep.Held && !mute {
 			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
 			p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, maxPenaltyPower))))
@@ -160,7 +176,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		// is one more it did not answer: out again, else the next pick
 		// would probe it at once, and every call would wait a hedge's
 		// delay on it (150 legs in a frozen replica's last 3 s).
-		if a.Silent && !l.removed {
+		if a.Kind == Silent && !l.removed {
 			s.outLocked(l, t)
 		}
 		return rep

@@ -799,7 +799,7 @@ func TestTakeOncePassesOverASilentLane(t *testing.T) {
 		}
 	}
 	a := s.Take(now, others)                                  // the only lane the call has not used
-	s.Done(a, now, 0, policy.Discarded, Answer{Silent: true}) // its estimate unchanged
+	s.Done(a, now, 0, policy.Discarded, Answer{Kind: Silent}) // its estimate unchanged
 	count := func(take func(time.Time, uint64) *Lane[pool], used uint64) int {
 		n := 0
 		for range 300 {

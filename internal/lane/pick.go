@@ -136,7 +136,7 @@ func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] { return s.take(now, 
 // TakeOnce is Take for an attempt of a request that cannot be sent twice
 // (neither retried nor hedged once it may have reached a replica): it
 // passes over the lanes whose last attempt was met with silence (see
-// Answer.Silent) while another lane is left. A replica that stopped
+// Silent and Mute) while another lane is left. A replica that stopped
 // answering (frozen, hung) loses its first attempts to their hedges at
 // the hedge's delay, long before any timeout; an attempt that cannot be
 // hedged would wait there for its timeout and fail.

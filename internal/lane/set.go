@@ -31,7 +31,7 @@ type view[P any] struct {
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
 // at a time until it answers, then ramps up to its share over slowStart.
-// A lane whose last attempt ended with no answer (Answer.Silent: a hedge
+// A lane whose last attempt ended with no answer (Silent or Mute: a hedge
 // leg cut short, a timeout) is passed over by TakeOnce, the pick of a
 // request that cannot be sent twice, until it answers again. Done tells
 // the lane how the attempt went, and returns what the caller must act on.
@@ -91,7 +91,7 @@ type Set[P any] struct {
 	view         atomic.Pointer[view[P]]
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
-	silent       atomic.Uint64 // slots whose last attempt to end was Silent
+	silent       atomic.Uint64 // slots whose last attempt to end was Silent or Mute
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
 
