@@ -95,7 +95,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0
 	switch bit := uint64(1) << l.Index; {
-	case l.removed: // its slot may be another lane's now
+	case l.draining: // its slot may be another lane's now
 	case a.Kind.silent():
 		s.silent.Or(bit)
 	case o == policy.Success || o == policy.Failure && a.Kind != Unreached:
@@ -105,7 +105,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	l.endT = max(l.endT, t)
 	switch {
 	case !last:
-	case l.removed:
+	case l.draining:
 		rep.Drained = l
 		s.draining = slices.DeleteFunc(s.draining, func(d *Lane[P]) bool { return d == l })
 	case l.ejectedAt(t):
@@ -127,7 +127,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 				l.warm.Store(t) // its first answer: the slow start begins
 			}
 			n := s.stalls.net(t, x)
-			if l.wasOut {
+			if l.health == out {
 				// The first answer of a lane taken out for not answering
 				// took as long as what kept it out (a frozen replica
 				// answers at its thaw what it took since): it says the
@@ -143,20 +143,20 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 			l.pen.Store(math.Float64bits(p / 2))
 			l.penT.Store(t)
 		}
-		l.answered, l.lastOK, l.wasOut = true, true, false
+		l.health = answering
 		l.consecutive = 0
 		l.calls++
 		if l.Redial.Load() {
 			l.Redial.Store(false)
 		}
 	case o == policy.Failure && a.Kind == Unreached:
-		l.answered, l.lastOK = true, false
+		l.failed()
 		down = true
 	case o == policy.Failure:
 		// A lane held back by its answer's Retry-After is out until
 		// then, which is its penalty.
 		rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
-		l.answered, l.lastOK = true, false
+		l.failed()
 		l.consecutive++
 		// A lane that said nothing before the attempt's timeout is out
 		// for downFor, then probed, as one whose dial was refused:
@@ -170,13 +170,13 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 		}
 		l.calls++
 		l.failures++
-	case o == policy.Discarded && l.wasOut && l.est.Load() == 0:
+	case o == policy.Discarded && l.health == out && l.est.Load() == 0:
 		// A lane taken out for not answering stays one nothing is known
 		// of until it answers. Its probe lost to a hedge with no answer
 		// is one more it did not answer: out again, else the next pick
 		// would probe it at once, and every call would wait a hedge's
-		// delay on it (150 legs in a frozen replica's last 3 s).
-		if a.Kind == Silent && !l.removed {
+		// delay on it for as long as the replica stays silent.
+		if a.Kind == Silent && !l.draining {
 			s.outLocked(l, t)
 		}
 		return rep
@@ -192,7 +192,7 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	if l.back {
 		l.back, rep.Returned = false, l.last
 	}
-	if l.removed {
+	if l.draining {
 		return rep
 	}
 	if t-s.intervalT >= int64(interval) {
@@ -233,9 +233,7 @@ func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
 		d = a.Hint
 	}
 	l.forget(t)
-	if u := t + int64(min(d, s.maxEjectFor)); u > l.until.Load() {
-		l.until.Store(u)
-		l.blockedAs = policy.LaneHeld
+	if l.blockLocked(held, t+int64(min(d, s.maxEjectFor))) {
 		s.reblockLocked(t)
 	}
 }
@@ -255,10 +253,8 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 // it answers. s.mu is held.
 func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 	l.forget(t)
-	l.wasOut = true
-	if u := t + int64(downFor); u > l.until.Load() {
-		l.until.Store(u)
-		l.blockedAs = policy.LaneDown
+	l.health = out
+	if l.blockLocked(down, t+int64(downFor)) {
 		s.reblockLocked(t)
 	}
 }
@@ -274,4 +270,11 @@ func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 	l.forget(t)
 	l.slow, l.typ, l.typT = 0, 0, 0
 	l.Redial.Store(true)
+}
+
+// failed notes a Failure in l's health (see health). The Set's mu is held.
+func (l *Lane[P]) failed() {
+	if l.health != out {
+		l.health = failing
+	}
 }

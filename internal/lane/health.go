@@ -60,14 +60,84 @@ const (
 	minCalls = 20
 )
 
+// A lane's state is two named states that change apart: its health, what
+// its outcomes have shown, and its block, what keeps it from being picked
+// and until when (Lane.until; a block whose time is up ends at the next
+// reblockLocked, the next pick's at the latest). They are two because a
+// lane is in one of each at once: an ejected lane keeps what its outcomes
+// showed for when it returns, and a lane blocked as down may answer a
+// pick that had no other lane while its block lasts. Beside them, a lane is draining
+// once its address left the set (Update), and for good.
+
+// health is what a lane's outcomes have shown: the evidence that a
+// failure is the lane's and not the key's (see Report.Explained).
+//
+//	from                         event                                to
+//	any                          a Success                            answering
+//	unknown, answering, failing  a Failure                            failing
+//	out                          a Failure                            out
+//	any                          taken out (outLocked): its dial      out
+//	                             refused or timed out; mute until
+//	                             its timeout, not held, not ejected;
+//	                             or, out with no answer since, its
+//	                             probe lost to a hedge in silence
+type health uint8
+
+const (
+	unknown   health = iota // no outcome was evidence yet
+	answering               // its last evidence was a Success
+	failing                 // its last evidence was a Failure
+	out                     // taken out for not answering, and no Success since; failing too
+)
+
+// fails reports whether h is evidence that the lane fails.
+func (h health) fails() bool { return h == failing || h == out }
+
+// block is what keeps a lane from being picked until Lane.until. An
+// ejection outranks the others: a hold or a down on an ejected lane
+// lengthens its block, and it stays ejected.
+//
+//	from                    event                                to
+//	unblocked, held, down   ejected (ejectLocked)                ejected
+//	unblocked, held, down   held by a Retry-After, ending later  held
+//	unblocked, held, down   taken out (outLocked), ending later  down
+//	ejected                 held or taken out, ending later      ejected, until the later end
+//	ejected                 its time up (reblockLocked)          unblocked, returned (reported by
+//	                                                             its next evidence), its failures
+//	                                                             in a row and slow run cleared,
+//	                                                             its latency unknown
+//	held, down              its time up (reblockLocked)          unblocked
+type block uint8
+
+const (
+	unblocked block = iota // not blocked
+	held                   // held back by a Retry-After (holdLocked)
+	down                   // out for not answering (outLocked)
+	ejected                // ejected (ejectLocked)
+)
+
 // ejectedAt reports whether l is ejected at t. The Set's mu is held.
-func (l *Lane[P]) ejectedAt(t int64) bool { return l.ejected && l.until.Load() > t }
+func (l *Lane[P]) ejectedAt(t int64) bool { return l.block == ejected && l.until.Load() > t }
+
+// blockLocked blocks l as b until u, unless it is blocked until then
+// already; an ejection stays one. It reports whether it did. The Set's
+// mu is held.
+func (l *Lane[P]) blockLocked(b block, u int64) bool {
+	if u <= l.until.Load() {
+		return false
+	}
+	l.until.Store(u)
+	if l.block != ejected {
+		l.block = b
+	}
+	return true
+}
 
 // reblockLocked recomputes the blocked slots at t: a lane whose time is up
-// is unblocked, and an ejected one returns as a new lane would, its
-// consecutive count cleared and its estimate the mean of the others' (its
-// last, a failure's, would keep it from being picked long after it served
-// its time). s.mu is held.
+// is unblocked, and an ejected one returns as a lane nothing is known of
+// (one probe at a time until it answers), its failures in a row and its
+// run of slow answers cleared: its estimate, a failure's, would keep it
+// from being picked long after it served its time. s.mu is held.
 func (s *Set[P]) reblockLocked(t int64) uint64 {
 	v := s.view.Load()
 	var b uint64
@@ -79,9 +149,11 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 		case u > t:
 			b |= 1 << l.Index
 			next = min(next, u)
-		case l.ejected:
-			l.ejected, l.back, l.consecutive, l.slow = false, true, 0, 0
+		case l.block == ejected:
+			l.block, l.back, l.consecutive, l.slow = unblocked, true, 0, 0
 			l.forget(t)
+		default:
+			l.block = unblocked
 		}
 	}
 	s.blockedUntil.Store(next)
@@ -132,7 +204,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	if !math.IsInf(all, 1) {
 		s.stalls.quiet = int64(quietFactor * all)
 	}
-	if l.slow < slowRun || l.removed || l.ejectedAt(t) {
+	if l.slow < slowRun || l.draining || l.ejectedAt(t) {
 		return
 	}
 	l.slow = 0
@@ -231,7 +303,7 @@ func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 	v := s.view.Load()
 	for i := range bitsOf(v.mask) {
 		o := v.lanes[i]
-		if o != l && o.until.Load() <= t && (!ok || o.lastOK || !o.answered) {
+		if o != l && o.until.Load() <= t && (!ok || !o.health.fails()) {
 			return true
 		}
 	}
@@ -242,19 +314,18 @@ func (s *Set[P]) otherOpenLocked(l *Lane[P], t int64, ok bool) bool {
 // already. s.mu is held.
 func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why policy.EjectionReason) (Ejection[P], bool) {
 	v := s.view.Load()
-	ejected := 0
+	n := 0
 	for i := range bitsOf(v.mask) {
-		o := v.lanes[i]
-		if o.ejectedAt(t) {
-			ejected++
+		if v.lanes[i].ejectedAt(t) {
+			n++
 		}
 	}
-	if ejected >= s.maxEject(v.n) {
+	if n >= s.maxEject(v.n) {
 		return Ejection[P]{}, false
 	}
 	l.ejections++
 	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
-	l.ejected, l.last = true, Ejection[P]{Lane: l, Reason: why, For: d}
+	l.block, l.last = ejected, Ejection[P]{Lane: l, Reason: why, For: d}
 	l.until.Store(max(l.until.Load(), t+int64(d)))
 	s.reblockLocked(t)
 	return l.last, true

@@ -39,23 +39,20 @@ type Lane[P any] struct {
 	warm        atomic.Int64  // when its slow start began, ns; 0: not in one
 
 	// Guarded by the Set's mu.
-	answered        bool // some outcome was evidence
-	lastOK          bool // the last outcome that was evidence was a Success
+	health          health // what its outcomes have shown
+	block           block  // what blocks it until until
+	draining        bool   // its address left the set
 	consecutive     int
-	slow            int              // answers in a row far slower than the other lanes' (see latencyFactor)
-	wasOut          bool             // taken out for not answering (outLocked), and no success since
-	blockedAs       policy.LaneState // LaneHeld or LaneDown: what set until last, when not an ejection
-	typ             float64          // its typical latency, ns (see typical)
-	typT            int64            // when typ was last sampled, ns; 0: never
-	lastS           int64            // when its last success was sent, ns; 0: never
-	lastX           float64          // and its latency net of the key's stalls, ns
-	endT            int64            // when its last attempt ended, ns
-	calls, failures int              // in the current interval
-	ejections       int              // the multiplier of the next ejection's time, less one
-	ejected         bool
+	slow            int         // answers in a row far slower than the other lanes' (see latencyFactor)
+	typ             float64     // its typical latency, ns (see typical)
+	typT            int64       // when typ was last sampled, ns; 0: never
+	lastS           int64       // when its last success was sent, ns; 0: never
+	lastX           float64     // and its latency net of the key's stalls, ns
+	endT            int64       // when its last attempt ended, ns
+	calls, failures int         // in the current interval
+	ejections       int         // the multiplier of the next ejection's time, less one
 	last            Ejection[P] // the last ejection
 	back            bool        // returned from it, and not yet reported
-	removed         bool        // its address left the set: draining
 }
 
 // Ejection is a lane ejected, or back from an ejection, for the caller to

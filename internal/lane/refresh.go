@@ -89,7 +89,7 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 			}
 			continue
 		}
-		l.removed = true
+		l.draining = true
 		if l.outstanding.Load() == 0 {
 			drained = append(drained, l)
 		} else {

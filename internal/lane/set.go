@@ -187,13 +187,13 @@ func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapsh
 // the next pick unblocks it). The Set's mu is held.
 func (l *Lane[P]) stateLocked(t int64) policy.LaneState {
 	switch blocked := l.until.Load() > t; {
-	case blocked && l.ejected:
+	case blocked && l.block == ejected:
 		return policy.LaneEjected
-	case blocked && l.blockedAs != 0:
-		return l.blockedAs
+	case blocked && l.block == down:
+		return policy.LaneDown
 	case blocked:
 		return policy.LaneHeld
-	case l.ejected, l.est.Load() == 0:
+	case l.block == ejected, l.est.Load() == 0:
 		return policy.LaneProbing
 	}
 	return policy.LaneOpen
