@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"testing"
 	"time"
@@ -820,5 +821,51 @@ func TestTakeOncePassesOverASilentLane(t *testing.T) {
 	s.Done(s.Take(now, others), now, 5*time.Millisecond, policy.Success, Answer{}) // it answers
 	if s.silent.Load()&(1<<a.Index) != 0 {
 		t.Error("the lane is still silent after it answered")
+	}
+}
+
+// words returns a random source that yields ws in turn.
+func words(ws ...uint64) func() uint64 {
+	return func() uint64 {
+		w := ws[0]
+		ws = append(ws[1:], w)
+		return w
+	}
+}
+
+// draw is the random word that draws the a-th lane of n, then the b-th of
+// the n−1 others.
+func draw(a, b, n int) uint64 {
+	lo := (uint64(a)<<32 + uint64(n) - 1) / uint64(n)
+	hi := (uint64(b)<<32 + uint64(n-1) - 1) / uint64(n-1)
+	return hi<<32 | lo
+}
+
+func TestTakePicksTheCheaperOfTheTwoDrawn(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	for i := range 4 { // lane i answers in (i+1) ms: lane 0 is the cheapest
+		s.rand = words(draw(i, 0, 4))
+		l := s.Take(t0, 0)
+		s.Done(l, t0, time.Duration(l.Index+1)*time.Millisecond, policy.Success, Answer{})
+	}
+	for _, tc := range []struct {
+		a, b int // the k-th of the candidates, and of the others
+		used uint64
+		want int
+	}{
+		{0, 0, 0, 0},      // lanes 0 and 1: 0 is faster
+		{3, 0, 0, 0},      // lanes 3 and 0
+		{2, 2, 0, 2},      // lanes 2 and 3
+		{3, 1, 0, 1},      // lanes 3 and 1
+		{0, 0, 0b0001, 1}, // lane 0 used: lanes 1 and 2
+		{2, 1, 0b0001, 2}, // lanes 3 and 2
+		{1, 0, 0b0011, 2}, // only 2 and 3 left: 3, then 2
+	} {
+		s.rand = words(draw(tc.a, tc.b, 4-bits.OnesCount64(tc.used)))
+		l := s.Take(t0, tc.used)
+		l.outstanding.Add(-1)
+		if l.Index != tc.want {
+			t.Errorf("draw (%d, %d) with %04b used: lane %d, want %d", tc.a, tc.b, tc.used, l.Index, tc.want)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"iter"
 	"math"
 	"math/bits"
-	"math/rand/v2"
 	"time"
 )
 
@@ -169,7 +168,10 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 	if n := bits.OnesCount64(cand); n == 1 {
 		l = v.lanes[bits.TrailingZeros64(cand)]
 	} else {
-		r := rand.Uint64()
+		// One random word draws both: its low half the first lane, its
+		// high half the second among the others, each scaled to the
+		// count by a multiply and a shift (k = half × n / 2^32).
+		r := s.rand()
 		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
 		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
 		l = v.lanes[a]

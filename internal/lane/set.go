@@ -2,6 +2,7 @@ package lane
 
 import (
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,7 +76,7 @@ type view[P any] struct {
 // Nothing here starts a goroutine or a timer: ejections, holds and downs
 // end, intervals close and refreshes fall due lazily, from the now of the
 // calls. Take takes no lock (a few atomic loads, one random word from
-// math/rand/v2's per-thread source, one atomic add for the lane's
+// its source, math/rand/v2's per-thread one, one atomic add for the lane's
 // outstanding count) except, once per block's end, to unblock; Done holds
 // the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
 // under a kilobyte plus about 150 bytes a lane, and the caller's Pool.
@@ -87,6 +88,10 @@ type Set[P any] struct {
 	refresh     time.Duration // 0: no Endpoints
 	open        func(addr string, index int) P
 	epoch       time.Time
+	// rand is the random source of the two choices: math/rand/v2's
+	// per-thread one, which takes no lock, unless a test sets its own
+	// before the Set is used.
+	rand func() uint64
 
 	view         atomic.Pointer[view[P]]
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
@@ -116,6 +121,7 @@ func New[P any](cfg policy.Replicas, now time.Time, open func(addr string, index
 		ejectFor:    cfg.EjectFor,
 		maxEjectFor: cfg.MaxEjectFor,
 		open:        open,
+		rand:        rand.Uint64,
 		epoch:       now.Add(-1), // so that now itself is 1 ns, and 0 is before anything
 		backoff:     firstRetry,
 	}
