@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -527,7 +529,7 @@ func TestRefresh(t *testing.T) {
 			if s.StartRefresh(now) {
 				t.Fatalf("step %d: a second refresh started while one runs", i)
 			}
-			if d := s.Update(now, st.addrs, st.err); len(d) != st.drained {
+			if d := s.Update(now, st.addrs, st.err).Drained; len(d) != st.drained {
 				t.Fatalf("step %d: %d lanes drained, want %d", i, len(d), st.drained)
 			}
 		}
@@ -553,7 +555,7 @@ func TestALaneLeavingWithAttemptsInFlightDrainsWithTheLast(t *testing.T) {
 	}
 	s.refreshAt.Store(0)
 	s.StartRefresh(t0)
-	if d := s.Update(t0, []string{"b:1"}, nil); len(d) != 0 {
+	if d := s.Update(t0, []string{"b:1"}, nil).Drained; len(d) != 0 {
 		t.Fatalf("a lane with attempts in flight drained at once: %v", d)
 	}
 	n := 0
@@ -866,6 +868,50 @@ func TestTakePicksTheCheaperOfTheTwoDrawn(t *testing.T) {
 		l.outstanding.Add(-1)
 		if l.Index != tc.want {
 			t.Errorf("draw (%d, %d) with %04b used: lane %d, want %d", tc.a, tc.b, tc.used, l.Index, tc.want)
+		}
+	}
+}
+
+func TestUpdateReportsTheChange(t *testing.T) {
+	var many []string
+	for i := range policy.MaxLanes + 3 {
+		many = append(many, "h"+strconv.Itoa(i)+":80")
+	}
+	// Each answer to a Set with Endpoints, whose one lane dials the
+	// request's own address.
+	for _, tc := range []struct {
+		answer, added []string
+	}{
+		{nil, nil},
+		{[]string{"", ""}, nil},
+		{[]string{"b:1", "a:1", "b:1", ""}, []string{"b:1", "a:1"}},
+		{append(slices.Clone(many), many[0]), many[:policy.MaxLanes]},
+	} {
+		s := newSet(policy.Replicas{Endpoints: stub{}})
+		c := s.Update(t0, tc.answer, nil)
+		if !slices.Equal(c.Added, tc.added) || c.Removed != nil || c.Lanes != len(tc.added) {
+			t.Errorf("Update(%q) = added %q, removed %q, %d lanes; want added %q, none removed, %d lanes",
+				tc.answer, c.Added, c.Removed, c.Lanes, tc.added, len(tc.added))
+		}
+	}
+
+	s := newSet(policy.Replicas{Endpoints: stub{}})
+	for _, st := range []struct {
+		answer         []string
+		err            error
+		added, removed []string
+		lanes, drained int
+	}{
+		{[]string{"a", "b", "c"}, nil, []string{"a", "b", "c"}, nil, 3, 1},
+		{[]string{"c", "d"}, nil, []string{"d"}, []string{"a", "b"}, 2, 2}, // d takes a's slot, 0
+		{[]string{"e"}, nil, []string{"e"}, []string{"d", "c"}, 1, 2},      // in the lanes' order
+		{nil, errors.New("no answer"), nil, nil, 0, 0},
+		{[]string{"e"}, nil, nil, nil, 1, 0},
+	} {
+		c := s.Update(t0, st.answer, st.err)
+		if !slices.Equal(c.Added, st.added) || !slices.Equal(c.Removed, st.removed) || c.Lanes != st.lanes || len(c.Drained) != st.drained {
+			t.Errorf("Update(%q, %v) = added %q, removed %q, %d lanes, %d drained; want %q, %q, %d, %d",
+				st.answer, st.err, c.Added, c.Removed, c.Lanes, len(c.Drained), st.added, st.removed, st.lanes, st.drained)
 		}
 	}
 }
