@@ -81,7 +81,7 @@ type Report[P any] struct {
 // the loser) is a sample of at least that latency, and no evidence; any
 // other outcome, or a zero latency, teaches nothing.
 //
-// A Failure whose dial was refused or timed out (a.Kind Unreached) takes the
+// A Failure whose dial was refused or timed out (Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
 // again early. A Failure with a.Hold (a Retry-After) holds the lane back
 // when another lane is left, and no penalty: the hold is its penalty; the
@@ -115,96 +115,88 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 }
 
 // doneLocked is Done's learning, with s.mu held.
-func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
-	var rep Report[P]
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) (rep Report[P]) {
 	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
-	down, mute := false, false
-	switch {
-	case o == policy.Success:
-		if latency > 0 {
-			x := float64(latency)
-			if l.est.Load() == 0 {
-				l.warm.Store(t) // its first answer: the slow start begins
-			}
-			n := s.stalls.net(t, x)
-			if l.health == out {
-				// The first answer of a lane taken out for not answering
-				// took as long as what kept it out (a frozen replica
-				// answers at its thaw what it took since): it says the
-				// lane answers, and is taken as no slower than the other
-				// lanes' best; its next answers tell the rest.
-				n = min(n, s.leastTypicalLocked(l, t))
-			}
-			s.sampleLocked(l, t, x, n)
-			s.slowLocked(l, t, x, n, true, &rep)
-			l.lastS, l.lastX = t-int64(latency), n
-		}
-		if p := l.penalty(t); p > 0 {
-			l.pen.Store(math.Float64bits(p / 2))
-			l.penT.Store(t)
-		}
-		l.health = answering
-		l.consecutive = 0
-		l.calls++
-		if l.Redial.Load() {
-			l.Redial.Store(false)
-		}
-	case o == policy.Failure && a.Kind == Unreached:
-		l.failed()
-		down = true
-	case o == policy.Failure:
-		// A lane held back by its answer's Retry-After is out until
-		// then, which is its penalty.
-		rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
-		l.failed()
-		l.consecutive++
-		// A lane that said nothing before the attempt's timeout is out
-		// for downFor, then probed, as one whose dial was refused:
-		// what it will do next is unknown, not 2^k times its timeout.
-		mute = a.Kind == Mute && !rep.Held
-		if !rep.Held && !mute {
-			x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
-			p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, maxPenaltyPower))))
-			l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
-			l.penT.Store(t)
-		}
-		l.calls++
-		l.failures++
-	case o == policy.Discarded && l.health == out && l.est.Load() == 0:
-		// A lane taken out for not answering stays one nothing is known
-		// of until it answers. Its probe lost to a hedge with no answer
-		// is one more it did not answer: out again, else the next pick
-		// would probe it at once, and every call would wait a hedge's
-		// delay on it for as long as the replica stays silent.
-		if a.Kind == Silent && !l.draining {
-			s.outLocked(l, t)
-		}
-		return rep
-	case o == policy.Discarded && latency > 0:
+	switch o {
+	case policy.Success:
+		s.successLocked(l, t, latency, &rep)
+		s.evidenceLocked(l, t, &rep)
+	case policy.Failure:
+		s.failureLocked(l, t, latency, a, &rep)
+	case policy.Discarded:
+		s.discardedLocked(l, t, latency, a, &rep)
+	}
+	return rep
+}
+
+// successLocked learns from a Success of l at t that took latency: a
+// latency sample, when it has one, the penalty halved, and the lane
+// answering. s.mu is held.
+func (s *Set[P]) successLocked(l *Lane[P], t int64, latency time.Duration, rep *Report[P]) {
+	if latency > 0 {
 		x := float64(latency)
+		if l.est.Load() == 0 {
+			l.warm.Store(t) // its first answer: the slow start begins
+		}
 		n := s.stalls.net(t, x)
+		if l.health == out {
+			// The first answer of a lane taken out for not answering
+			// took as long as what kept it out (a frozen replica
+			// answers at its thaw what it took since): it says the
+			// lane answers, and is taken as no slower than the other
+			// lanes' best; its next answers tell the rest.
+			n = min(n, s.leastTypicalLocked(l, t))
+		}
 		s.sampleLocked(l, t, x, n)
-		s.slowLocked(l, t, x, n, false, &rep)
-		return rep
-	default:
-		return rep
+		s.slowLocked(l, t, x, n, true, rep)
+		l.lastS, l.lastX = t-int64(latency), n
 	}
-	if l.back {
-		l.back, rep.Returned = false, l.last
+	if p := l.penalty(t); p > 0 {
+		l.pen.Store(math.Float64bits(p / 2))
+		l.penT.Store(t)
 	}
-	if l.draining {
-		return rep
+	l.health = answering
+	l.consecutive = 0
+	l.calls++
+	if l.Redial.Load() {
+		l.Redial.Store(false)
 	}
-	if t-s.intervalT >= int64(interval) {
-		rep.Ejected = append(rep.Ejected, s.closeIntervalLocked(t)...)
+}
+
+// failureLocked learns from a Failure of l at t that took latency, and
+// what its answer told: a refused dial takes the lane out; else the
+// failure counts in its run and its interval, and it is held back by a
+// Retry-After, taken out when mute, or else penalized; a run of
+// ConsecutiveFailures ejects it; and the report says whether the lane
+// explains the failure, a connection lane that does being placed anew.
+// s.mu is held.
+func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Answer, rep *Report[P]) {
+	l.failed()
+	if a.Kind == Unreached {
+		if s.evidenceLocked(l, t, rep) {
+			s.downLocked(l, t)
+			rep.Explained = s.otherOpenLocked(l, t, true)
+		}
+		return
 	}
-	if o != policy.Failure {
-		return rep
+	// A lane held back by its answer's Retry-After is out until then,
+	// which is its penalty.
+	rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+	l.consecutive++
+	// A lane that said nothing before the attempt's timeout is out for
+	// downFor, then probed, as one whose dial was refused: what it will
+	// do next is unknown, not 2^k times its timeout.
+	mute := a.Kind == Mute && !rep.Held
+	if !rep.Held && !mute {
+		x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
+		p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, maxPenaltyPower))))
+		l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
+		l.penT.Store(t)
 	}
-	if down {
-		s.downLocked(l, t)
-		rep.Explained = s.otherOpenLocked(l, t, true)
-		return rep
+	l.calls++
+	l.failures++
+	if !s.evidenceLocked(l, t, rep) {
+		return
 	}
 	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
 		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
@@ -221,7 +213,47 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
 		s.redialLocked(l, t)
 	}
-	return rep
+}
+
+// evidenceLocked ends what a Success or a Failure of l at t teaches
+// alike: the report of its return from an ejection, and the close of the
+// interval when it is due. It reports whether the lane is still in the
+// set, so that the rules about it go on. s.mu is held.
+func (s *Set[P]) evidenceLocked(l *Lane[P], t int64, rep *Report[P]) bool {
+	if l.back {
+		l.back, rep.Returned = false, l.last
+	}
+	if l.draining {
+		return false
+	}
+	if t-s.intervalT >= int64(interval) {
+		rep.Ejected = append(rep.Ejected, s.closeIntervalLocked(t)...)
+	}
+	return true
+}
+
+// discardedLocked learns from a Discarded attempt of l at t (a hedge
+// leg cancelled as the loser): a lane taken out for not answering and
+// still unanswered is taken out again if it kept silent; else its time
+// on the wire is a sample of at least that latency, and no evidence.
+// s.mu is held.
+func (s *Set[P]) discardedLocked(l *Lane[P], t int64, latency time.Duration, a Answer, rep *Report[P]) {
+	switch {
+	case l.health == out && l.est.Load() == 0:
+		// A lane taken out for not answering stays one nothing is known
+		// of until it answers. Its probe lost to a hedge with no answer
+		// is one more it did not answer: out again, else the next pick
+		// would probe it at once, and every call would wait a hedge's
+		// delay on it for as long as the replica stays silent.
+		if a.Kind == Silent && !l.draining {
+			s.outLocked(l, t)
+		}
+	case latency > 0:
+		x := float64(latency)
+		n := s.stalls.net(t, x)
+		s.sampleLocked(l, t, x, n)
+		s.slowLocked(l, t, x, n, false, rep)
+	}
 }
 
 // holdLocked holds l back at t for the pushback in a: until a probe may
