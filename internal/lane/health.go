@@ -119,6 +119,23 @@ const (
 // ejectedAt reports whether l is ejected at t. The Set's mu is held.
 func (l *Lane[P]) ejectedAt(t int64) bool { return l.block == ejected && l.until.Load() > t }
 
+// stateLocked returns l's state at t. A lane whose block is over is
+// probing: it returns as a lane nothing is known of (an ejected one once
+// the next pick unblocks it). The Set's mu is held.
+func (l *Lane[P]) stateLocked(t int64) policy.LaneState {
+	switch blocked := l.until.Load() > t; {
+	case blocked && l.block == ejected:
+		return policy.LaneEjected
+	case blocked && l.block == down:
+		return policy.LaneDown
+	case blocked:
+		return policy.LaneHeld
+	case l.block == ejected, l.est.Load() == 0:
+		return policy.LaneProbing
+	}
+	return policy.LaneOpen
+}
+
 // blockLocked blocks l as b until u, unless it is blocked until then
 // already; an ejection stays one. It reports whether it did. The Set's
 // mu is held.

@@ -188,23 +188,6 @@ func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapsh
 	}
 }
 
-// stateLocked returns l's state at t. A lane whose block is over is
-// probing: it returns as a lane nothing is known of (an ejected one once
-// the next pick unblocks it). The Set's mu is held.
-func (l *Lane[P]) stateLocked(t int64) policy.LaneState {
-	switch blocked := l.until.Load() > t; {
-	case blocked && l.block == ejected:
-		return policy.LaneEjected
-	case blocked && l.block == down:
-		return policy.LaneDown
-	case blocked:
-		return policy.LaneHeld
-	case l.block == ejected, l.est.Load() == 0:
-		return policy.LaneProbing
-	}
-	return policy.LaneOpen
-}
-
 // Pools calls f with the pool of every lane, those draining included, with
 // no lock held while f runs.
 func (s *Set[P]) Pools(f func(P)) {
