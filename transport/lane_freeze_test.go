@@ -146,7 +146,7 @@ func silence(t *testing.T, rt *Transport, addr string) {
 	for range policy.MaxLanes {
 		l := s.Take(now, used)
 		if l.Addr == addr {
-			s.Done(l, now, 0, policy.Discarded, lane.Answer{Silent: true})
+			s.Done(l, now, 0, policy.Discarded, lane.Answer{Kind: lane.Silent})
 			return
 		}
 		s.Done(l, now, 0, policy.Canceled, lane.Answer{})

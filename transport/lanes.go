@@ -13,30 +13,6 @@ import (
 // lanes is a key's lanes, each with a pool of its own (see lanePool).
 type lanes = lane.Set[*lanePool]
 
-// laneAddrs returns the addresses of an answer of Endpoints that get a
-// lane, as lane.Set.Update takes them: empty ones and duplicates dropped,
-// the first policy.MaxLanes kept.
-func laneAddrs(answer []string) []string {
-	var addrs []string
-	for _, a := range answer {
-		if a != "" && !slices.Contains(addrs, a) && len(addrs) < policy.MaxLanes {
-			addrs = append(addrs, a)
-		}
-	}
-	return addrs
-}
-
-// missing returns the addresses of a that b has not, in a's order.
-func missing(a, b []string) []string {
-	var m []string
-	for _, x := range a {
-		if !slices.Contains(b, x) {
-			m = append(m, x)
-		}
-	}
-	return m
-}
-
 // hostport returns the host and port req goes to, the scheme's default
 // port filled in: what a Resolver is asked.
 func hostport(req *http.Request) string {

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"errors"
-	"slices"
 	"strconv"
 	"testing"
 	"testing/synctest"
@@ -63,23 +62,4 @@ func TestLanesChangedOncePerChange(t *testing.T) {
 			t.Errorf("Measured says %d lanes, want 2", m.Lanes)
 		}
 	})
-}
-
-func TestLaneAddrsAsTheLanesTakeThem(t *testing.T) {
-	var many []string
-	for i := range policy.MaxLanes + 3 {
-		many = append(many, "h"+strconv.Itoa(i)+":80")
-	}
-	for _, tc := range []struct {
-		answer, want []string
-	}{
-		{nil, nil},
-		{[]string{"", ""}, nil},
-		{[]string{"b:1", "a:1", "b:1", ""}, []string{"b:1", "a:1"}},
-		{append(slices.Clone(many), many[0]), many[:policy.MaxLanes]},
-	} {
-		if got := laneAddrs(tc.answer); !slices.Equal(got, tc.want) {
-			t.Errorf("laneAddrs(%q) = %q, want %q", tc.answer, got, tc.want)
-		}
-	}
 }

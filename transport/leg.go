@@ -530,9 +530,15 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 		a.Hold, _ = httpx.ParseRetryAfter(v, now)
 	}
 	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
-	a.Unreached = resp == nil && httpx.Undialed(err)
-	_, a.Mute = err.(*attemptTimeoutError) // no headers within the attempt's timeout
-	a.Silent = silent || resp == nil && o == policy.Failure && !a.Unreached
+	_, timedOut := err.(*attemptTimeoutError)
+	switch {
+	case resp == nil && httpx.Undialed(err):
+		a.Kind = lane.Unreached
+	case timedOut: // no headers within the attempt's timeout
+		a.Kind = lane.Mute
+	case silent || resp == nil && o == policy.Failure:
+		a.Kind = lane.Silent
+	}
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs

@@ -143,7 +143,7 @@ func endpointsAnswer(s *scope, i int, now time.Time) {
 	if !s.lanes.StartRefresh(now) {
 		panic("no refresh due on a new key with Endpoints")
 	}
-	for _, l := range s.lanes.Update(now, addrs, nil) {
+	for _, l := range s.lanes.Update(now, addrs, nil).Drained {
 		l.Pool.CloseIdleConnections() // the request's own address's lane, drained
 	}
 }

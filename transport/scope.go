@@ -115,9 +115,6 @@ type scope struct {
 	rate     *gate.RateLimiter
 	hedge    *hedge.State
 	lanes    *lanes // nil: Replicas is off
-	// laneAddrs is the addresses of the lanes, as resolve last set them
-	// (one refresh runs at a time); nil before Endpoints' first good answer.
-	laneAddrs []string
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave
@@ -426,19 +423,13 @@ func (s *scope) resolve(obs *policy.Observer, hostport string) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.Refresh)
 	addrs, err := r.Endpoints.Resolve(ctx, hostport)
 	cancel()
-	var added, removed []string
-	if was := s.laneAddrs; err == nil {
-		if now := laneAddrs(addrs); len(now) > 0 { // an answer Update takes
-			added, removed = missing(now, was), missing(was, now)
-			s.laneAddrs = now // before Update, whose lock orders it before the next refresh
-		}
-	}
-	for _, l := range s.lanes.Update(time.Now(), addrs, err) {
+	c := s.lanes.Update(time.Now(), addrs, err)
+	for _, l := range c.Drained {
 		l.Pool.CloseIdleConnections()
 	}
-	if obs != nil && obs.LanesChanged != nil && len(added)+len(removed) > 0 {
+	if obs != nil && obs.LanesChanged != nil && len(c.Added)+len(c.Removed) > 0 {
 		obs.LanesChanged(policy.LaneSetChange{
-			Context: context.Background(), Key: s.key, Added: added, Removed: removed, Lanes: len(s.laneAddrs),
+			Context: context.Background(), Key: s.key, Added: c.Added, Removed: c.Removed, Lanes: c.Lanes,
 		})
 	}
 }

@@ -329,7 +329,7 @@ func TestAFrozenReplicaIsProbedAndAnswersAtItsThaw(t *testing.T) {
 		d := 5 * time.Millisecond
 		if now.Before(to) {
 			if d = to.Sub(now) + d; d >= time.Second {
-				return time.Second, policy.Failure, Answer{Mute: true}
+				return time.Second, policy.Failure, Answer{Kind: Mute}
 			}
 		}
 		if answered.IsZero() {
@@ -465,7 +465,7 @@ func TestARefusedDialTakesItsLaneOutAtOnce(t *testing.T) {
 		if l != c {
 			t.Fatalf("took %s, want c", l.Addr)
 		}
-		return s.Done(l, now, time.Millisecond, policy.Failure, Answer{Unreached: true})
+		return s.Done(l, now, time.Millisecond, policy.Failure, Answer{Kind: Unreached})
 	}
 	now = t0.Add(300 * time.Millisecond)
 	if rep := refused(); !rep.Explained || len(rep.Ejected) != 0 {
@@ -517,7 +517,7 @@ func TestARefusedDialTakesItsLaneOutAtOnce(t *testing.T) {
 		s := addrSet(t, policy.Replicas{}, "a", "b")
 		unexplained := 0
 		for range 20 {
-			if !s.Done(s.Take(t0, 0), t0, time.Millisecond, policy.Failure, Answer{Unreached: true}).Explained {
+			if !s.Done(s.Take(t0, 0), t0, time.Millisecond, policy.Failure, Answer{Kind: Unreached}).Explained {
 				unexplained++
 			}
 		}
@@ -538,7 +538,7 @@ func TestALanesShareAfterA2sOutage(t *testing.T) {
 	down := func(now time.Time) bool { d := now.Sub(t0); return d >= 2*time.Second && d < 4*time.Second }
 	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
 		if l.Addr == "c" && down(now) {
-			return time.Millisecond, policy.Failure, Answer{Unreached: true}
+			return time.Millisecond, policy.Failure, Answer{Kind: Unreached}
 		}
 		return 5 * time.Millisecond, policy.Success, Answer{}
 	}

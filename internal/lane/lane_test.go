@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -526,7 +529,7 @@ func TestRefresh(t *testing.T) {
 			if s.StartRefresh(now) {
 				t.Fatalf("step %d: a second refresh started while one runs", i)
 			}
-			if d := s.Update(now, st.addrs, st.err); len(d) != st.drained {
+			if d := s.Update(now, st.addrs, st.err).Drained; len(d) != st.drained {
 				t.Fatalf("step %d: %d lanes drained, want %d", i, len(d), st.drained)
 			}
 		}
@@ -552,7 +555,7 @@ func TestALaneLeavingWithAttemptsInFlightDrainsWithTheLast(t *testing.T) {
 	}
 	s.refreshAt.Store(0)
 	s.StartRefresh(t0)
-	if d := s.Update(t0, []string{"b:1"}, nil); len(d) != 0 {
+	if d := s.Update(t0, []string{"b:1"}, nil).Drained; len(d) != 0 {
 		t.Fatalf("a lane with attempts in flight drained at once: %v", d)
 	}
 	n := 0
@@ -799,7 +802,7 @@ func TestTakeOncePassesOverASilentLane(t *testing.T) {
 		}
 	}
 	a := s.Take(now, others)                                  // the only lane the call has not used
-	s.Done(a, now, 0, policy.Discarded, Answer{Silent: true}) // its estimate unchanged
+	s.Done(a, now, 0, policy.Discarded, Answer{Kind: Silent}) // its estimate unchanged
 	count := func(take func(time.Time, uint64) *Lane[pool], used uint64) int {
 		n := 0
 		for range 300 {
@@ -820,5 +823,95 @@ func TestTakeOncePassesOverASilentLane(t *testing.T) {
 	s.Done(s.Take(now, others), now, 5*time.Millisecond, policy.Success, Answer{}) // it answers
 	if s.silent.Load()&(1<<a.Index) != 0 {
 		t.Error("the lane is still silent after it answered")
+	}
+}
+
+// words returns a random source that yields ws in turn.
+func words(ws ...uint64) func() uint64 {
+	return func() uint64 {
+		w := ws[0]
+		ws = append(ws[1:], w)
+		return w
+	}
+}
+
+// draw is the random word that draws the a-th lane of n, then the b-th of
+// the n−1 others.
+func draw(a, b, n int) uint64 {
+	lo := (uint64(a)<<32 + uint64(n) - 1) / uint64(n)
+	hi := (uint64(b)<<32 + uint64(n-1) - 1) / uint64(n-1)
+	return hi<<32 | lo
+}
+
+func TestTakePicksTheCheaperOfTheTwoDrawn(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	for i := range 4 { // lane i answers in (i+1) ms: lane 0 is the cheapest
+		s.rand = words(draw(i, 0, 4))
+		l := s.Take(t0, 0)
+		s.Done(l, t0, time.Duration(l.Index+1)*time.Millisecond, policy.Success, Answer{})
+	}
+	for _, tc := range []struct {
+		a, b int // the k-th of the candidates, and of the others
+		used uint64
+		want int
+	}{
+		{0, 0, 0, 0},      // lanes 0 and 1: 0 is faster
+		{3, 0, 0, 0},      // lanes 3 and 0
+		{2, 2, 0, 2},      // lanes 2 and 3
+		{3, 1, 0, 1},      // lanes 3 and 1
+		{0, 0, 0b0001, 1}, // lane 0 used: lanes 1 and 2
+		{2, 1, 0b0001, 2}, // lanes 3 and 2
+		{1, 0, 0b0011, 2}, // only 2 and 3 left: 3, then 2
+	} {
+		s.rand = words(draw(tc.a, tc.b, 4-bits.OnesCount64(tc.used)))
+		l := s.Take(t0, tc.used)
+		l.outstanding.Add(-1)
+		if l.Index != tc.want {
+			t.Errorf("draw (%d, %d) with %04b used: lane %d, want %d", tc.a, tc.b, tc.used, l.Index, tc.want)
+		}
+	}
+}
+
+func TestUpdateReportsTheChange(t *testing.T) {
+	var many []string
+	for i := range policy.MaxLanes + 3 {
+		many = append(many, "h"+strconv.Itoa(i)+":80")
+	}
+	// Each answer to a Set with Endpoints, whose one lane dials the
+	// request's own address.
+	for _, tc := range []struct {
+		answer, added []string
+	}{
+		{nil, nil},
+		{[]string{"", ""}, nil},
+		{[]string{"b:1", "a:1", "b:1", ""}, []string{"b:1", "a:1"}},
+		{append(slices.Clone(many), many[0]), many[:policy.MaxLanes]},
+	} {
+		s := newSet(policy.Replicas{Endpoints: stub{}})
+		c := s.Update(t0, tc.answer, nil)
+		if !slices.Equal(c.Added, tc.added) || c.Removed != nil || c.Lanes != len(tc.added) {
+			t.Errorf("Update(%q) = added %q, removed %q, %d lanes; want added %q, none removed, %d lanes",
+				tc.answer, c.Added, c.Removed, c.Lanes, tc.added, len(tc.added))
+		}
+	}
+
+	s := newSet(policy.Replicas{Endpoints: stub{}})
+	for _, st := range []struct {
+		answer         []string
+		err            error
+		added, removed []string
+		lanes, drained int
+	}{
+		{[]string{"a", "b", "c"}, nil, []string{"a", "b", "c"}, nil, 3, 1},
+		{[]string{"c", "d"}, nil, []string{"d"}, []string{"a", "b"}, 2, 2}, // d takes a's slot, 0
+		{[]string{"e"}, nil, []string{"e"}, []string{"d", "c"}, 1, 2},      // in the lanes' order
+		{nil, errors.New("no answer"), nil, nil, 0, 0},
+		{[]string{"e"}, nil, nil, nil, 1, 0},
+	} {
+		c := s.Update(t0, st.answer, st.err)
+		if !slices.Equal(c.Added, st.added) || !slices.Equal(c.Removed, st.removed) || c.Lanes != st.lanes || len(c.Drained) != st.drained {
+			t.Errorf("Update(%q, %v) = added %q, removed %q, %d lanes, %d drained; want %q, %q, %d, %d",
+				st.answer, st.err, c.Added, c.Removed, c.Lanes, len(c.Drained), st.added, st.removed, st.lanes, st.drained)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package lane
 
 import (
 	"math"
-	"math/bits"
 	"time"
 )
 
@@ -16,8 +15,8 @@ func (s *Set[P]) OpenIn(now time.Time, used uint64) (wait time.Duration, ok bool
 	t := s.nanos(now)
 	v := s.view.Load()
 	first := int64(math.MaxInt64)
-	for m := v.mask &^ used; m != 0; m &= m - 1 {
-		first = min(first, v.lanes[bits.TrailingZeros64(m)].until.Load())
+	for i := range bitsOf(v.mask &^ used) {
+		first = min(first, v.lanes[i].until.Load())
 	}
 	if first == math.MaxInt64 {
 		return 0, false

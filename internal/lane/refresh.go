@@ -10,6 +10,10 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
+// firstRetry is the wait after a failed or empty Endpoints answer,
+// doubled after each one up to Refresh.
+const firstRetry = time.Second
+
 // StartRefresh reports whether Endpoints should be asked again at now: its
 // last good answer is older than Refresh, or the last answer failed and its
 // wait is over. When it returns true, a refresh is begun, no other is until
@@ -45,10 +49,8 @@ func (s *Set[P]) StartRefresh(now time.Time) bool {
 //
 // Addresses are used as given, duplicates and empty ones dropped, the first
 // policy.MaxLanes in the answer's order kept and the rest counted (Counts'
-// ignored). Update returns the draining lanes that have no attempt in
-// flight: their pools' idle connections should be closed now; the others'
-// are reported by the Done of their last attempt.
-func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*Lane[P]) {
+// ignored). Update returns what the answer changed (see Change).
+func (s *Set[P]) Update(now time.Time, addrs []string, err error) (c Change[P]) {
 	t := s.nanos(now)
 	var uniq []string
 	if err == nil {
@@ -65,7 +67,7 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	if len(uniq) == 0 {
 		s.refreshAt.Store(t + int64(s.backoff))
 		s.backoff = min(2*s.backoff, max(s.refresh, firstRetry))
-		return nil
+		return c
 	}
 	s.backoff = firstRetry
 	s.refreshAt.Store(t + int64(s.refresh))
@@ -75,8 +77,8 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	old := s.view.Load()
 	nv := new(view[P])
 	var ejected []*Lane[P]
-	for m := old.mask; m != 0; m &= m - 1 {
-		l := old.lanes[bits.TrailingZeros64(m)]
+	for i := range bitsOf(old.mask) {
+		l := old.lanes[i]
 		if slices.Contains(uniq, l.Addr) { // never the first lane, dialing the request's own address ("")
 			nv.lanes[l.Index] = l
 			nv.mask |= 1 << l.Index
@@ -85,9 +87,12 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 			}
 			continue
 		}
-		l.removed = true
+		l.draining = true
+		if l.Addr != "" {
+			c.Removed = append(c.Removed, l.Addr)
+		}
 		if l.outstanding.Load() == 0 {
-			drained = append(drained, l)
+			c.Drained = append(c.Drained, l)
 		} else {
 			s.draining = append(s.draining, l)
 		}
@@ -99,6 +104,7 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 		i := bits.TrailingZeros64(^nv.mask)
 		l := s.newLane(a, i, 0)
 		l.stamp.Store(t)
+		c.Added = append(c.Added, a)
 		nv.lanes[i] = l
 		nv.mask |= 1 << i
 	}
@@ -114,5 +120,23 @@ func (s *Set[P]) Update(now time.Time, addrs []string, err error) (drained []*La
 	}
 	s.view.Store(nv)
 	s.reblockLocked(t)
-	return drained
+	c.Lanes = nv.n
+	return c
+}
+
+// Change is what an answer of Endpoints changed in a Set, as Update
+// returns it.
+type Change[P any] struct {
+	// Added is the addresses that got a lane, in the answer's order;
+	// Removed those whose lane is draining, in the lanes' order (the
+	// lane that dialed the request's own address left out). At most
+	// policy.MaxLanes each.
+	Added, Removed []string
+	// Lanes is how many lanes the set has after a good answer, 0 after
+	// a failed or empty one, which changes nothing.
+	Lanes int
+	// Drained is the draining lanes that have no attempt in flight:
+	// their pools' idle connections should be closed now; the others'
+	// are reported by the Done of their last attempt.
+	Drained []*Lane[P]
 }

@@ -53,7 +53,7 @@ func TestStates(t *testing.T) {
 		s.Done(lanes[i], t0.Add(d), 5*time.Millisecond, o, a)
 	}
 	at(time.Millisecond, 1, policy.Failure, Answer{Hold: 10 * time.Second})
-	at(time.Millisecond, 2, policy.Failure, Answer{Unreached: true})
+	at(time.Millisecond, 2, policy.Failure, Answer{Kind: Unreached})
 	at(time.Millisecond, 3, policy.Failure, Answer{})
 	check(time.Millisecond, lanes4{open, held, down, open})
 	at(2*time.Millisecond, 3, policy.Failure, Answer{})

@@ -1,0 +1,312 @@
+package lane
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/resilix/resilix/policy"
+)
+
+// Answer is what an attempt's answer, or its error, told of its lane
+// beyond its outcome.
+type Answer struct {
+	// Hold is the answer's Retry-After on a 503 or 429, zero otherwise.
+	Hold time.Duration
+	// Hint is how long the server means to hold back, when it said so
+	// in a header of its own beside Retry-After; zero otherwise.
+	Hint time.Duration
+	// Kind is whether the lane's replica answered, and if not, how it
+	// kept silent.
+	Kind Kind
+}
+
+// Kind is how an attempt ended on its lane, as far as an answer goes.
+type Kind uint8
+
+const (
+	// Answered: the replica answered (its headers came), or the attempt
+	// ended in a way that says nothing of the replica's silence.
+	Answered Kind = iota
+	// Silent: the attempt ended with no answer from a replica that was
+	// reached: a hedge leg cut short, a connection closed before the
+	// headers.
+	Silent
+	// Mute: the attempt's own timeout ended it before any answer came:
+	// the replica took it and said nothing (frozen, hung). A mute lane is
+	// silent too (see Set.TakeOnce).
+	Mute
+	// Unreached: the attempt's dial was refused or timed out: nothing
+	// answers at the lane's address.
+	Unreached
+)
+
+// silent reports whether k leaves its lane silent (see Set.TakeOnce).
+func (k Kind) silent() bool { return k == Silent || k == Mute }
+
+// Report is what Done tells the caller.
+type Report[P any] struct {
+	// Explained is true when the attempt failed and its lane explains
+	// the failure: the lane is ejected, or is failing (two failures in a
+	// row, held by the answer's Retry-After, or its dial refused), and
+	// another lane that is not blocked is not known to fail (its last
+	// outcome succeeded, or it has had none yet). The key's breaker should
+	// then learn nothing from it, unless the attempt was a half-open
+	// breaker's probe: every lane failing, or the last lane open failing,
+	// is the host failing, and reaches it.
+	Explained bool
+	// Held is true when the answer's Retry-After held its lane back, so
+	// that the key need not be: another lane is left to pick.
+	Held bool
+	// Ejected lists the lanes ejected by this outcome (one, or at the end
+	// of an interval several); their pools' idle connections should be
+	// closed, so that a balancer places the lane anew.
+	Ejected []Ejection[P]
+	// Returned is the ejection the lane came back from, when this was
+	// the first evidence on it since: its Lane is nil otherwise.
+	Returned Ejection[P]
+	// Drained is the lane, when it had left the set or is ejected and
+	// this was its last attempt in flight: its pool's idle connections
+	// should be closed (an ejected lane then comes back with none, so
+	// that a balancer places its next connection anew). Nil otherwise.
+	Drained *Lane[P]
+}
+
+// Done ends an attempt that Take counted on lane l, at now, with its
+// latency to headers (or error), its outcome as the key's Classify gave
+// it, and what its answer told of the lane (a). A Success is evidence of
+// the lane's health and a latency sample; a Failure is evidence, and adds
+// to the lane's failure penalty (see failurePenalty), not to its
+// estimate; a Discarded outcome with a latency (a hedge leg cancelled as
+// the loser) is a sample of at least that latency, and no evidence; any
+// other outcome, or a zero latency, teaches nothing.
+//
+// A Failure whose dial was refused or timed out (Unreached) takes the
+// lane out for downFor, not through an ejection, and asks Endpoints
+// again early. A Failure with a.Hold (a Retry-After) holds the lane back
+// when another lane is left, and no penalty: the hold is its penalty; the
+// lane is tried again by one probe as soon as the hold could be shorter
+// than it says: after a.Hint when the server gave one shorter than Hold,
+// else after Hold less a second (Retry-After counts whole seconds), at
+// most MaxEjectFor. Done allocates only to report an ejection.
+func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
+	t := s.nanos(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := l.outstanding.Add(-1) == 0
+	switch bit := uint64(1) << l.Index; {
+	case l.draining: // its slot may be another lane's now
+	case a.Kind.silent():
+		s.silent.Or(bit)
+	case o == policy.Success || o == policy.Failure && a.Kind != Unreached:
+		s.silent.And(^bit)
+	}
+	rep := s.doneLocked(l, t, latency, o, a)
+	l.endT = max(l.endT, t)
+	switch {
+	case !last:
+	case l.draining:
+		rep.Drained = l
+		s.draining = slices.DeleteFunc(s.draining, func(d *Lane[P]) bool { return d == l })
+	case l.ejectedAt(t):
+		rep.Drained = l
+	}
+	return rep
+}
+
+// doneLocked is Done's learning, with s.mu held.
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) (rep Report[P]) {
+	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
+	switch o {
+	case policy.Success:
+		s.successLocked(l, t, latency, &rep)
+		s.evidenceLocked(l, t, &rep)
+	case policy.Failure:
+		s.failureLocked(l, t, latency, a, &rep)
+	case policy.Discarded:
+		s.discardedLocked(l, t, latency, a, &rep)
+	}
+	return rep
+}
+
+// successLocked learns from a Success of l at t that took latency: a
+// latency sample, when it has one, the penalty halved, and the lane
+// answering. s.mu is held.
+func (s *Set[P]) successLocked(l *Lane[P], t int64, latency time.Duration, rep *Report[P]) {
+	if latency > 0 {
+		x := float64(latency)
+		if l.est.Load() == 0 {
+			l.warm.Store(t) // its first answer: the slow start begins
+		}
+		n := s.stalls.net(t, x)
+		if l.health == out {
+			// The first answer of a lane taken out for not answering
+			// took as long as what kept it out (a frozen replica
+			// answers at its thaw what it took since): it says the
+			// lane answers, and is taken as no slower than the other
+			// lanes' best; its next answers tell the rest.
+			n = min(n, s.leastTypicalLocked(l, t))
+		}
+		s.sampleLocked(l, t, x, n)
+		s.slowLocked(l, t, x, n, true, rep)
+		l.lastS, l.lastX = t-int64(latency), n
+	}
+	if p := l.penalty(t); p > 0 {
+		l.pen.Store(math.Float64bits(p / 2))
+		l.penT.Store(t)
+	}
+	l.health = answering
+	l.consecutive = 0
+	l.calls++
+	if l.Redial.Load() {
+		l.Redial.Store(false)
+	}
+}
+
+// failureLocked learns from a Failure of l at t that took latency, and
+// what its answer told: a refused dial takes the lane out; else the
+// failure counts in its run and its interval, and it is held back by a
+// Retry-After, taken out when mute, or else penalized; a run of
+// ConsecutiveFailures ejects it; and the report says whether the lane
+// explains the failure, a connection lane that does being placed anew.
+// s.mu is held.
+func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Answer, rep *Report[P]) {
+	l.failed()
+	if a.Kind == Unreached {
+		if s.evidenceLocked(l, t, rep) {
+			s.downLocked(l, t)
+			rep.Explained = s.otherOpenLocked(l, t, true)
+		}
+		return
+	}
+	// A lane held back by its answer's Retry-After is out until then,
+	// which is its penalty.
+	rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+	l.consecutive++
+	// A lane that said nothing before the attempt's timeout is out for
+	// downFor, then probed, as one whose dial was refused: what it will
+	// do next is unknown, not 2^k times its timeout.
+	mute := a.Kind == Mute && !rep.Held
+	if !rep.Held && !mute {
+		x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
+		p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, maxPenaltyPower))))
+		l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
+		l.penT.Store(t)
+	}
+	l.calls++
+	l.failures++
+	if !s.evidenceLocked(l, t, rep) {
+		return
+	}
+	if s.consecutive > 0 && l.consecutive >= s.consecutive && !l.ejectedAt(t) {
+		if e, ok := s.ejectLocked(l, t, policy.EjectConsecutive); ok {
+			rep.Ejected = append(rep.Ejected, e)
+		}
+	}
+	if rep.Held {
+		s.holdLocked(l, t, a)
+	}
+	if mute && !l.ejectedAt(t) {
+		s.outLocked(l, t)
+	}
+	rep.Explained = (l.ejectedAt(t) || l.consecutive >= failingRun || rep.Held || mute) && s.otherOpenLocked(l, t, true)
+	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
+		s.redialLocked(l, t)
+	}
+}
+
+// evidenceLocked ends what a Success or a Failure of l at t teaches
+// alike: the report of its return from an ejection, and the close of the
+// interval when it is due. It reports whether the lane is still in the
+// set, so that the rules about it go on. s.mu is held.
+func (s *Set[P]) evidenceLocked(l *Lane[P], t int64, rep *Report[P]) bool {
+	if l.back {
+		l.back, rep.Returned = false, l.last
+	}
+	if l.draining {
+		return false
+	}
+	if t-s.intervalT >= int64(interval) {
+		rep.Ejected = append(rep.Ejected, s.closeIntervalLocked(t)...)
+	}
+	return true
+}
+
+// discardedLocked learns from a Discarded attempt of l at t (a hedge
+// leg cancelled as the loser): a lane taken out for not answering and
+// still unanswered is taken out again if it kept silent; else its time
+// on the wire is a sample of at least that latency, and no evidence.
+// s.mu is held.
+func (s *Set[P]) discardedLocked(l *Lane[P], t int64, latency time.Duration, a Answer, rep *Report[P]) {
+	switch {
+	case l.health == out && l.est.Load() == 0:
+		// A lane taken out for not answering stays one nothing is known
+		// of until it answers. Its probe lost to a hedge with no answer
+		// is one more it did not answer: out again, else the next pick
+		// would probe it at once, and every call would wait a hedge's
+		// delay on it for as long as the replica stays silent.
+		if a.Kind == Silent && !l.draining {
+			s.outLocked(l, t)
+		}
+	case latency > 0:
+		x := float64(latency)
+		n := s.stalls.net(t, x)
+		s.sampleLocked(l, t, x, n)
+		s.slowLocked(l, t, x, n, false, rep)
+	}
+}
+
+// holdLocked holds l back at t for the pushback in a: until a probe may
+// try it (see Done), from when it is a lane nothing is known of. s.mu is
+// held.
+func (s *Set[P]) holdLocked(l *Lane[P], t int64, a Answer) {
+	d := max(a.Hold-retryAfterGrain, 0)
+	if a.Hint > 0 && a.Hint < a.Hold {
+		d = a.Hint
+	}
+	l.forget(t)
+	if l.blockLocked(held, t+int64(min(d, s.maxEjectFor))) {
+		s.reblockLocked(t)
+	}
+}
+
+// downLocked takes l out at t, its dial refused or timed out: for
+// downFor, then one probe at a time until it answers; and Endpoints is
+// asked again as soon as refreshGap has passed since it was last asked.
+// s.mu is held.
+func (s *Set[P]) downLocked(l *Lane[P], t int64) {
+	s.outLocked(l, t)
+	if r := s.refreshAt.Load(); s.refresh > 0 && r != math.MaxInt64 {
+		s.refreshAt.Store(min(r, max(t, s.askedT+int64(refreshGap))))
+	}
+}
+
+// outLocked takes l out at t for downFor, then one probe at a time until
+// it answers. s.mu is held.
+func (s *Set[P]) outLocked(l *Lane[P], t int64) {
+	l.forget(t)
+	l.health = out
+	if l.blockLocked(down, t+int64(downFor)) {
+		s.reblockLocked(t)
+	}
+}
+
+// redialLocked places connection lane l anew at t: its pool is to dial
+// again, and its estimate, typical latency and run of slow answers start
+// over as a new lane's (one probe at a time until it answers), since
+// they describe the replica it leaves. Its failures in a row and its last
+// outcome stay until it answers: they are the key's evidence (see
+// Report.Explained), and a lane placed on a failing replica again goes on
+// to be ejected. s.mu is held.
+func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
+	l.forget(t)
+	l.slow, l.typ, l.typT = 0, 0, 0
+	l.Redial.Store(true)
+}
+
+// failed notes a Failure in l's health (see health). The Set's mu is held.
+func (l *Lane[P]) failed() {
+	if l.health != out {
+		l.health = failing
+	}
+}

@@ -1,0 +1,230 @@
+package lane
+
+import (
+	"iter"
+	"math"
+	"math/bits"
+	"time"
+)
+
+// The picking cost.
+const (
+	// decay is the time constant of a lane's latency estimate: a faster
+	// sample is averaged in with weight 1 − e^(−Δt/decay) (a slower one
+	// too, unless it is taken as the new peak: see sampleLocked), and the
+	// estimate read at a pick has decayed towards zero by e^(−Δt/decay)
+	// since its last sample, so that a lane left alone because it was slow
+	// is tried again. 10 s, as Finagle's PeakEwma and Linkerd: with a
+	// shorter one, a replica many times slower whose legs hedges cancel
+	// (its estimate sees only their time to the hedge) is picked again as
+	// soon as its estimate decays, and each of its calls waits a hedge's
+	// delay. The price: a peak too short to count as a stall keeps its
+	// lane unpicked for seconds.
+	decay = 10 * time.Second
+	// failurePenalty: failures are kept out of the latency estimate
+	// (failure accrual apart, as Finagle keeps it). A failure sets the
+	// lane's penalty, added to its estimate at a pick, to at least the
+	// slowest other lane's estimate (at least its own latency, at least
+	// minPenalty) times failurePenalty to the power of the lane's
+	// consecutive failures (at most maxPenalty): a lane that fails fast
+	// costs more than any healthy one, and a run of failures more than
+	// the outstanding attempts that load puts on the others (1 + about 4
+	// at 16 callers on four lanes: three failures in a row outweigh it).
+	// The penalty fades with the time constant failureDecay, the scale
+	// of a failure (a timeout, a restart), not of the latency average,
+	// and each success halves it: a lane that failed for a few seconds
+	// and then answers is back to its share within 3 s
+	// (TestALanesShareAfterA2sOutage).
+	failurePenalty = 2.0
+	minPenalty     = float64(time.Millisecond)
+	maxPenalty     = float64(30 * time.Second)
+	failureDecay   = time.Second
+	// maxPenaltyPower caps the exponent of failurePenalty, so that the
+	// power stays finite; maxPenalty caps the penalty long before it.
+	maxPenaltyPower = 64
+	// slowStart is Envoy's slow start window: a lane nothing was known
+	// of (new in the set, back from an ejection, a hold or a refused
+	// dial, dialed anew) gets one probe at a time until it answers
+	// (probeCost), then its cost is divided by a weight that grows
+	// linearly from minWeight to 1 over slowStart since that answer, so
+	// that its share ramps up rather than jumping from nothing to all
+	// that its low estimate would draw.
+	slowStart = time.Second
+	minWeight = 0.1
+	// minEstimate is the least estimate a pick reads, so that among
+	// lanes decayed to nothing the least loaded wins.
+	minEstimate = float64(time.Microsecond)
+	// probeCost is what each outstanding attempt of a lane with no
+	// sample yet costs (Finagle's PeakEwma penalizes such a lane on its
+	// first probe): a lane nothing is known of is tried once, and gets
+	// more only when every other lane costs more than the probes in
+	// flight on it, so that a key's first calls are not spread evenly
+	// over a slow replica before any answer came back.
+	probeCost = float64(time.Hour)
+	// sentGrain is how precisely a Set keeps the time of its latest
+	// pick, for the stall rule (see stalls.ended): parallel picks then
+	// seldom write the Set's shared word.
+	sentGrain = int64(50 * time.Microsecond)
+)
+
+// cheaper reports whether a's picking cost at t is below b's.
+func cheaper[P any](a, b *Lane[P], t int64) bool { return a.cost(t) < b.cost(t) }
+
+// cost is l's picking cost at t: (outstanding + 1) × (its latency
+// estimate decayed to t, at least minEstimate, plus its failure penalty
+// decayed to t), divided by its slow start weight; for a lane with no
+// sample yet, outstanding × probeCost (see probeCost).
+func (l *Lane[P]) cost(t int64) float64 {
+	o := float64(l.outstanding.Load())
+	if l.est.Load() == 0 && o > 0 {
+		return o * probeCost
+	}
+	c := (o + 1) * (max(l.estimate(t), minEstimate) + l.penalty(t))
+	if w := l.warm.Load(); w != 0 && t-w < int64(slowStart) {
+		c /= max(minWeight, float64(t-w)/float64(slowStart))
+	}
+	return c
+}
+
+// penalty is l's failure penalty at t (see failurePenalty).
+func (l *Lane[P]) penalty(t int64) float64 {
+	p := math.Float64frombits(l.pen.Load())
+	if p == 0 {
+		return 0
+	}
+	if dt := t - l.penT.Load(); dt > 0 {
+		p *= math.Exp(-float64(dt) / float64(failureDecay))
+	}
+	return p
+}
+
+// forget makes l a lane nothing is known of: one probe at a time until
+// it answers, then a slow start.
+func (l *Lane[P]) forget(t int64) {
+	l.est.Store(0)
+	l.stamp.Store(t)
+	l.warm.Store(0)
+}
+
+func (l *Lane[P]) estimate(t int64) float64 {
+	return math.Float64frombits(l.est.Load()) * decayed(t-l.stamp.Load())
+}
+
+// decayed returns e^(−dt/decay), 1 for dt <= 0. Picks read it twice, so
+// the common case, a lane sampled within the last half second, takes the
+// series to its fourth term (relative error under 3e-7) rather than
+// math.Exp.
+func decayed(dt int64) float64 {
+	x := float64(dt) / float64(decay)
+	switch {
+	case x <= 0:
+		return 1
+	case x < 0.05:
+		return 1 - x*(1-x/2*(1-x/3))
+	}
+	return math.Exp(-x)
+}
+
+// Take picks a lane for a wire attempt at now, and counts it outstanding
+// until Done. used is the mask of lane indexes the attempt's call has
+// already sent on (bit Index); the pick is among the lanes neither used nor
+// blocked, else among those not blocked, else among those not used, else
+// any. It never returns nil, and never allocates.
+func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] { return s.take(now, used, false) }
+
+// TakeOnce is Take for an attempt of a request that cannot be sent twice
+// (neither retried nor hedged once it may have reached a replica): it
+// passes over the lanes whose last attempt was met with silence (see
+// Silent and Mute) while another lane is left. A replica that stopped
+// answering (frozen, hung) loses its first attempts to their hedges at
+// the hedge's delay, long before any timeout; an attempt that cannot be
+// hedged would wait there for its timeout and fail.
+func (s *Set[P]) TakeOnce(now time.Time, used uint64) *Lane[P] { return s.take(now, used, true) }
+
+func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
+	t := s.nanos(now)
+	v := s.view.Load()
+	blocked := s.blocked.Load()
+	if blocked != 0 && t >= s.blockedUntil.Load() {
+		blocked = s.unblock(t)
+	}
+	all := v.mask
+	cand := all &^ used &^ blocked
+	if cand == 0 {
+		cand = all &^ blocked
+	}
+	if cand == 0 {
+		cand = all &^ used
+	}
+	if cand == 0 {
+		cand = all
+	}
+	if once {
+		if c := cand &^ s.silent.Load(); c != 0 {
+			cand = c
+		}
+	}
+	var l *Lane[P]
+	if n := bits.OnesCount64(cand); n == 1 {
+		l = v.lanes[bits.TrailingZeros64(cand)]
+	} else {
+		// One random word draws both: its low half the first lane, its
+		// high half the second among the others, each scaled to the
+		// count by a multiply and a shift (k = half × n / 2^32).
+		r := s.rand()
+		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
+		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
+		l = v.lanes[a]
+		if o := v.lanes[b]; cheaper(o, l, t) {
+			l = o
+		}
+	}
+	l.outstanding.Add(1)
+	if t-s.lastSent.Load() >= sentGrain {
+		s.lastSent.Store(t) // within sentGrain: parallel picks seldom write the Set's line
+	}
+	return l
+}
+
+// nth returns the index of the k-th set bit of m, counting from zero: for
+// k of 8 or more, a binary search by population count down to a byte, then
+// at most seven steps.
+func nth(m uint64, k int) int {
+	base := 0
+	for _, w := range [...]int{32, 16, 8} {
+		if k < 8 {
+			break
+		}
+		lo := m & (1<<w - 1)
+		if c := bits.OnesCount64(lo); k >= c {
+			k -= c
+			m >>= w
+			base += w
+		} else {
+			m = lo
+		}
+	}
+	for ; k > 0; k-- {
+		m &= m - 1
+	}
+	return base + bits.TrailingZeros64(m)
+}
+
+// unblock ends the blocks whose time is up at t, and returns the slots
+// still blocked.
+func (s *Set[P]) unblock(t int64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reblockLocked(t)
+}
+
+// bitsOf yields the index of each set bit of m, lowest first.
+func bitsOf(m uint64) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for ; m != 0; m &= m - 1 {
+			if !yield(bits.TrailingZeros64(m)) {
+				return
+			}
+		}
+	}
+}
