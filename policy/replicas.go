@@ -310,6 +310,19 @@ type LaneSnapshot struct {
 	// connection lane and for the lane that dials the request's own
 	// address until Endpoints answers.
 	Addr string
+
+	// HasLoad is true once the lane's server has sent a load report
+	// (ORCA's endpoint-load-metrics header in TEXT form, as admission
+	// writes it; see Replicas). Load is the load of its last report as a
+	// utilization, 1 at the server's limit: resilix's (requests in flight
+	// + queued) / limit, else application_utilization, else vLLM's KV
+	// cache share, else cpu_utilization; at least 1 when an attempt on
+	// the lane failed since that report came. LoadAge is the report's
+	// age; one older than 2 s is the server's word no more, and the lane
+	// is judged by the client's own estimate.
+	HasLoad bool
+	Load    float64
+	LoadAge time.Duration
 }
 
 // LaneName is the name of a key's lane, as AttemptInfo.Lane and the

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/resilix/resilix/policy"
 )
@@ -41,6 +42,8 @@ type lanePool struct {
 	resolve policy.Resolver // the first lane's Endpoints, which it dials through; nil otherwise
 	let     *letGo          // the transport's pools let go that still have streams
 
+	load laneLoad // its server's last load report (see readLoad)
+
 	cur  atomic.Pointer[poolGen] // nil once let go, until the next attempt
 	mu   sync.Mutex              // making a clone
 	done bool                    // its key was forgotten: every clone made now is let go at once; guarded by mu
@@ -60,6 +63,7 @@ type poolGen struct {
 // resolve when it is not nil.
 func newLanePool(base *http.Transport, addr string, resolve policy.Resolver, let *letGo) *lanePool {
 	p := &lanePool{base: base, addr: addr, resolve: resolve, let: let}
+	p.load.epoch = time.Now()
 	p.cur.Store(&poolGen{t: newPoolTransport(base, addr, resolve)})
 	return p
 }

@@ -533,6 +533,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 	a.Unreached = resp == nil && httpx.Undialed(err)
 	_, a.Mute = err.(*attemptTimeoutError) // no headers within the attempt's timeout
 	a.Silent = silent || resp == nil && o == policy.Failure && !a.Unreached
+	c.readLoad(l.lane.Pool, resp, o, now)
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs

@@ -114,7 +114,8 @@ type scope struct {
 	bulkhead *gate.Bulkhead
 	rate     *gate.RateLimiter
 	hedge    *hedge.State
-	lanes    *lanes // nil: Replicas is off
+	lanes    *lanes     // nil: Replicas is off
+	pools    *lanePools // the lanes' pools by index, for their load reports; nil: Replicas is off
 	// laneAddrs is the addresses of the lanes, as resolve last set them
 	// (one refresh runs at a time); nil before Endpoints' first good answer.
 	laneAddrs []string
@@ -215,6 +216,7 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 		c := s.lanes.Counts(now)
 		m.Lanes, m.LanesEjected, m.LanesIgnored = c.Lanes, c.Ejected, c.Ignored
 		s.lanes.States(now, &m.PerLane)
+		s.pools.loads(now, &m.PerLane)
 	}
 	return m
 }
