@@ -142,6 +142,16 @@ import (
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
 // lanes times those.
 //
+// Each lane keeps the last load report its server sent on an answer
+// (ORCA's endpoint-load-metrics header in TEXT form, as admission writes
+// it, and vLLM and Triton when asked), with its time: see
+// LaneSnapshot.Load. A malformed report (longer than 512 bytes, a field
+// read twice, a value negative, NaN, infinite, not a plain decimal or
+// out of its bound) is ignored and counted as a MalformedHeader; one
+// older than 2 s no longer counts; a failure on the lane at or after a
+// report makes its load at least 1. Picking does not use the reports yet,
+// and the transport does not ask for them.
+//
 // Replicas needs a base that is an *http.Transport (transport.New says so
 // otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
 // golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
