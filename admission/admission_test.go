@@ -229,7 +229,8 @@ func TestPriorityIsTrustedOrDefault(t *testing.T) {
 				trust = func(r *http.Request) bool { trusts++; return tc.trust(r) }
 			}
 			var s seen
-			h := mustHandler(t, probe(&s), Config{Trust: trust, DefaultPriority: tc.def})
+			// No load reports: Trust is counted for the priority alone.
+			h := mustHandler(t, probe(&s), Config{Trust: trust, DefaultPriority: tc.def, LoadReports: ReportNone})
 			ctx := tc.ctx
 			if ctx == nil {
 				ctx = context.Background()
