@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/resilix/resilix/internal/orca"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -323,5 +324,25 @@ func redirect(dial dialFunc, addr string, resolve policy.Resolver) dialFunc {
 			}
 		}
 		return nil, err
+	}
+}
+
+// lanePools is a key's lane pools by lane index, for the snapshot: the
+// pool of the lane last placed at each index.
+type lanePools [policy.MaxLanes]atomic.Pointer[lanePool]
+
+// loads writes into lanes the load report of each lane States put there.
+func (ps *lanePools) loads(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapshot) {
+	for i := range lanes {
+		if lanes[i].State == 0 {
+			continue
+		}
+		p := ps[i].Load()
+		if p == nil {
+			continue
+		}
+		if r := p.load.read(now); r.src != orca.SourceNone {
+			lanes[i].HasLoad, lanes[i].Load, lanes[i].LoadAge = true, r.load, r.age
+		}
 	}
 }

@@ -91,48 +91,28 @@ func (l *laneLoad) read(now time.Time) laneReport {
 	return r
 }
 
-// readLoad reads the load report on resp, the answer of an attempt on
-// lane pool p that ended at now with outcome o, into the lane's, and
-// notes a failure as the client's own evidence against the lane's
-// reports. A malformed report is ignored and counted (Observer's
-// MalformedHeader, Snapshot.MalformedHeaders); a report in another form
-// than TEXT, or with no load in it, is ignored. It allocates nothing but
-// what a malformed report's event costs.
-func (c *call) readLoad(p *lanePool, resp *http.Response, o policy.Outcome, now time.Time) {
-	t := p.load.nanos(now)
+// take reads the load report on resp, the answer of an attempt on the
+// lane that ended at now with outcome o, and notes a failure as the
+// client's own evidence against the lane's reports. A report in another
+// form than TEXT, or with no load in it, is ignored; a malformed one is
+// ignored, and its value returned with bad true, to be counted. It
+// allocates nothing.
+func (l *laneLoad) take(resp *http.Response, o policy.Outcome, now time.Time) (value string, bad bool) {
+	t := l.nanos(now)
 	if o == policy.Failure {
-		p.load.failAt.Store(t)
+		l.failAt.Store(t)
 	}
 	if resp == nil {
-		return
+		return "", false
 	}
 	r, st, v := orca.Parse(resp.Header)
 	switch st {
 	case orca.OK:
 		if load, src := r.Load(); src != orca.SourceNone {
-			p.load.store(load, src, t)
+			l.store(load, src, t)
 		}
 	case orca.Malformed:
-		c.t.malformed(c.ctx, c.s, orca.Header, v)
+		return v, true
 	}
-}
-
-// lanePools is a key's lane pools by lane index, for the snapshot: the
-// pool of the lane last placed at each index.
-type lanePools [policy.MaxLanes]atomic.Pointer[lanePool]
-
-// loads writes into lanes the load report of each lane States put there.
-func (ps *lanePools) loads(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapshot) {
-	for i := range lanes {
-		if lanes[i].State == 0 {
-			continue
-		}
-		p := ps[i].Load()
-		if p == nil {
-			continue
-		}
-		if r := p.load.read(now); r.src != orca.SourceNone {
-			lanes[i].HasLoad, lanes[i].Load, lanes[i].LoadAge = true, r.load, r.age
-		}
-	}
+	return "", false
 }
