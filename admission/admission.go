@@ -37,15 +37,26 @@ type Config struct {
 	Limiter policy.Limiter
 
 	// Trust reports whether the caller of r may set its request's
-	// priority and name its tenant: another of your services, say, told
-	// by its network address or its client certificate. It is called at
+	// priority and name its tenant, and, with LoadReports at its default,
+	// is told the server's load: another of your services, say, told by
+	// its network address or its client certificate. It is called at
 	// most once per request, and only for a request that carries a
-	// priority or a tenant header its context does not override. If nil,
+	// priority or a tenant header its context does not override, or that
+	// would be answered with a load report if trusted. If nil,
 	// no caller is trusted: every request gets DefaultPriority and no
 	// tenant, whatever its headers say (and next's request goes without
 	// them; see the package doc), which is the safe choice for a server
 	// reachable from outside.
 	Trust func(r *http.Request) bool
+
+	// LoadReports says to whom the server reports its load, on each
+	// response, in ORCA's endpoint-load-metrics header (see the package
+	// doc). If zero (ReportTrusted), to the callers Trust trusts, and so
+	// to nobody while Trust is nil: the load says how close the server is
+	// to refusing, which helps a picker choose among replicas and an
+	// attacker time a flood to the moment the queue is full, so it is
+	// given, as priorities are taken, only where Trust says so.
+	LoadReports Reporting
 
 	// DefaultPriority is the priority of a request from an untrusted
 	// caller, or from a trusted one that sends none (or one that cannot be
@@ -81,6 +92,19 @@ type Config struct {
 	AttemptHeader string
 }
 
+// Reporting says to whom a server reports its load (Config.LoadReports).
+type Reporting int8
+
+const (
+	// ReportTrusted reports to the callers Config.Trust trusts.
+	ReportTrusted Reporting = 0
+	// ReportAll reports to every caller: for a server only your own
+	// services reach.
+	ReportAll Reporting = 1
+	// ReportNone reports to nobody.
+	ReportNone Reporting = -1
+)
+
 // DefaultName is the Name used when Config.Name is empty.
 const DefaultName = "admission"
 
@@ -112,6 +136,9 @@ func Handler(next http.Handler, cfg Config) (http.Handler, error) {
 	if cfg.MinTimeout < 0 {
 		errs = append(errs, fmt.Errorf("admission: MinTimeout must be >= 0, got %v", cfg.MinTimeout))
 	}
+	if r := cfg.LoadReports; r != ReportTrusted && r != ReportAll && r != ReportNone {
+		errs = append(errs, fmt.Errorf("admission: LoadReports must be ReportTrusted, ReportAll or ReportNone, got %d", r))
+	}
 	lim := cfg.Limiter
 	if err := (&policy.Set{Limiter: &lim}).Validate(); err != nil {
 		if j, ok := err.(interface{ Unwrap() []error }); ok {
@@ -137,6 +164,10 @@ func Handler(next http.Handler, cfg Config) (http.Handler, error) {
 		timeHeader: names[2],
 		attHeader:  names[3],
 		limiter:    gate.NewLimiter(lim.WithDefaults(), time.Now(), new(gate.Tenants)),
+		reports:    cfg.LoadReports,
+	}
+	if s.reports == ReportTrusted && s.trust == nil {
+		s.reports = ReportNone
 	}
 	if s.name == "" {
 		s.name = DefaultName
@@ -167,6 +198,8 @@ type server struct {
 	attHeader  string
 	limiter    *gate.Limiter
 	malformed  atomic.Uint64
+	reports    Reporting // ReportNone when Trust is nil and would decide
+	served     rateMeter // requests next finished, for rps_fractional
 }
 
 // request is what the server knows of one request before admitting it.
@@ -183,6 +216,41 @@ type request struct {
 	// drop names the headers next's request goes without: those whose
 	// value admission did not take (see read).
 	drop dropped
+	// trust is what Trust said of the caller, once asked.
+	trust trustAnswer
+}
+
+// trustAnswer is what Config.Trust said of a request's caller: asked at
+// most once a request.
+type trustAnswer uint8
+
+const (
+	trustUnasked trustAnswer = iota
+	trustYes
+	trustNo
+)
+
+// trusted reports whether Trust trusts r's caller, asking it at most once
+// for q. It is false with no Trust.
+func (s *server) trusted(r *http.Request, q *request) bool {
+	if q.trust == trustUnasked {
+		q.trust = trustNo
+		if s.trust != nil && s.trust(r) {
+			q.trust = trustYes
+		}
+	}
+	return q.trust == trustYes
+}
+
+// reportsTo reports whether the answer to r carries a load report.
+func (s *server) reportsTo(r *http.Request, q *request) bool {
+	switch s.reports {
+	case ReportAll:
+		return true
+	case ReportTrusted:
+		return s.trusted(r, q)
+	}
+	return false
 }
 
 // dropped is a set of the four headers admission reads, one bit each.
@@ -199,7 +267,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrival := time.Now()
 	q := s.read(r, arrival)
 	if q.expires && s.tooLate(q.deadline, arrival) {
-		s.refuseLate(w, &q)
+		s.refuseLate(w, r, &q)
 		return
 	}
 	ctx := q.ctx
@@ -212,9 +280,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !d.OK {
 		switch {
 		case d.Reason != gate.LimiterCanceled:
-			s.refuseBusy(w, &q, d)
+			s.refuseBusy(w, r, &q, d)
 		case q.expires && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(q.deadline)):
-			s.refuseLate(w, &q)
+			s.refuseLate(w, r, &q)
 		default:
 			// The client went away while it waited: not a refusal.
 			w.WriteHeader(statusClientClosed)
@@ -226,17 +294,22 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		start = time.Now()
 		if q.expires && s.tooLate(q.deadline, start) {
 			s.release(ctx, p, start, 0, policy.Canceled)
-			s.refuseLate(w, &q)
+			s.refuseLate(w, r, &q)
 			return
 		}
 	}
+	report := s.reportsTo(r, &q)
 	if ctx != r.Context() || q.drop != 0 {
 		r = r.WithContext(ctx)
 		if q.drop != 0 {
 			r.Header = s.without(r.Header, q.drop)
 		}
 	}
-	s.serve(&writer{ResponseWriter: w}, r, p, start)
+	ww := &writer{ResponseWriter: w}
+	if report {
+		ww.report = s
+	}
+	s.serve(ww, r, p, start)
 }
 
 // statusClientClosed answers a request whose client went away while it
@@ -256,12 +329,20 @@ func (s *server) serve(w *writer, r *http.Request, p gate.LimiterPermit, start t
 	defer s.done(w, r.Context(), p, start)
 	s.next.ServeHTTP(w, r)
 	w.returned = true
+	if w.status == 0 && !w.hijacked && w.report != nil {
+		// net/http sends the 200 of a handler that wrote nothing once it
+		// returns, with the header as it is now.
+		w.report.writeLoad(w.Header())
+	}
 }
 
 // done releases the permit of a request next has finished with, with its
 // latency and what it says about the handler.
 func (s *server) done(w *writer, ctx context.Context, p gate.LimiterPermit, start time.Time) {
 	now := time.Now()
+	if s.reports != ReportNone {
+		s.served.add(now)
+	}
 	s.release(ctx, p, now, now.Sub(start), outcome(w, ctx.Err()))
 }
 
@@ -329,7 +410,7 @@ func (s *server) read(r *http.Request, arrival time.Time) request {
 	tv, sentTenant := httpx.First(h, s.tenHeader)
 	trusted := false
 	if (sentPrio && !hasPrio) || (sentTenant && !hasTenant) {
-		trusted = s.trust != nil && s.trust(r)
+		trusted = s.trusted(r, &q)
 	}
 
 	if sentPrio {
@@ -412,14 +493,18 @@ const (
 	valueNoSniff = "nosniff"
 )
 
-// refuseLate refuses a request whose time ran out, or is below MinTimeout.
-func (s *server) refuseLate(w http.ResponseWriter, q *request) {
+// refuseLate refuses a request r whose time ran out, or is below
+// MinTimeout.
+func (s *server) refuseLate(w http.ResponseWriter, r *http.Request, q *request) {
 	s.refused(q, policy.GateDeadline, context.DeadlineExceeded, 0, false)
+	if s.reportsTo(r, q) {
+		s.writeLoad(w.Header())
+	}
 	answer(w, http.StatusGatewayTimeout, 0, 0, bodyLate)
 }
 
-// refuseBusy refuses a request the limiter did not admit, as d says.
-func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDecision) {
+// refuseBusy refuses a request r the limiter did not admit, as d says.
+func (s *server) refuseBusy(w http.ResponseWriter, r *http.Request, q *request, d gate.LimiterDecision) {
 	wait := s.limiter.RetryAfter()
 	secs := retryAfterSeconds(wait)
 	s.refused(q, policy.GateAdmission, policy.ErrShed, time.Duration(secs)*time.Second, d.HeavyTenant)
@@ -431,6 +516,9 @@ func (s *server) refuseBusy(w http.ResponseWriter, q *request, d gate.LimiterDec
 		status, body = http.StatusTooManyRequests, bodyShed
 	case d.Reason == gate.LimiterEvicted:
 		status, body = http.StatusTooManyRequests, bodyEvicted
+	}
+	if s.reportsTo(r, q) {
+		s.writeLoad(w.Header())
 	}
 	answer(w, status, secs, retryAfterMillis(wait), body)
 }

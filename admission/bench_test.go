@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"testing"
+
+	"github.com/resilix/resilix/internal/orca"
 )
 
 // BenchmarkHandler measures what admission adds to a handler that answers
@@ -14,7 +16,8 @@ import (
 // reached.
 func BenchmarkHandler(b *testing.B) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	h := mustHandler(b, ok, Config{Trust: trustAll})
+	h := mustHandler(b, ok, Config{Trust: trustAll, LoadReports: ReportNone})
+	reporting := mustHandler(b, ok, Config{Trust: trustAll})
 	headers := []string{"Resilix-Priority", "bulk", "Resilix-Tenant", "acme", "Resilix-Attempt", "2"}
 	for _, bc := range []struct {
 		name string
@@ -25,12 +28,14 @@ func BenchmarkHandler(b *testing.B) {
 		{"admission", h, nil},
 		{"admission-headers", h, headers},
 		{"admission-headers-timeout", h, append(headers, "Resilix-Timeout-Ms", "5000")},
+		{"admission-load-report", reporting, nil},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			r := newRequest(context.Background(), bc.kv...)
 			w := &discard{h: http.Header{}}
 			b.ReportAllocs()
 			for b.Loop() {
+				delete(w.h, orca.Header) // a fresh answer's header
 				bc.h.ServeHTTP(w, r)
 			}
 		})

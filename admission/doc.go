@@ -151,6 +151,28 @@
 // a repeat (an attempt number above 1, retry or hedge: the header does not
 // tell them apart).
 //
+// # What it reports
+//
+// To the callers it trusts (Config.LoadReports), every answer, refusals
+// included, carries the server's load in ORCA's header, endpoint-load-metrics,
+// in its TEXT form (xds.data.orca.v3.OrcaLoadReport flattened into
+// key-value pairs; see github.com/cncf/xds and Envoy's orca_parser):
+//
+//	endpoint-load-metrics: TEXT application_utilization=0.450,rps_fractional=310.5,named_metrics.resilix_in_flight=9,named_metrics.resilix_limit=20,named_metrics.resilix_queued=0
+//
+// application_utilization is the requests in flight over the limit, and
+// rps_fractional the requests next finished over the last second (a
+// sliding window), ORCA's standard fields; what ORCA has no field for is
+// under named_metrics (a key it does not know makes Envoy reject the
+// whole report): resilix_in_flight, the requests inside next, the one
+// answered among them; resilix_limit, the concurrency limit;
+// resilix_queued, the requests waiting for a slot. The header is written
+// as the answer's headers go out (the first status of 200 or more, the
+// first write or flush, or next's return having written nothing), so it
+// says the load at that moment; a handler that wrote
+// endpoint-load-metrics itself keeps its own. A resilix transport with
+// policy.Replicas reads it per replica.
+//
 // # What it holds
 //
 // A request holds a slot of the limit from admission until next returns,
@@ -172,6 +194,6 @@
 // allocates three small objects per request (the priority's context, the
 // request copy next gets, the writer that records its status), one or two
 // more for each value it puts in the context, a context and its timer
-// for a deadline, and a copy of the request's Header when it removes one
-// of the four.
+// for a deadline, a copy of the request's Header when it removes one
+// of the four, and two for a load report (its value and its slice).
 package admission

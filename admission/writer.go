@@ -16,11 +16,17 @@ type writer struct {
 	status   int  // the final status sent; 0 until then
 	hijacked bool // Hijack succeeded
 	returned bool // next returned (rather than panicked)
+	// report is the server whose load the answer reports, set when the
+	// caller is told it; nil otherwise.
+	report *server
 }
 
 func (w *writer) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 { // 1xx are not final
 		w.status = code
+		if w.report != nil {
+			w.report.writeLoad(w.Header())
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -60,9 +66,13 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the server's writer, for http.ResponseController.
 func (w *writer) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// sent records the implicit 200 of a body or a flush before any status.
+// sent records the implicit 200 of a body or a flush before any status,
+// and puts the load report in its header.
 func (w *writer) sent() {
 	if w.status == 0 {
 		w.status = http.StatusOK
+		if w.report != nil {
+			w.report.writeLoad(w.Header())
+		}
 	}
 }

@@ -42,6 +42,8 @@
 //	resilix.lanes                   int64 gauge (async)   {lane}     key, state
 //	resilix.lane.attempts           int64 counter         {attempt}  key, lane, outcome
 //	resilix.lane.state              int64 gauge (async)   {state}    key, lane
+//	resilix.lane.load               float64 gauge (async) 1          key, lane
+//	resilix.lane.load.age           float64 gauge (async) s          key, lane
 //
 // The attribute values are the names the policy package gives them:
 //
@@ -92,7 +94,8 @@
 //     policy.Set.Replicas picks from (Snapshot.Lanes, lanes draining after
 //     their address left not counted) that are not ejected, and those
 //     that are (Snapshot.LanesEjected);
-//   - lane on lane.attempts and lane.state: the lane's index among its
+//   - lane on lane.attempts, lane.state, lane.load and lane.load.age:
+//     the lane's index among its
 //     key's lanes, "0" to "63" (policy.AttemptInfo.LaneIndex, the index of
 //     Snapshot.PerLane), or, with Options.LaneAddresses, a lane of
 //     Endpoints' address (policy.AttemptInfo.Lane); and outcome on
@@ -110,6 +113,15 @@
 // attempt's timeout met no answer), 5 ejected. Together they tell which
 // replica is bad, and, beside the hedge win rate, whether picking or
 // hedging helped the tail.
+//
+// resilix.lane.load is the load each lane's server last reported in ORCA's
+// endpoint-load-metrics header (admission writes it; so do vLLM and
+// Triton, when asked), as Snapshot.PerLane's Load: a utilization, 1 at
+// the server's limit, above 1 while its queue holds requests, at least 1
+// when an attempt on the lane failed since the report; and
+// resilix.lane.load.age is that report's age (LoadAge). Both have a point
+// only for a lane whose server has sent a report. A load report older
+// than 2 s is the server's word no more.
 //
 // The ejections and lanes instruments name no lane. The lane an attempt
 // went to is also on its span event (package oteltrace, resilix.lane).
@@ -188,7 +200,8 @@
 // resilix_hedge_threshold_seconds_bucket,
 // resilix_hedge_threshold_current_seconds, resilix_breaker_state,
 // resilix_limiter_limit, resilix_budget_balance, resilix_rate_limit_store,
-// resilix_lanes, resilix_lane_attempts_total, resilix_lane_state;
+// resilix_lanes, resilix_lane_attempts_total, resilix_lane_state,
+// resilix_lane_load_ratio, resilix_lane_load_age_seconds;
 // the attribute http.header becomes the label http_header.
 // The hedge win rate per
 // key:
@@ -215,7 +228,8 @@
 // AttributeFilter leaves it out.
 //
 // The lane attribute is bounded by the lanes a key has at once, at most
-// 64: resilix.lane.state has a series per lane, resilix.lane.attempts one
+// 64: resilix.lane.state, resilix.lane.load and resilix.lane.load.age
+// have a series per lane, resilix.lane.attempts one
 // per lane and outcome seen (three or four in practice: success, failure,
 // discarded, canceled), 12 to 16 for a key of four lanes. By index, a key's
 // series stay those of its 64 indexes at most, whatever addresses its lanes

@@ -44,6 +44,8 @@ type recorder struct {
 	lanes          metric.Int64ObservableGauge
 	laneAttempts   metric.Int64Counter
 	laneState      metric.Int64ObservableGauge
+	laneLoad       metric.Float64ObservableGauge
+	laneLoadAge    metric.Float64ObservableGauge
 
 	attrs         cache
 	laneAddresses bool // Options.LaneAddresses
@@ -201,8 +203,16 @@ func newRecorder(mp metric.MeterProvider, o Options) (*recorder, error) {
 		metric.WithUnit("{state}"),
 		metric.WithDescription("State of each lane of a key (policy.Replicas): 1 open, 2 probing, 3 held by a Retry-After, 4 down, 5 ejected."))
 	check(err)
+	r.laneLoad, err = m.Float64ObservableGauge("resilix.lane.load",
+		metric.WithUnit("1"),
+		metric.WithDescription("Load each lane's server last reported (ORCA's endpoint-load-metrics), as a utilization: 1 at its limit, above 1 with a queue; at least 1 after a failure on the lane since the report. Only lanes whose server reports."))
+	check(err)
+	r.laneLoadAge, err = m.Float64ObservableGauge("resilix.lane.load.age",
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of each lane's last load report; one older than 2 s no longer counts."))
+	check(err)
 	if len(errs) == 0 {
-		_, err = m.RegisterCallback(r.observe, r.hedgeCurrent, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes, r.laneState)
+		_, err = m.RegisterCallback(r.observe, r.hedgeCurrent, r.breakerState, r.limiterLimit, r.budgetBalance, r.store, r.sentOnce, r.lanes, r.laneState, r.laneLoad, r.laneLoadAge)
 		check(err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -390,7 +400,12 @@ func (r *recorder) observe(_ context.Context, o metric.Observer) error {
 					if r.laneAddresses {
 						name = policy.LaneName(l.Addr, i)
 					}
-					o.ObserveInt64(r.laneState, int64(l.State), e.lane(i, name).obs...)
+					a := e.lane(i, name).obs
+					o.ObserveInt64(r.laneState, int64(l.State), a...)
+					if l.HasLoad {
+						o.ObserveFloat64(r.laneLoad, l.Load, a...)
+						o.ObserveFloat64(r.laneLoadAge, l.LoadAge.Seconds(), a...)
+					}
 				}
 			}
 		})

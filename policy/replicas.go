@@ -142,6 +142,16 @@ import (
 // (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
 // lanes times those.
 //
+// Each lane keeps the last load report its server sent on an answer
+// (ORCA's endpoint-load-metrics header in TEXT form, as admission writes
+// it, and vLLM and Triton when asked), with its time: see
+// LaneSnapshot.Load. A malformed report (longer than 512 bytes, a field
+// read twice, a value negative, NaN, infinite, not a plain decimal or
+// out of its bound) is ignored and counted as a MalformedHeader; one
+// older than 2 s no longer counts; a failure on the lane at or after a
+// report makes its load at least 1. Picking does not use the reports yet,
+// and the transport does not ask for them.
+//
 // Replicas needs a base that is an *http.Transport (transport.New says so
 // otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
 // golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
@@ -310,6 +320,19 @@ type LaneSnapshot struct {
 	// connection lane and for the lane that dials the request's own
 	// address until Endpoints answers.
 	Addr string
+
+	// HasLoad is true once the lane's server has sent a load report
+	// (ORCA's endpoint-load-metrics header in TEXT form, as admission
+	// writes it; see Replicas). Load is the load of its last report as a
+	// utilization, 1 at the server's limit: resilix's (requests in flight
+	// + queued) / limit, else application_utilization, else vLLM's KV
+	// cache share, else cpu_utilization; at least 1 when an attempt on
+	// the lane failed since that report came. LoadAge is the report's
+	// age; one older than 2 s is the server's word no more, and the lane
+	// is judged by the client's own estimate.
+	HasLoad bool
+	Load    float64
+	LoadAge time.Duration
 }
 
 // LaneName is the name of a key's lane, as AttemptInfo.Lane and the

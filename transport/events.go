@@ -2,11 +2,13 @@ package transport
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
 	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/internal/lane"
+	"github.com/resilix/resilix/internal/orca"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -72,5 +74,15 @@ func (c *call) transition(ch gate.BreakerChange) {
 func (c *call) suppress(why policy.SuppressReason) {
 	if o := c.t.obs; o != nil && o.HedgeSuppressed != nil {
 		o.HedgeSuppressed(policy.HedgeSuppression{Context: c.ctx, Key: c.s.key, Priority: c.prio, Reason: why})
+	}
+}
+
+// readLoad reads the load report on resp, the answer of an attempt on
+// lane pool p that ended at now with outcome o, into the lane's (see
+// laneLoad.take), and counts a malformed one (Observer's MalformedHeader,
+// Snapshot.MalformedHeaders).
+func (c *call) readLoad(p *lanePool, resp *http.Response, o policy.Outcome, now time.Time) {
+	if v, bad := p.load.take(resp, o, now); bad {
+		c.t.malformed(c.ctx, c.s, orca.Header, v)
 	}
 }

@@ -34,6 +34,7 @@ var layers = []string{
 	"scope.go",
 	"lanes.go",
 	"lanepool.go",
+	"load.go",
 	"alarm.go",
 	"body.go",
 	"key.go",

@@ -1054,6 +1054,18 @@ func (l *Limiter) Queued() int {
 	return l.waiting
 }
 
+// Load returns the calls admitted and not yet released, the limit and the
+// calls waiting for a slot, read together under one lock: what a server's
+// load report says.
+func (l *Limiter) Load() (inFlight, limit, queued int) {
+	if l == nil {
+		return 0, 0, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inflight, l.current(), l.waiting
+}
+
 // queueCapacity returns the number of places in the queue at the current
 // limit: ceil(QueueFactor × limit), 0 when nothing waits.
 func (l *Limiter) queueCapacity() int {

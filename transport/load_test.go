@@ -1,0 +1,227 @@
+package transport
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/resilix/resilix/internal/orca"
+	"github.com/resilix/resilix/policy"
+)
+
+// reporter is a replica that answers with status and the load report
+// value it holds, both settable while it serves.
+type reporter struct {
+	value  atomic.Value // string: the endpoint-load-metrics value; "" none
+	status atomic.Int64 // 0: 200
+}
+
+func (r *reporter) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	if v, _ := r.value.Load().(string); v != "" {
+		w.Header().Set("endpoint-load-metrics", v)
+	}
+	if s := r.status.Load(); s != 0 {
+		w.WriteHeader(int(s))
+	}
+}
+
+// laneAt returns the lane of m whose address is addr.
+func laneAt(t *testing.T, m policy.Snapshot, addr string) policy.LaneSnapshot {
+	t.Helper()
+	for _, l := range m.PerLane {
+		if l.Addr == addr {
+			return l
+		}
+	}
+	t.Fatalf("no lane at %s in %+v", addr, m.PerLane)
+	return policy.LaneSnapshot{}
+}
+
+// TestLaneLoadReports: each lane keeps its server's last report, with its
+// age, in Measured: resilix's own named metrics, another server's
+// application_utilization, vLLM's KV cache share; a lane whose server
+// sends none has none.
+func TestLaneLoadReports(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		reps := map[string]*reporter{}
+		for addr, v := range map[string]string{
+			"a:80": string(orca.AppendText(nil, 10, 3, 4, 1)),
+			"b:80": "TEXT application_utilization=0.25, cpu_utilization=0.9",
+			"c:80": "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=2.0",
+			"d:80": "",
+		} {
+			r := new(reporter)
+			r.value.Store(v)
+			reps[addr] = r
+			f.net.Listen(addr, r)
+		}
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static(four...)}}})
+		prime(t, rt, "http://api/")
+		for range 40 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		m := rt.Measured("api")
+		for addr, want := range map[string]float64{"a:80": 1, "b:80": 0.25, "c:80": 0.5} {
+			if l := laneAt(t, m, addr); !l.HasLoad || l.Load != want || l.LoadAge != 0 {
+				t.Errorf("lane %s: HasLoad %v, Load %v, age %v; want true, %v, 0", addr, l.HasLoad, l.Load, l.LoadAge, want)
+			}
+		}
+		if l := laneAt(t, m, "d:80"); l.HasLoad || l.Load != 0 || l.LoadAge != 0 {
+			t.Errorf("lane d:80, which sends no report: %+v", l)
+		}
+		time.Sleep(3 * time.Second)
+		if l := laneAt(t, rt.Measured("api"), "b:80"); !l.HasLoad || l.Load != 0.25 || l.LoadAge != 3*time.Second {
+			t.Errorf("lane b:80 3 s on: HasLoad %v, Load %v, age %v; want true, 0.25, 3s", l.HasLoad, l.Load, l.LoadAge)
+		}
+		if n := testing.AllocsPerRun(100, func() { rt.Measured("api") }); n != 0 {
+			t.Errorf("Measured with load reports allocates %v times", n)
+		}
+	})
+}
+
+// TestHostileLoadReportsAreIgnoredAndCounted: a value out of bounds or
+// out of form leaves the lane's last report as it was, and is counted as
+// a malformed header.
+func TestHostileLoadReportsAreIgnoredAndCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		r := new(reporter)
+		r.value.Store("TEXT application_utilization=0.5")
+		f.net.Listen("a:80", r)
+		var mu sync.Mutex
+		var heard []policy.MalformedHeader
+		obs := &policy.Observer{MalformedHeader: func(m policy.MalformedHeader) {
+			mu.Lock()
+			heard = append(heard, m)
+			mu.Unlock()
+		}}
+		rt := newLaneTransport(t, f, Config{Observer: obs, Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static("a:80")}}})
+		prime(t, rt, "http://api/")
+		laneGet(t, rt, "http://api/", "")
+		hostile := []string{
+			"TEXT application_utilization=-1",
+			"TEXT application_utilization=NaN",
+			"TEXT application_utilization=1e308",
+			"TEXT application_utilization=" + strings.Repeat("9", 1024),
+			"TEXT application_utilization=0.1,application_utilization=0.1",
+			"TEXT named_metrics.resilix_in_flight=1,named_metrics.resilix_limit=0",
+			"cpu_utilization=0.1",
+		}
+		for _, v := range hostile {
+			r.value.Store(v)
+			if code, err := laneGet(t, rt, "http://api/", ""); err != nil || code != http.StatusOK {
+				t.Fatalf("%q: %d, %v", v, code, err)
+			}
+		}
+		r.value.Store("JSON {\"application_utilization\": 0.1}") // another form: unread, not malformed
+		laneGet(t, rt, "http://api/", "")
+		m := rt.Measured("api")
+		if l := laneAt(t, m, "a:80"); !l.HasLoad || l.Load != 0.5 {
+			t.Errorf("after hostile reports, the lane's load is %v (HasLoad %v), want the last good one, 0.5", l.Load, l.HasLoad)
+		}
+		if m.MalformedHeaders != uint64(len(hostile)) || len(heard) != len(hostile) {
+			t.Fatalf("%d malformed headers counted, %d heard; want %d", m.MalformedHeaders, len(heard), len(hostile))
+		}
+		for _, h := range heard {
+			if h.Header != orca.Header || h.Key != "api" || len(h.Value) > 64 {
+				t.Errorf("heard %+v", h)
+			}
+		}
+	})
+}
+
+// TestAnIdleReportIsBoundedByFailures: a server that says it is idle
+// while the client sees its attempts fail is taken as at least at its
+// limit, until a report comes after the failure.
+func TestAnIdleReportIsBoundedByFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		r := new(reporter)
+		r.value.Store("TEXT application_utilization=0")
+		f.net.Listen("a:80", r)
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static("a:80")}}})
+		prime(t, rt, "http://api/")
+		laneGet(t, rt, "http://api/", "")
+		if l := laneAt(t, rt.Measured("api"), "a:80"); l.Load != 0 {
+			t.Fatalf("idle and answering: load %v", l.Load)
+		}
+		r.status.Store(http.StatusInternalServerError) // failing, and idle by its word
+		laneGet(t, rt, "http://api/", "")
+		if l := laneAt(t, rt.Measured("api"), "a:80"); l.Load != 1 {
+			t.Errorf("idle by its word, failing by the client's: load %v, want 1", l.Load)
+		}
+		r.status.Store(0)
+		time.Sleep(time.Second)
+		laneGet(t, rt, "http://api/", "")
+		if l := laneAt(t, rt.Measured("api"), "a:80"); l.Load != 0 {
+			t.Errorf("answering again: load %v, want 0", l.Load)
+		}
+	})
+}
+
+// TestLaneLoadAge: a report is fresh for maxReportAge, then the lane is
+// judged by the client's own estimate; a failure with no answer at all
+// bounds the report it followed.
+func TestLaneLoadAge(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := laneLoad{epoch: t0}
+	if r := l.read(t0.Add(time.Hour)); r != (laneReport{}) {
+		t.Errorf("no report: %+v", r)
+	}
+	l.store(0.3, orca.SourceApplication, l.nanos(t0.Add(time.Second)))
+	for _, tc := range []struct {
+		at    time.Duration
+		age   time.Duration
+		fresh bool
+	}{
+		{time.Second, 0, true},
+		{time.Second + maxReportAge, maxReportAge, true},
+		{time.Second + maxReportAge + 1, maxReportAge + 1, false},
+		{time.Minute, time.Minute - time.Second, false},
+		{0, 0, true}, // a clock read before the report: no negative age
+	} {
+		r := l.read(t0.Add(tc.at))
+		if r.load != 0.3 || r.src != orca.SourceApplication || r.age != tc.age || r.fresh != tc.fresh {
+			t.Errorf("at %v: %+v; want load 0.3, age %v, fresh %v", tc.at, r, tc.age, tc.fresh)
+		}
+	}
+	l.failAt.Store(l.nanos(t0.Add(2 * time.Second)))
+	if r := l.read(t0.Add(2 * time.Second)); r.load != 1 || !r.fresh {
+		t.Errorf("after a failure: %+v; want load 1", r)
+	}
+	l.store(0.2, orca.SourceResilix, l.nanos(t0.Add(3*time.Second)))
+	if r := l.read(t0.Add(3 * time.Second)); r.load != 0.2 || r.src != orca.SourceResilix {
+		t.Errorf("a report after the failure: %+v; want load 0.2", r)
+	}
+}
+
+// TestLaneLoadConcurrent: reports written and read at once are read
+// whole: each read's load and source are one report's.
+func TestLaneLoadConcurrent(t *testing.T) {
+	t0 := time.Now()
+	l := laneLoad{epoch: t0}
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for i := range 2000 {
+				if (i+w)%2 == 0 {
+					l.store(0.25, orca.SourceApplication, int64(i+1))
+				} else {
+					l.store(0.75, orca.SourceCPU, int64(i+1))
+				}
+			}
+		})
+	}
+	for range 2000 {
+		r := l.read(t0)
+		if r.src == orca.SourceApplication && r.load != 0.25 || r.src == orca.SourceCPU && r.load != 0.75 {
+			t.Fatalf("torn read: %+v", r)
+		}
+	}
+	wg.Wait()
+}
