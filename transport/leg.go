@@ -299,10 +299,11 @@ func (c *call) send(l *leg) {
 	}})
 }
 
-// ending is which end of a leg's attempt end is asked for. Every leg sent
-// ends once as endAnswered or endPanicked; a leg of a hedged round that
-// lost while on the wire ends twice, as endLost when its round is decided
-// and as endLostBack when its wire call returns.
+// ending is which end of a leg's attempt end is asked for. A leg sent
+// ends as endAnswered or endPanicked, or, lost while on the wire, twice:
+// as endLost when its round is decided and as endLostBack when its wire
+// call returns. A round abandoned for a panic ends its legs still on the
+// wire as endLost, its inline leg after that leg's own endPanicked.
 type ending uint8
 
 const (
@@ -319,7 +320,7 @@ const (
 	// is disposed of, and its lane, gates and context let go as
 	// Discarded; the observer was told at endLost.
 	endLostBack
-	// endPanicked: its base, or a func it called, panicked (abandon).
+	// endPanicked: a panic before its base returned (abandon).
 	// Its lane, gates and context are let go, since a panic says nothing
 	// about the dependency; the observer is not told of it.
 	endPanicked
