@@ -277,7 +277,6 @@ func (c *call) round(l *leg, kind policy.AttemptKind, body io.ReadCloser, now ti
 	if l.drewToken && l.outcome == policy.Success && !l.retryAsked {
 		c.refund(timing.Since(c.start), l.kind)
 	}
-	c.attemptDone(l)
 	return l.resp, l.err
 }
 

@@ -6,14 +6,21 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/gate"
+	"github.com/resilix/resilix/internal/lane"
 	"github.com/resilix/resilix/policy"
 )
 
 // permits is what one leg holds of its key's admission gates, from admit
-// to finish: every leg passes through both, and finish is the one place
-// where what a leg took of the gates ends. Adding a gate touches its
-// field here, admit and finish.
+// to finish, and of its lanes, from takeLane to leaveLane: every leg
+// passes through admit and finish, and finish is the one place where what
+// a leg took of the gates ends (a leg sent ends both in call.end). Adding
+// a gate touches its field here, admit and finish.
 type permits struct {
+	// lane is the lane the leg is sent on (Set.Replicas), from the time
+	// took until the lane is told how it went; nil otherwise.
+	lane *lane.Lane[*lanePool]
+	took time.Time
+
 	throttled bool // the throttler admitted it and awaits its outcome
 	bp        gate.BreakerPermit
 	breaker   bool // bp is held

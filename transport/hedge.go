@@ -569,7 +569,9 @@ func (r *round) settle(l *leg) bool {
 	return true
 }
 
-// report ends a leg that has been through send. The first acceptable
+// report gives the round a leg that has been through send, where its
+// attempt ended (see end), and takes it off the round's count of legs
+// sent and not yet ended (live). The first acceptable
 // answer wins: the legs still on the wire lose, are cancelled and reported
 // as discarded at once, so the caller never waits on a loser. An answer
 // that is not acceptable (a Failure, or one that asks for a retry)
@@ -602,7 +604,6 @@ func (r *round) report(l *leg) {
 	}
 	if r.state == roundDecided {
 		r.mu.Unlock()
-		c.attemptDone(l)
 		httpx.Discard(l.resp)
 		return
 	}
@@ -610,7 +611,6 @@ func (r *round) report(l *leg) {
 		superseded := r.failed
 		r.failed = l
 		r.mu.Unlock()
-		c.attemptDone(l)
 		if superseded != nil {
 			httpx.Discard(superseded.resp)
 		}
@@ -630,7 +630,6 @@ func (r *round) report(l *leg) {
 		c.refund(now, l.kind)
 	}
 	r.discard(losers, now)
-	c.attemptDone(l)
 	if won {
 		r.h.Won(now)
 		if o := c.t.obs; o != nil && o.HedgeWon != nil {
@@ -646,12 +645,13 @@ func (r *round) report(l *leg) {
 // once: over HTTP/1.1 a request cancelled in flight closes its connection,
 // so every hedge would cost a dial. It gets httpx.DrainTime to bring its
 // headers, and is then drained on its own goroutine like a superseded
-// response (see send); when its time runs out first, its grace timer
+// response (see end); when its time runs out first, its grace timer
 // cancels it. (The round's threshold would be a tighter bound, but where
-// the latency is the client's own scheduling noise, as on loopback, it
-// cut a fifth of the losers short.) The inline leg, which the caller's
-// goroutine is waiting on, is cancelled at once (by discard), as is every
-// leg of an abandoned round.
+// the latency is the client's own scheduling noise, as on loopback, a
+// loser a few scheduling delays from its headers would lose its
+// connection.) The inline leg, which the caller's goroutine is waiting
+// on, is cancelled at once (by discard), as is every leg of an abandoned
+// round.
 func (r *round) decideLocked(spare bool) []*leg {
 	r.stopLocked()
 	r.state = roundDecided
@@ -669,14 +669,11 @@ func (r *round) decideLocked(spare bool) []*leg {
 	return losers
 }
 
-// discard cancels the legs that lost, but those given a grace, and reports
-// them, once, as discarded.
+// discard ends the legs that lost as endLost: cancelled, but those given
+// a grace, and reported, once, as discarded.
 func (r *round) discard(losers []*leg, now time.Time) {
 	c := &r.c
 	for _, o := range losers {
-		if o.grace == nil {
-			o.cancel(errDiscarded)
-		}
 		elapsed := now.Sub(o.dispatch)
 		if elapsed >= r.threshold {
 			// A leg cut short in the tail took at least this long. Left
@@ -688,13 +685,7 @@ func (r *round) discard(losers []*leg, now time.Time) {
 			// sample.
 			r.h.Record(now, elapsed, policy.Discarded)
 		}
-		d := &leg{n: o.n, kind: o.kind, retryReason: o.retryReason, outcome: policy.Discarded, latency: elapsed}
-		if c.s.lanes != nil {
-			r.mu.Lock() // o may be taking its lane (see leg.sent)
-			d.sent = o.sent
-			r.mu.Unlock()
-		}
-		c.attemptDone(d)
+		c.end(o, endLost, exit{r: result{now: now, outcome: policy.Discarded, judged: policy.Discarded, latency: elapsed}})
 	}
 }
 

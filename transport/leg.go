@@ -47,7 +47,7 @@ type leg struct {
 	// of its own.
 	roundTimed bool
 
-	permits // what it holds of the admission gates, from admit to finish
+	permits // what it holds of the admission gates and its lane, until end
 
 	// drewToken: the leg drew a token from the budget (a retry round's first
 	// leg, or a hedge), which it refunds if its answer is the call's
@@ -69,10 +69,6 @@ type leg struct {
 	retryAsked bool // the answer asks for a retry: Retry.If says so, or, with no If, it is a Failure
 	latency    time.Duration
 
-	// lane is the lane the leg is sent on (Set.Replicas), from the time
-	// took until the lane is told how it went; nil otherwise.
-	lane *lane.Lane[*lanePool]
-	took time.Time
 	// sent is the lane it was sent on, kept for AttemptDone after lane is
 	// cleared; in a hedged round, guarded by the round's lock, since a leg
 	// that lost is reported by the goroutine that decided the round.
@@ -197,14 +193,15 @@ func (ch *compiledSet) mayQueue() bool {
 	return ch.limiter != nil || ch.bulkhead != nil || ch.rateLimit != nil
 }
 
-// send makes the wire call and settles what it holds: the breaker learns
-// the outcome at headers; the context and the bulkhead slot are released
-// now, or, when a response came back, when its body is closed or read to
-// the end. A leg of a hedged round that lost while on the wire teaches
-// nothing: it is released as discarded and what it got is closed; nor
-// does a leg whose request net/http refused to send (httpx.Invalid),
-// released as Invalid without asking Classify or Retry.If. If the base
-// panics, everything the leg holds is released and the panic goes on.
+// send makes the wire call, judges its answer and ends the attempt (see
+// end): the breaker learns the outcome at headers; the context and the
+// bulkhead slot are released now, or, when a response came back, when its
+// body is closed or read to the end. A leg of a hedged round that lost
+// while on the wire teaches nothing: it is released as discarded and what
+// it got is closed; nor does a leg whose request net/http refused to send
+// (httpx.Invalid), released as Invalid without asking Classify or
+// Retry.If. If the base panics, everything the leg holds is released and
+// the panic goes on.
 //
 // With Replicas, the call goes out on a lane the call has not used yet,
 // and the lane learns first: a failure its lane explains (see
@@ -257,23 +254,7 @@ func (c *call) send(l *leg) {
 	}
 
 	if l.round != nil && !l.round.settle(l) {
-		// Lost. A hedge leg whose headers came within its grace has its
-		// body drained, here on its own goroutine, so that its
-		// connection is kept; any other answer is closed.
-		if l.grace != nil && l.grace.Stop() {
-			httpx.Drain(resp)
-		} else if resp != nil {
-			closeBody(resp.Body)
-		}
-		if l.lane != nil {
-			// Its time on the wire is a lower bound of the lane's
-			// latency, and no evidence of its health; with no headers,
-			// the lane is silent until it answers (see lane.TakeOnce).
-			c.leaveLane(l, nil, nil, policy.Discarded, resp == nil && !httpx.Undialed(err))
-		}
-		c.finish(&l.permits, discarded(now), false)
-		free(l.cancel, nil)
-		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
+		c.end(l, endLostBack, exit{resp: resp, err: err, r: discarded(now)})
 		return
 	}
 	expired := false
@@ -306,47 +287,139 @@ func (c *call) send(l *leg) {
 		}
 	}
 
-	// The lane learns first; then the throttler, the breaker and the
-	// limiter, at headers; the bulkhead holds its slot until the body is
-	// done with.
-	judged, pushback := l.outcome, resp // what the key's breaker and throttler learn
-	if l.lane != nil {
-		rep := c.leaveLane(l, resp, err, l.outcome, false)
-		if rep.Explained && !l.bp.Probe() { // a half-open breaker's probe is the host's evidence
-			judged = policy.Discarded
-		}
-		if rep.Held {
-			pushback = nil
-		}
-	}
-	bulkhead := c.finish(&l.permits, result{
+	c.end(l, endAnswered, exit{resp: resp, err: err, r: result{
 		now:      now,
 		outcome:  l.outcome,
-		judged:   judged,
+		judged:   l.outcome,
 		latency:  l.latency,
 		sampled:  resp != nil || timedOut,
 		accepted: l.throttled && !expired && s.set.throttler.Accepted(resp, err),
 		expired:  expired,
-		pushback: pushback,
-	}, true)
+		pushback: resp,
+	}})
+}
+
+// ending is which end of a leg's attempt end is asked for. A leg sent
+// ends as endAnswered or endPanicked, or, lost while on the wire, twice:
+// as endLost when its round is decided and as endLostBack when its wire
+// call returns. A round abandoned for a panic ends its legs still on the
+// wire as endLost, its inline leg after that leg's own endPanicked.
+type ending uint8
+
+const (
+	// endAnswered: back from the wire with its answer, which is evidence
+	// (send). Everything ends, and the observer is told its outcome.
+	endAnswered ending = iota
+	// endLost: lost to another leg's win while on the wire, as its round
+	// is decided (round.discard). Only its context (unless it has a
+	// grace) and the observer's report end now, as Discarded: at the
+	// moment of its cancellation, as Observer.AttemptDone promises. What
+	// it holds on the wire is let go as its wire call returns.
+	endLost
+	// endLostBack: a lost leg's wire call has returned (send). Its answer
+	// is disposed of, and its lane, gates and context let go as
+	// Discarded; the observer was told at endLost.
+	endLostBack
+	// endPanicked: a panic before its base returned (abandon).
+	// Its lane, gates and context are let go, since a panic says nothing
+	// about the dependency; the observer is not told of it.
+	endPanicked
+)
+
+// exit is how a leg's attempt came back, as end is told: the base's
+// answer and error, and what its gates learn (r.judged and r.pushback
+// before its lane's word on them).
+type exit struct {
+	resp *http.Response
+	err  error
+	r    result
+}
+
+// end is the one place where a leg's attempt ends, as grpc-go's
+// csAttempt.finish is for its attempts: its lane learns how it went
+// first, then its gates (finish); its context and bulkhead slot are let
+// go, or handed to the answer's body, which lets them go once done with
+// (see releaser); and last the observer is told (AttemptDone). How much of
+// that happens is e's (see ending). Each part ends once: the lane and the
+// gates' permits are cleared as they are told, the context's cancel
+// does nothing a second time, and only endAnswered and endLost report.
+func (c *call) end(l *leg, e ending, x exit) {
+	resp, err := x.resp, x.err
+	switch e {
+	case endLost:
+		if l.grace == nil {
+			l.cancel(errDiscarded)
+		}
+		var sent *lane.Lane[*lanePool]
+		if c.s.lanes != nil {
+			l.round.mu.Lock() // l may still be taking its lane (see sent)
+			sent = l.sent
+			l.round.mu.Unlock()
+		}
+		c.attemptDone(l, sent, policy.Discarded, x.r.latency, nil, nil)
+		return
+	case endLostBack:
+		// Its time on the wire is a lower bound of the lane's latency,
+		// and no evidence of its health; with no headers, the lane is
+		// silent until it answers (see lane.TakeOnce).
+		silent := resp == nil && !httpx.Undialed(err)
+		// A hedge leg whose headers came within its grace has its body
+		// drained, here on its own goroutine, so that its connection is
+		// kept; any other answer is closed.
+		if l.grace != nil && l.grace.Stop() {
+			httpx.Drain(resp)
+		} else if resp != nil {
+			closeBody(resp.Body)
+		}
+		if l.lane != nil {
+			c.leaveLane(l, nil, nil, policy.Discarded, silent)
+		}
+		c.finish(&l.permits, x.r, false)
+		free(l.cancel, nil)
+		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
+		return
+	case endPanicked:
+		if l.lane != nil {
+			c.leaveLane(l, nil, nil, policy.Canceled, false)
+		}
+		c.finish(&l.permits, x.r, false)
+		free(l.cancel, nil)
+		return
+	}
+
+	// Answered. The lane learns first; then the throttler, the breaker
+	// and the limiter, at headers; the bulkhead holds its slot until the
+	// body is done with.
+	r := x.r
+	if l.lane != nil {
+		rep := c.leaveLane(l, resp, err, r.outcome, false)
+		if rep.Explained && !l.bp.Probe() { // a half-open breaker's probe is the host's evidence
+			r.judged = policy.Discarded
+		}
+		if rep.Held {
+			r.pushback = nil
+		}
+	}
+	bulkhead := c.finish(&l.permits, r, true)
 	if resp == nil {
 		free(l.cancel, bulkhead)
 	} else if l.cancel != nil || bulkhead != nil {
-		var r *releaser
+		var rel *releaser
 		if l.own != nil {
-			r = &l.own.body
+			rel = &l.own.body
 		} else {
-			r = new(releaser)
+			rel = new(releaser)
 		}
-		r.rc, r.cancel, r.bulkhead = resp.Body, l.cancel, bulkhead
+		rel.rc, rel.cancel, rel.bulkhead = resp.Body, l.cancel, bulkhead
 		// An upgraded stream may rightly be quiet; an empty body cannot
 		// stall.
-		if d := s.set.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
-			watch(r, d, &c.t.watchdogs)
+		if d := c.s.set.idle; d > 0 && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != http.NoBody {
+			watch(rel, d, &c.t.watchdogs)
 		}
-		resp.Body = wrapBody(resp.Body, r)
+		resp.Body = wrapBody(resp.Body, rel)
 	}
 	l.resp, l.err = resp, err
+	c.attemptDone(l, l.sent, r.outcome, l.latency, resp, err)
 }
 
 // bodyAtFault reports whether err, leg l's error, is the caller's body's
@@ -385,18 +458,13 @@ func (l *leg) answered() time.Time {
 	return now
 }
 
-// abandon releases what a leg holds when its base panicked: its timer, its
-// context, and its permits, as discarded, since a panic says nothing about
-// the dependency.
+// abandon ends a leg whose base panicked: its timer is stopped, and the
+// rest ends as endPanicked.
 func (c *call) abandon(l *leg) {
 	if l.timer != nil {
 		l.timer.stop()
 	}
-	if l.lane != nil {
-		c.leaveLane(l, nil, nil, policy.Canceled, false)
-	}
-	c.finish(&l.permits, discarded(time.Now()), false)
-	free(l.cancel, nil)
+	c.end(l, endPanicked, exit{r: discarded(time.Now())})
 }
 
 // errNilResponse replaces a base RoundTripper's (nil, nil).
@@ -560,32 +628,38 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 
 // laneName names the lane leg l was last sent on, for AttemptInfo.Lane:
 // its address, or its index when it has none; "" when it took none.
-func (l *leg) laneName() string {
-	if l.sent == nil {
+func (l *leg) laneName() string { return laneName(l.sent) }
+
+func laneName(sent *lane.Lane[*lanePool]) string {
+	if sent == nil {
 		return ""
 	}
-	return policy.LaneName(l.sent.Addr, l.sent.Index)
+	return policy.LaneName(sent.Addr, sent.Index)
 }
 
-func (c *call) attemptDone(l *leg) {
-	if o := c.t.obs; o != nil && o.AttemptDone != nil {
+// attemptDone tells the observer that leg l's attempt ended with outcome
+// o after latency, on lane sent, with resp or err. It reads of l only
+// what is fixed before the leg is sent, so that the goroutine that
+// decided a round may report a leg still on the wire (see end).
+func (c *call) attemptDone(l *leg, sent *lane.Lane[*lanePool], o policy.Outcome, latency time.Duration, resp *http.Response, err error) {
+	if obs := c.t.obs; obs != nil && obs.AttemptDone != nil {
 		info := policy.AttemptInfo{
 			Context: c.ctx,
 			Key:     c.s.key,
 			Kind:    l.kind,
 			Attempt: l.n,
-			Outcome: l.outcome,
-			Latency: l.latency,
-			Err:     l.err,
+			Outcome: o,
+			Latency: latency,
+			Err:     err,
 			Reason:  l.retryReason,
-			Lane:    l.laneName(),
+			Lane:    laneName(sent),
 		}
-		if l.sent != nil {
-			info.LaneIndex = l.sent.Index
+		if sent != nil {
+			info.LaneIndex = sent.Index
 		}
-		if l.resp != nil {
-			info.StatusCode = l.resp.StatusCode
+		if resp != nil {
+			info.StatusCode = resp.StatusCode
 		}
-		o.AttemptDone(info)
+		obs.AttemptDone(info)
 	}
 }
