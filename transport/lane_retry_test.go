@@ -293,6 +293,14 @@ func TestAnUnsentAttemptLeavesAttemptsToTheRoundsHedge(t *testing.T) {
 		abc := 0 // calls whose attempts went a, then b, and c
 		for i := range 300 {
 			time.Sleep(3 * time.Second)
+			// The threshold follows the latency up: once the slow first
+			// arrivals are the key's latency in the last periods, it
+			// passes b's 50ms, and c's attempt is a retry (which
+			// TestAnUnsentAttemptLeavesAttemptsToTheCallsOtherRetries
+			// covers); the calls here are those a hedge can serve.
+			if rt.Measured("api").HedgeThreshold >= 50*time.Millisecond {
+				break
+			}
 			mu.Lock()
 			lanes, first, hedgedToC = nil, "", false
 			mu.Unlock()
@@ -320,7 +328,7 @@ func TestAnUnsentAttemptLeavesAttemptsToTheRoundsHedge(t *testing.T) {
 		if abc == 0 {
 			t.Fatal("no call went a, then b and c: the test tested nothing")
 		}
-		t.Logf("%d of 300 calls went a, then b and c", abc)
+		t.Logf("%d calls went a, then b and c", abc)
 	})
 }
 
