@@ -251,6 +251,9 @@ func (s *Set[P]) discardedLocked(l *Lane[P], t int64, latency time.Duration, a A
 	case latency > 0:
 		x := float64(latency)
 		n := s.stalls.net(t, x)
+		if a.Kind == Silent && s.silenceLocked(l, t, x, n, rep) {
+			return
+		}
 		s.sampleLocked(l, t, x, n)
 		s.slowLocked(l, t, x, n, false, rep)
 	}
@@ -300,7 +303,7 @@ func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 // to be ejected. s.mu is held.
 func (s *Set[P]) redialLocked(l *Lane[P], t int64) {
 	l.forget(t)
-	l.slow, l.typ, l.typT = 0, 0, 0
+	l.slow, l.silentSlow, l.typ, l.typT = 0, 0, 0, 0
 	l.Redial.Store(true)
 }
 

@@ -553,3 +553,51 @@ func TestALanesShareAfterA2sOutage(t *testing.T) {
 		t.Errorf("ejected %v", m.ejected)
 	}
 }
+
+// TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw: a replica
+// frozen for 5 s whose every attempt is a hedged call's first leg: each
+// is cancelled with no answer when the hedge on another lane wins, after
+// the hedge's delay, 6 to 12 times the lanes' typical 5 ms (a busy
+// client's threshold, or a heavy tail's), never at the attempt's
+// timeout. Such losses are a slow run with no answer in it: the lane
+// answers nothing while the others answer, and is out and then probed,
+// not ejected for its latency (for EjectFor, 30 s: through its thaw). It
+// answers within a second and a half of its thaw and has half its fair
+// share 1 to 4 s after.
+func TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)
+	delays := []time.Duration{31, 45, 33, 60, 38, 52, 30, 41}
+	k := 0
+	var answered time.Time // lane a's first answer after its thaw
+	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		if l.Addr != "a" || now.Before(from) {
+			return 5 * time.Millisecond, policy.Success, Answer{}
+		}
+		if now.Before(to) {
+			k++
+			return delays[k%len(delays)] * time.Millisecond, policy.Discarded, Answer{Kind: Silent}
+		}
+		if answered.IsZero() {
+			answered = now.Add(5 * time.Millisecond)
+		}
+		return 5 * time.Millisecond, policy.Success, Answer{}
+	}
+	m := newSim(s, 5*time.Millisecond, serve)
+	m.run(2 * time.Second)
+	frozen := m.window(5 * time.Second)
+	if n := frozen["a"] * float64(5*time.Second/m.every); n > 15 {
+		t.Errorf("%.0f attempts on the frozen lane in its 5 s, want a few, then one probe about every second", n)
+	}
+	m.run(time.Second)
+	back := m.window(3 * time.Second)
+	if answered.IsZero() || answered.Sub(to) > 1500*time.Millisecond {
+		t.Errorf("lane a answered %v after its thaw, want within 1.5 s (zero: never)", answered.Sub(to))
+	}
+	if back["a"] < 1.0/3/2 {
+		t.Errorf("lane a got %.1f%% of the calls 1 to 4 s after its thaw, want at least half its fair share (%v)", 100*back["a"], back)
+	}
+	if len(m.ejected) != 0 {
+		t.Errorf("ejected %v", m.ejected)
+	}
+}

@@ -79,8 +79,10 @@ const (
 //	any                          taken out (outLocked): its dial      out
 //	                             refused or timed out; mute until
 //	                             its timeout, not held, not ejected;
-//	                             or, out with no answer since, its
-//	                             probe lost to a hedge in silence
+//	                             a slow run of hedge losses with no
+//	                             answer (silenceLocked); or, out with
+//	                             no answer since, its probe lost to a
+//	                             hedge in silence
 type health uint8
 
 const (
@@ -167,7 +169,7 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 			b |= 1 << l.Index
 			next = min(next, u)
 		case l.block == ejected:
-			l.block, l.back, l.consecutive, l.slow = unblocked, true, 0, 0
+			l.block, l.back, l.consecutive, l.slow, l.silentSlow = unblocked, true, 0, 0, 0
 			l.forget(t)
 		default:
 			l.block = unblocked
@@ -208,7 +210,7 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 			l.slow++
 		}
 	case answered:
-		l.slow = 0
+		l.slow, l.silentSlow = 0, 0
 	}
 	if answered {
 		w := 0.0
@@ -224,10 +226,47 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	if l.slow < slowRun || l.draining || l.ejectedAt(t) {
 		return
 	}
-	l.slow = 0
+	l.slow, l.silentSlow = 0, 0
 	if e, ok := s.ejectLocked(l, t, policy.EjectLatency); ok {
 		rep.Ejected = append(rep.Ejected, e)
 	}
+}
+
+// silenceLocked learns from a hedge loss of l at t with no answer, x on
+// the wire, n net of the key's stalls, when it is one of the slow run's:
+// far slower than the other lanes' least typical latency and overtaken
+// (see slowLocked). It is one more in the run, but no sample: it says
+// only that the replica was slower than the winner, and as a peak it
+// would leave the lane unpicked, and so unprobed, for as long as the
+// peak takes to decay. A run made of such losses alone is a lane that
+// answers nothing while the others answer (a frozen or hung replica):
+// it is out, then probed one attempt at a time until it answers (see
+// outLocked), rather than ejected for a latency nobody saw, for
+// EjectFor and through its recovery; a connection lane is placed anew
+// as well. A run with answers in it ejects as slowLocked does. It
+// reports whether the loss was the run's; s.mu is held.
+func (s *Set[P]) silenceLocked(l *Lane[P], t int64, x, n float64, rep *Report[P]) bool {
+	if n < latencyFactor*s.leastTypicalLocked(l, t) || !s.overtakenLocked(l, t, x, n/latencyFactor) {
+		return false
+	}
+	l.slow++
+	l.silentSlow++
+	if l.slow < slowRun || l.draining || l.ejectedAt(t) {
+		return true
+	}
+	if l.silentSlow < l.slow {
+		l.slow, l.silentSlow = 0, 0
+		if e, ok := s.ejectLocked(l, t, policy.EjectLatency); ok {
+			rep.Ejected = append(rep.Ejected, e)
+		}
+		return true
+	}
+	l.slow, l.silentSlow = 0, 0
+	s.outLocked(l, t)
+	if s.refresh == 0 {
+		s.redialLocked(l, t)
+	}
+	return true
 }
 
 // sampleLocked folds an answer that came back at t into l's estimate:

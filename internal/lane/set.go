@@ -51,7 +51,9 @@ type view[P any] struct {
 // count, at most MaxEjectFor; each interval a lane ends unejected takes
 // one off the count. At most MaxEjected of the lanes are ejected at once
 // (at least one of two or more, never all), on the set as it stands after
-// each refresh too; the worst rate goes first. A lane whose dial was
+// each refresh too; the worst rate goes first. A slow run made only of
+// hedge losses with no answer is a lane that answers nothing: it is down,
+// as below, not ejected. A lane whose dial was
 // refused or timed out is down for downFor, no ejection. A lane held by a
 // Retry-After, down, or ejected, is blocked: it is picked only when no
 // other lane is left. When its time is up it is picked again, as a lane
