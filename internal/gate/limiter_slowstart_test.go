@@ -238,7 +238,7 @@ func TestLimiterSlowStartDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// crowdSim is the Limiter doc's flash crowd in virtual time, in front of a
+// crowdSim is docs/limiter.md's flash crowd in virtual time, in front of a
 // fifoServer: closed-loop callers, each calling again as soon as its call
 // ends, or crowdSimPause after a refusal (no caller waits in the
 // limiter's queue). A call's latency, from admission to its end, is the
