@@ -73,8 +73,18 @@ type Limiter struct {
 	SlowStartIdle time.Duration
 }
 
+// Limiter's defaults, which validate and WithDefaults share; the field
+// docs say why each.
+const (
+	limMinLimit      = 1
+	limMaxLimit      = 1000
+	limInitialLimit  = 20
+	limQueueFactor   = 0.5
+	limSlowStartIdle = time.Second
+)
+
 func (l *Limiter) validate() error {
-	minLimit, maxLimit := or(l.MinLimit, 1), or(l.MaxLimit, 1000)
+	minLimit, maxLimit := or(l.MinLimit, limMinLimit), or(l.MaxLimit, limMaxLimit)
 	return joinErrs(
 		fieldErrIf(l.InitialLimit < 0, "Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit),
 		fieldErrIf(l.MinLimit < 0, "Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit),
@@ -93,10 +103,10 @@ func (l *Limiter) validate() error {
 // WithDefaults returns l with every zero field set to its default, and
 // InitialLimit brought within [MinLimit, MaxLimit].
 func (l Limiter) WithDefaults() Limiter {
-	l.MinLimit = or(l.MinLimit, 1)
-	l.MaxLimit = or(l.MaxLimit, 1000)
-	l.InitialLimit = min(max(or(l.InitialLimit, 20), l.MinLimit), l.MaxLimit)
-	l.QueueFactor = or(l.QueueFactor, 0.5)
-	l.SlowStartIdle = or(l.SlowStartIdle, time.Second)
+	l.MinLimit = or(l.MinLimit, limMinLimit)
+	l.MaxLimit = or(l.MaxLimit, limMaxLimit)
+	l.InitialLimit = min(max(or(l.InitialLimit, limInitialLimit), l.MinLimit), l.MaxLimit)
+	l.QueueFactor = or(l.QueueFactor, limQueueFactor)
+	l.SlowStartIdle = or(l.SlowStartIdle, limSlowStartIdle)
 	return l
 }
