@@ -38,8 +38,9 @@ import "time"
 // it is not a queue the limit can relieve. So latency the client adds
 // itself (its own CPU on a busy machine, refused callers that call again
 // at once), or a dependency slow for everyone, does not drive the limit
-// down: at worst it dips for one round trip in two. A dependency queueing
-// what this client sends it is shed as before.
+// down: at worst it dips for one round trip in two. A queue that this
+// client's own calls build at the dependency is still shed: each shrink
+// lowers the latency in proportion, and stands.
 //
 // When the limit is reached an attempt may wait in a queue of
 // ceil(QueueFactor × limit) places, highest priority first; no wait

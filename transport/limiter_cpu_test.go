@@ -281,7 +281,7 @@ func TestLimiterRefusalStormCannotLowerTheLimit(t *testing.T) {
 // TestLimiterOverloadSeenThroughABusyClient is the overload the limiter
 // is for, through the same busy client: the upstream has 8 workers at 5 ms
 // a call and queues the rest, and 52 callers flood it after a calm
-// warm-up. Callers who wait 5 ms when refused are shed as before: the limit
+// warm-up. Callers who wait 5 ms when refused are shed as a queue is: the limit
 // settles near twice the upstream's capacity and most calls are refused.
 // Callers who call again at once make each refusal cost the client's CPU
 // instead; the limiter must not collapse under them (the gradient alone
