@@ -122,26 +122,22 @@ func hedgeStarted(h policy.HedgeInfo) { hedgeEvent(eventHedgeStarted, h) }
 func hedgeWon(h policy.HedgeInfo) { hedgeEvent(eventHedgeWon, h) }
 
 func hedgeEvent(name string, h policy.HedgeInfo) {
-	span, ok := recording(h.Context)
-	if !ok {
-		return
+	if span, ok := recording(h.Context); ok {
+		span.AddEvent(name, trace.WithAttributes(
+			attrKey.String(h.Key),
+			attrNumber.Int(h.Attempt),
+			attrThreshold.Float64(h.Threshold.Seconds()),
+		))
 	}
-	span.AddEvent(name, trace.WithAttributes(
-		attrKey.String(h.Key),
-		attrNumber.Int(h.Attempt),
-		attrThreshold.Float64(h.Threshold.Seconds()),
-	))
 }
 
 func hedgeSuppressed(h policy.HedgeSuppression) {
-	span, ok := recording(h.Context)
-	if !ok {
-		return
+	if span, ok := recording(h.Context); ok {
+		span.AddEvent(eventHedgeSuppressed, trace.WithAttributes(
+			attrKey.String(h.Key),
+			attrSuppressed.String(h.Reason.String()),
+		))
 	}
-	span.AddEvent(eventHedgeSuppressed, trace.WithAttributes(
-		attrKey.String(h.Key),
-		attrSuppressed.String(h.Reason.String()),
-	))
 }
 
 func refused(r policy.Refusal) {
@@ -181,26 +177,22 @@ func retrySkipped(k policy.RetrySkip) {
 }
 
 func pushback(p policy.Pushback) {
-	span, ok := recording(p.Context)
-	if !ok {
-		return
+	if span, ok := recording(p.Context); ok {
+		span.AddEvent(eventPushback, trace.WithAttributes(
+			attrKey.String(p.Key),
+			attrStatus.Int(p.StatusCode),
+			attrRetryAfter.Float64(p.RetryAfter.Seconds()),
+		))
 	}
-	span.AddEvent(eventPushback, trace.WithAttributes(
-		attrKey.String(p.Key),
-		attrStatus.Int(p.StatusCode),
-		attrRetryAfter.Float64(p.RetryAfter.Seconds()),
-	))
 }
 
 // malformedHeader records the header's name, not its value: a value that
 // does not parse may be anything, of any length.
 func malformedHeader(m policy.MalformedHeader) {
-	span, ok := recording(m.Context)
-	if !ok {
-		return
+	if span, ok := recording(m.Context); ok {
+		span.AddEvent(eventMalformed, trace.WithAttributes(
+			attrKey.String(m.Key),
+			attrHeader.String(m.Header),
+		))
 	}
-	span.AddEvent(eventMalformed, trace.WithAttributes(
-		attrKey.String(m.Key),
-		attrHeader.String(m.Header),
-	))
 }

@@ -101,8 +101,18 @@ type Breaker struct {
 	Probes int
 }
 
+// Breaker's defaults, which validate and WithDefaults share; the field
+// docs say why each.
+const (
+	brkMinCalls     = 20
+	brkWindow       = 30 * time.Second
+	brkOpenFor      = 5 * time.Second
+	brkFirstOpenFor = time.Second // at most OpenFor
+	brkProbes       = 3
+)
+
 func (b *Breaker) validate() error {
-	openFor := or(b.OpenFor, 5*time.Second)
+	openFor := or(b.OpenFor, brkOpenFor)
 	return joinErrs(
 		fieldErrIf(b.FailureRatio < 0 || b.FailureRatio > 1 || b.FailureRatio != b.FailureRatio,
 			"Breaker.FailureRatio", "must be in [0, 1], got %v", b.FailureRatio),
@@ -118,11 +128,11 @@ func (b *Breaker) validate() error {
 // WithDefaults returns b with every zero field set to its default.
 // ConsecutiveFailures stays zero: that is the run rule.
 func (b Breaker) WithDefaults() Breaker {
-	b.MinCalls = or(b.MinCalls, 20)
-	b.Window = or(b.Window, 30*time.Second)
-	b.OpenFor = or(b.OpenFor, 5*time.Second)
-	b.FirstOpenFor = or(b.FirstOpenFor, min(time.Second, b.OpenFor))
-	b.Probes = or(b.Probes, 3)
+	b.MinCalls = or(b.MinCalls, brkMinCalls)
+	b.Window = or(b.Window, brkWindow)
+	b.OpenFor = or(b.OpenFor, brkOpenFor)
+	b.FirstOpenFor = or(b.FirstOpenFor, min(brkFirstOpenFor, b.OpenFor))
+	b.Probes = or(b.Probes, brkProbes)
 	return b
 }
 

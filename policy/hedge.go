@@ -77,12 +77,11 @@ type Hedge struct {
 	//
 	// The third leg is for the calls whose hedge drew the slow tail too:
 	// with 3% of calls slow, 0.09% of calls are slow on both legs, which
-	// is the p99.9, and only they get a third. On this project's bimodal
-	// benchmark it took p99.9 from 15.8 ms (median of 8 runs; 150 ms in
-	// the worst) to 14.3 ms (17.2 ms worst) for 4.3% extra wire calls
-	// instead of 4.15%, and it adds nothing in a brownout, where the
-	// threshold follows the latency (1.80% either way). The budget bounds
-	// every leg alike. Set 2 for at most one hedge per call.
+	// is the p99.9, and only they get a third: it keeps the p99.9 near two
+	// thresholds for about the same extra wire calls, and adds nothing in
+	// a brownout, where the threshold follows the latency
+	// (docs/performance.md measures both). The budget bounds every leg
+	// alike. Set 2 for at most one hedge per call.
 	MaxConcurrent int
 
 	// MinSamples is the number of latencies the window must hold

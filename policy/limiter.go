@@ -38,8 +38,9 @@ import "time"
 // it is not a queue the limit can relieve. So latency the client adds
 // itself (its own CPU on a busy machine, refused callers that call again
 // at once), or a dependency slow for everyone, does not drive the limit
-// down: at worst it dips for one round trip in two. A dependency queueing
-// what this client sends it is shed as before.
+// down: at worst it dips for one round trip in two. A queue that this
+// client's own calls build at the dependency is still shed: each shrink
+// lowers the latency in proportion, and stands.
 //
 // When the limit is reached an attempt may wait in a queue of
 // ceil(QueueFactor × limit) places, highest priority first; no wait
@@ -73,8 +74,18 @@ type Limiter struct {
 	SlowStartIdle time.Duration
 }
 
+// Limiter's defaults, which validate and WithDefaults share; the field
+// docs say why each.
+const (
+	limMinLimit      = 1
+	limMaxLimit      = 1000
+	limInitialLimit  = 20
+	limQueueFactor   = 0.5
+	limSlowStartIdle = time.Second
+)
+
 func (l *Limiter) validate() error {
-	minLimit, maxLimit := or(l.MinLimit, 1), or(l.MaxLimit, 1000)
+	minLimit, maxLimit := or(l.MinLimit, limMinLimit), or(l.MaxLimit, limMaxLimit)
 	return joinErrs(
 		fieldErrIf(l.InitialLimit < 0, "Limiter.InitialLimit", "must be >= 0, got %d", l.InitialLimit),
 		fieldErrIf(l.MinLimit < 0, "Limiter.MinLimit", "must be >= 0, got %d", l.MinLimit),
@@ -93,10 +104,10 @@ func (l *Limiter) validate() error {
 // WithDefaults returns l with every zero field set to its default, and
 // InitialLimit brought within [MinLimit, MaxLimit].
 func (l Limiter) WithDefaults() Limiter {
-	l.MinLimit = or(l.MinLimit, 1)
-	l.MaxLimit = or(l.MaxLimit, 1000)
-	l.InitialLimit = min(max(or(l.InitialLimit, 20), l.MinLimit), l.MaxLimit)
-	l.QueueFactor = or(l.QueueFactor, 0.5)
-	l.SlowStartIdle = or(l.SlowStartIdle, time.Second)
+	l.MinLimit = or(l.MinLimit, limMinLimit)
+	l.MaxLimit = or(l.MaxLimit, limMaxLimit)
+	l.InitialLimit = min(max(or(l.InitialLimit, limInitialLimit), l.MinLimit), l.MaxLimit)
+	l.QueueFactor = or(l.QueueFactor, limQueueFactor)
+	l.SlowStartIdle = or(l.SlowStartIdle, limSlowStartIdle)
 	return l
 }

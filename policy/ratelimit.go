@@ -173,9 +173,9 @@ func (r *RateLimit) validate() error {
 		fieldErrIf(r.Burst < 0, "RateLimit.Burst", "must be >= 0, got %d", r.Burst),
 		fieldErrIf(int64(r.Burst) > 1<<53,
 			"RateLimit.Burst", "must be <= 2^53, the most tokens the bucket counts exactly, got %d", r.Burst),
-		fieldErrIf(r.Burst == 0 && !math.IsInf(r.PerSecond, 0) && math.Ceil(r.PerSecond/10) > 1<<53,
+		fieldErrIf(r.Burst == 0 && !math.IsInf(r.PerSecond, 0) && defaultBurst(r.PerSecond) > 1<<53,
 			"RateLimit.Burst", "is zero and its default, ceil(RateLimit.PerSecond/10) = %v, is above 2^53, the most tokens the bucket counts exactly; set it",
-			math.Ceil(r.PerSecond/10)),
+			defaultBurst(r.PerSecond)),
 		fieldErrIf(r.MaxWait < 0, "RateLimit.MaxWait", "must be >= 0, got %v", r.MaxWait),
 		fieldErrIf(r.Lease < 0, "RateLimit.Lease", "must be >= 0, got %d", r.Lease),
 		fieldErrIf(r.Lease > 0 && unshared,
@@ -191,11 +191,15 @@ func (r *RateLimit) validate() error {
 	)
 }
 
+// defaultBurst is Burst's default before its floor of 1: a tenth of a
+// second of the rate, which validate checks and WithDefaults uses.
+func defaultBurst(perSecond float64) float64 { return math.Ceil(perSecond / 10) }
+
 // WithDefaults returns r with every zero field set to its default; the
 // fields of a shared rate limit only when Shared is set.
 func (r RateLimit) WithDefaults() RateLimit {
 	if r.Burst == 0 {
-		r.Burst = max(1, int(math.Ceil(r.PerSecond/10)))
+		r.Burst = max(1, int(defaultBurst(r.PerSecond)))
 	}
 	if r.Shared == nil {
 		return r

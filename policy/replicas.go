@@ -8,157 +8,57 @@ import (
 
 // Replicas sends a key's wire attempts over lanes, so that a host that is
 // really a fleet (pods behind a Kubernetes Service, an address list in DNS)
-// is treated as one: each lane is a connection pool of its own, a clone of
+// is treated as one. Each lane is a connection pool of its own, a clone of
 // the transport's base *http.Transport, so TLS, timeouts and HTTP/2 are the
-// base's.
-//
-// A lane is an address when Endpoints names the replicas, or one of
+// base's: an address when Endpoints names the replicas, or one of
 // Connections pools to the request's own address when it does not (behind
 // an L4 balancer, which places each connection on a replica, each pool
-// lands on replicas of its own, as gRPC's subchannels do).
+// lands on replicas of its own, as gRPC's subchannels do). The zero
+// Replicas is four connection lanes.
 //
 // Each attempt picks a lane by the power of two choices over peak-EWMA
-// cost (Finagle's and Linkerd's): two lanes drawn at random, the one with
-// the lower (outstanding attempts + 1) × (latency estimate + failure
-// penalty) wins. The estimate jumps to a slower answer at once (its time
-// net of the client's own stalls: see the stall rule below), averages a
-// faster one in, and decays towards faster ones with a 10 s time constant.
-// Failures are kept out of it (failure accrual apart, as Finagle keeps
-// it): a failure sets the lane's penalty to the slowest other lane's
-// estimate (at least its own latency) times 2 to the power of its failures
-// in a row (at most 30 s), which fades with a 1 s time constant and halves
-// with each success, so a replica that is slow or fails fast gets little
-// traffic before anything is ejected, and one that failed through a 2 s
-// outage and then answers has its share back within 3 s. A lane nothing is
-// known of (new in the set, back from an ejection, a hold or a refused
-// dial, dialed anew) gets one attempt at a time until it answers
-// (Finagle's probe), then ramps up to its share over 1 s (Envoy's slow
-// start, from a tenth of its share). A hedge or a retry picks among the
-// lanes its call has not used yet (Envoy's previous_hosts), and reuses one
-// only when every lane has been tried; an ejected, held or down lane is
-// picked only when no other is left.
+// cost (Finagle's and Linkerd's): of two lanes drawn at random, the one
+// with the lower (outstanding attempts + 1) × (latency estimate + failure
+// penalty) wins; the penalty is kept apart from the estimate and fades
+// within seconds. A lane nothing is known of (new in the set, back from an
+// ejection, a hold or a refused dial, dialed anew) gets one attempt at a
+// time until it answers, then ramps up to its share over 1 s (Envoy's slow
+// start). A hedge or a retry picks a lane its call has not used yet
+// (Envoy's previous_hosts) while one is left.
 //
-// A lane is ejected (not picked while another lane is left) for EjectFor ×
-// the number of times it has been ejected, at most MaxEjectFor (Envoy's
-// outlier detection), when ConsecutiveFailures attempts on it failed in a
-// row; when 5 of its answers, with no fast one between, each took 5 × the
-// lowest typical latency (a moving average of answers over about 1 s) of
-// the other lanes or more (EjectLatency: the picker alone cannot keep a
-// slow replica's share small when two lanes drawn together are both on it,
-// as behind an L4 balancer, where several connection lanes may land on one
-// replica); or when, over a 10 s interval with at least 20 of its attempts
-// and 20 of the others', its failure rate reached min(0.9, max(0.2, 3 ×
-// the other lanes' rate)), the breaker's relative rule with the other
-// lanes as the baseline. Each interval a lane spends unejected takes one
-// off its count. At most MaxEjected of the lanes are ejected at once, and
-// never the last one; when a refresh shrinks the set, the bound holds on
-// the new set, and the lanes ejected longest ago return first. An ejected
-// lane gets traffic again when its time is up, one probe at a time until
-// it answers, then a slow start; its connections are closed as they fall
-// idle, so it comes back on a fresh one, which a balancer places anew.
+// A lane is ejected, not picked while another is left, for EjectFor × its
+// count of ejections, at most MaxEjectFor, at most MaxEjected of the lanes
+// at once (Envoy's outlier detection): after ConsecutiveFailures failures
+// in a row; for a failure rate far above the other lanes' (the Breaker's
+// relative rule, the other lanes as the baseline); or for answers far
+// slower than the other lanes' at the same moments (EjectLatency). The
+// client's own stalls (a GC pause, CPU throttling) are taken out of every
+// answer's time first, so they eject nothing. A refused or timed-out dial,
+// or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
+// then one probe; a 503 or 429 with Retry-After holds back its lane, not
+// the key. A connection lane that fails while another lane does not is
+// dialed anew, so that a balancer places it again.
 //
-// The stall rule: a lane is judged against the other lanes at the same
-// moments. The key's gaps (stretches of 8 × its mean time between answers
-// or more in which none came though some were in flight) are taken out of
-// each answer's time before it is sampled or judged: a stall of the
-// client's own process (a GC pause, CPU throttling, a VM's steal time)
-// slows every answer that straddles it and ends none while it lasts. A
-// slow answer then counts towards EjectLatency only when another lane's
-// answer, sent after it, came back before it at least 5 times faster (or
-// when no other lane had an attempt in flight while it was awaited:
-// nothing to compare it with); the burst of calls queued in the client
-// after a stall slows them in the order they were sent, so none overtakes
-// another. A slow replica has the others answer fast while it is awaited.
+// The key's Breaker judges the host, not a replica: a failure its lane
+// explains (the lane ejected, or failing while another lane open is not)
+// is no evidence to it, so one bad replica of four never opens it; every
+// lane failing opens it as it would without lanes.
 //
-// A replica that is not there is out at once: an attempt whose dial was
-// refused or timed out takes its lane out for 1 s, then the next call
-// that draws it may send it one probe, and it returns when it answers. It
-// is not an ejection: it counts neither towards ConsecutiveFailures nor
-// against MaxEjected, and EjectFor's longer ejections stay for replicas
-// that answer badly. It also asks Endpoints again early, at most once a
-// second a key. An attempt that Timeout.PerAttempt ends with no answer at
-// all (a frozen or hung replica) takes its lane out for 1 s the same way,
-// then a probe; it counts towards ConsecutiveFailures. A 503 or 429 with a Retry-After from one lane holds that
-// lane back, not the key: the Throttler's pushback is armed only when no
-// other lane is left. The lane is tried again by one probe as soon as the
-// hold could be over: a second before the Retry-After ends (it counts
-// whole seconds), at most MaxEjectFor.
-//
-// A connection lane that fails twice in a row while another lane is not
-// known to fail (a failure the key's Breaker does not learn, below) is
-// dialed anew: its idle connections are closed before its attempts until
-// one succeeds, so that a balancer places it again, and it is picked as a
-// lane nothing is known of (one probe at a time) until it answers; its
-// failures in a row still count towards its ejection. Behind an L4
-// balancer a lane is where its connections landed: otherwise a client
-// whose lanes landed three of four on one bad replica keeps them there
-// while their connections live. In make replicas' 3-half-503 case over
-// l4/h1 and haproxy/h1, the replica failing half its calls gives 2-4% of
-// the answers.
-//
-// Over HTTP/1.1 a connection lane is a pool of as many connections as it
-// has attempts in flight, each placed by the balancer on a replica of its
-// own, so a lane may be a blend of replicas, and a hedge's loser, which
-// net/http cancels by closing its connection, has its lane dial anew, on
-// a replica drawn again. Lanes are not limited to one connection each:
-// that would make each one replica, but cap a key's attempts in flight
-// at Connections, and behind an L4 balancer it changed nothing the
-// latency rule had not already done: on make replicas' l4 and haproxy
-// paths a 20× slower replica answers under 0.5% of calls either way, as
-// over h2c, where a lane is one connection.
-//
-// The key's Breaker judges the host, not a replica: a failure on a lane
-// that is ejected, or that is failing (two failures in a row on it, a
-// Retry-After that held it, or a refused dial), while another lane open
-// is not known to fail (its last outcome a success, or none yet), is
-// released to the breaker as no evidence, so one bad replica of four
-// never opens it, while every lane failing, or the last lane open
-// failing, opens it as it would without lanes; a half-open breaker's
-// probe is always evidence.
-//
-// A lane lets its connections go when it is drained, ejected or dialed
-// anew, and when its key is forgotten (transport.Config.MaxKeys): each
-// of its connections is then closed, at once if idle, else once its own
-// last stream ends (an HTTP/2 body read to the end or closed; an HTTP/1
-// connection as it falls idle), whatever streams other connections of
-// the lane still have open, over HTTP/2 as over HTTP/1.1, never left to
-// the base's IdleConnTimeout, and
-// the lane's next attempt goes out on a clone made anew, which dials: an
-// ejected lane comes back on a new connection, which a balancer places
-// anew. Transport.CloseIdleConnections reaches the clones let go until
-// they are closed. Seeing an HTTP/2 stream end costs one small wrapper of
-// its body (one allocation a call).
-//
-// Lanes cost no goroutine and no timer: ejections end and refreshes fall
-// due lazily, from the time of the calls; a refresh runs on a goroutine
-// of its own, started by the call that found it due, and ends with
-// Resolve. A key's lanes cost about 1.5 KB a lane beyond its
-// connections (the key's share included), 900 bytes of which are the
-// lane's clone of the base (go test -run '^$' -bench ScopeMemory
-// -benchtime=1x ./transport: 6.2 KB a key with four connection lanes,
-// 6.4 KB with four of Endpoints), and a pool holds connections only
-// while in use or idle (the
-// base's IdleConnTimeout). Each lane has the base's per-host limits
-// (MaxConnsPerHost, MaxIdleConnsPerHost), so a key holds at most the
-// lanes times those.
-//
-// Each lane keeps the last load report its server sent on an answer
-// (ORCA's endpoint-load-metrics header in TEXT form, as admission writes
-// it, and vLLM and Triton when asked), with its time: see
-// LaneSnapshot.Load. A malformed report (longer than 512 bytes, a field
-// read twice, a value negative, NaN, infinite, not a plain decimal or
-// out of its bound) is ignored and counted as a MalformedHeader; one
-// older than 2 s no longer counts; a failure on the lane at or after a
-// report makes its load at least 1. Picking does not use the reports yet,
-// and the transport does not ask for them.
+// A lane lets its connections go, each closed once idle or when its last
+// stream ends, when the lane is drained, ejected or dialed anew, or its key
+// is forgotten (transport.Config.MaxKeys); Transport.CloseIdleConnections
+// reaches them until then. Lanes cost no goroutine and no timer (a refresh
+// of Endpoints runs on a goroutine a call starts), and about 1.5 KB a lane
+// beyond its connections; each lane has the base's per-host limits. Each
+// lane keeps its server's last load report (see LaneSnapshot.Load);
+// picking does not use it yet.
 //
 // Replicas needs a base that is an *http.Transport (transport.New says so
-// otherwise); each lane is its Clone. A base whose HTTP/2 was set up by
-// golang.org/x/net/http2.ConfigureTransport may not keep its lanes'
-// HTTP/2 connections apart (its clones hand them to the one
-// http2.Transport it made): use net/http's own HTTP/2 (the default with
-// ForceAttemptHTTP2, or Transport.Protocols). The zero Replicas is four
-// connection lanes.
+// otherwise). A base whose HTTP/2 was set up by
+// golang.org/x/net/http2.ConfigureTransport may not keep its lanes' HTTP/2
+// connections apart (its clones share the one http2.Transport it made):
+// use net/http's own HTTP/2 (ForceAttemptHTTP2, or Transport.Protocols).
+// docs/replicas.md has every rule with its numbers, and measured cases.
 type Replicas struct {
 	// Endpoints resolves a request's host and port to the addresses of
 	// its replicas, one lane each. If nil, lanes are Connections pools to

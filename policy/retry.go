@@ -122,8 +122,16 @@ type Retry struct {
 	If func(resp *http.Response, err error) bool
 }
 
+// Retry's defaults, which validate and WithDefaults share; the field docs
+// say why each.
+const (
+	retryBaseDelay     = 50 * time.Millisecond
+	retryMaxDelay      = 5 * time.Second // at least BaseDelay
+	retryMaxRetryAfter = 10 * time.Second
+)
+
 func (r *Retry) validate() error {
-	base := or(r.BaseDelay, 50*time.Millisecond)
+	base := or(r.BaseDelay, retryBaseDelay)
 	return joinErrs(
 		fieldErrIf(r.BaseDelay < 0, "Retry.BaseDelay", "must be >= 0, got %v", r.BaseDelay),
 		fieldErrIf(r.MaxDelay < 0, "Retry.MaxDelay", "must be >= 0, got %v", r.MaxDelay),
@@ -138,9 +146,9 @@ func (r *Retry) validate() error {
 
 // WithDefaults returns r with every zero field set to its default.
 func (r Retry) WithDefaults() Retry {
-	r.BaseDelay = or(r.BaseDelay, 50*time.Millisecond)
-	r.MaxDelay = or(r.MaxDelay, max(5*time.Second, r.BaseDelay))
-	r.MaxRetryAfter = or(r.MaxRetryAfter, 10*time.Second)
+	r.BaseDelay = or(r.BaseDelay, retryBaseDelay)
+	r.MaxDelay = or(r.MaxDelay, max(retryMaxDelay, r.BaseDelay))
+	r.MaxRetryAfter = or(r.MaxRetryAfter, retryMaxRetryAfter)
 	return r
 }
 

@@ -95,7 +95,7 @@ func (k *laneKey) find(name string, now time.Time) int {
 // held, and the attempt starts the next window. It allocates only for a key or a lane it
 // starts watching, and to write.
 func (lg *Logger) watchLane(a policy.AttemptInfo) {
-	_, h, ok := lg.enabled(a.Context, slog.LevelWarn)
+	out, ok := lg.at(a.Context, slog.LevelWarn)
 	if !ok {
 		return
 	}
@@ -129,7 +129,7 @@ func (lg *Logger) watchLane(a policy.AttemptInfo) {
 	}
 	w.mu.Unlock()
 	for _, c := range changes {
-		c.emit(h)
+		c.emit(out.h)
 	}
 }
 
@@ -217,11 +217,11 @@ func (c laneChange) emit(h slog.Handler) {
 	if !c.starved {
 		level, msg = slog.LevelInfo, msgLaneFed
 	}
-	ctx := context.Background() // no one call's: the window's
-	if !h.Enabled(ctx, level) {
+	out := sink{ctx: context.Background(), h: h, level: level} // no one call's: the window's
+	if !h.Enabled(out.ctx, level) {
 		return
 	}
-	emit(ctx, h, level, msg,
+	out.log(msg,
 		slog.String(attrKey, c.key),
 		slog.String(attrLane, c.lane),
 		slog.Int(attrAttempts, c.attempts),

@@ -234,12 +234,12 @@ func (lg *Logger) Observer() *policy.Observer { return &lg.obs }
 // transports' calls have returned: nothing else writes the last
 // interval's counts. It may be called at any time, and more than once.
 func (lg *Logger) Flush() {
-	_, h, ok := lg.enabled(context.Background(), slog.LevelInfo)
+	out, ok := lg.at(context.Background(), slog.LevelInfo)
 	lg.mu.Lock()
 	done := lg.takeLocked(time.Now())
 	lg.mu.Unlock()
 	if ok {
-		lg.write(h, done)
+		write(out.h, done)
 	}
 }
 
@@ -258,7 +258,7 @@ func (lg *Logger) count(ctx context.Context, key string, c int) {
 	if lg.opts.Summary < 0 {
 		return
 	}
-	_, h, ok := lg.enabled(ctx, slog.LevelInfo)
+	out, ok := lg.at(ctx, slog.LevelInfo)
 	if !ok {
 		return
 	}
@@ -281,7 +281,7 @@ func (lg *Logger) count(ctx context.Context, key string, c int) {
 	}
 	t.n[c]++
 	lg.mu.Unlock()
-	lg.write(h, done)
+	write(out.h, done)
 }
 
 // takeLocked takes out the interval's counts as the summaries to write,
@@ -320,10 +320,11 @@ func (lg *Logger) takeLocked(now time.Time) []summary {
 	return append(done[:own], rest)
 }
 
-// write writes the summaries, with no lock held.
-func (lg *Logger) write(h slog.Handler, done []summary) {
+// write writes the summaries at Info to h, with no lock held.
+func write(h slog.Handler, done []summary) {
+	out := sink{ctx: context.Background(), h: h, level: slog.LevelInfo} // no one call's: the summary is the key's
 	for _, s := range done {
-		s.emit(context.Background(), h) // no one call's: the summary is the key's
+		s.emit(out)
 	}
 }
 
@@ -345,10 +346,10 @@ func (s *summary) total() int {
 	return sum
 }
 
-// emit writes the summary at Info: the key (or how many other keys it
+// emit writes the summary to out: the key (or how many other keys it
 // sums), the span counted, and each count that is not zero, the refusals
 // as a group by gate.
-func (s summary) emit(ctx context.Context, h slog.Handler) {
+func (s summary) emit(out sink) {
 	attrs := make([]slog.Attr, 0, 2+countRefused+1)
 	if s.rest {
 		attrs = append(attrs, slog.Int(attrOtherKeys, s.others))
@@ -374,15 +375,23 @@ func (s summary) emit(ctx context.Context, h slog.Handler) {
 	if len(refused) > 0 {
 		attrs = append(attrs, slog.Group(attrRefused, refused...))
 	}
-	emit(ctx, h, slog.LevelInfo, msgSummary, attrs...)
+	out.log(msgSummary, attrs...)
 }
 
-// enabled returns the handler to log a record at level to, and whether it
-// would: every func asks before it builds its attributes, so that a
+// sink is where a record goes: a handler, the context it is given, and the
+// record's level, named once for both the question and the record.
+type sink struct {
+	ctx   context.Context
+	h     slog.Handler
+	level slog.Level
+}
+
+// at returns the sink of a record at level, and whether its handler would
+// write it: every func asks before it builds its attributes, so that a
 // record filtered out costs no allocation. A nil context, possible only
 // in an event built by hand, is read as context.Background(), as
 // slog.Logger does.
-func (lg *Logger) enabled(ctx context.Context, level slog.Level) (context.Context, slog.Handler, bool) {
+func (lg *Logger) at(ctx context.Context, level slog.Level) (sink, bool) {
 	l := lg.l
 	if l == nil {
 		l = slog.Default()
@@ -390,17 +399,17 @@ func (lg *Logger) enabled(ctx context.Context, level slog.Level) (context.Contex
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	h := l.Handler()
-	return ctx, h, h.Enabled(ctx, level)
+	s := sink{ctx: ctx, h: l.Handler(), level: level}
+	return s, s.h.Enabled(ctx, level)
 }
 
-// emit hands the record to h, with no source position: the line that logs
-// is in resilix, not in the caller's code. Like slog.Logger, it drops the
-// handler's error.
-func emit(ctx context.Context, h slog.Handler, level slog.Level, msg string, attrs ...slog.Attr) {
-	r := slog.NewRecord(time.Now(), level, msg, 0)
+// log hands a record to the handler, with no source position: the line
+// that logs is in resilix, not in the caller's code. Like slog.Logger, it
+// drops the handler's error.
+func (s sink) log(msg string, attrs ...slog.Attr) {
+	r := slog.NewRecord(time.Now(), s.level, msg, 0)
 	r.AddAttrs(attrs...)
-	_ = h.Handle(ctx, r)
+	_ = s.h.Handle(s.ctx, r)
 }
 
 func (lg *Logger) attemptDone(a policy.AttemptInfo) {
@@ -422,7 +431,7 @@ func (lg *Logger) attemptDone(a policy.AttemptInfo) {
 			return
 		}
 	}
-	ctx, h, ok := lg.enabled(a.Context, level)
+	out, ok := lg.at(a.Context, level)
 	if !ok {
 		return
 	}
@@ -438,7 +447,7 @@ func (lg *Logger) attemptDone(a policy.AttemptInfo) {
 		attrs = append(attrs, slog.String(attrLane, a.Lane))
 	}
 	attrs = result(attrs, a.StatusCode, a.Err)
-	emit(ctx, h, level, msg, attrs...)
+	out.log(msg, attrs...)
 }
 
 // result appends what an attempt or a call came back with: a status, an
@@ -458,7 +467,7 @@ func (lg *Logger) callDone(c policy.CallInfo) {
 	if c.Outcome == policy.Success || c.Outcome == policy.Canceled {
 		level = slog.LevelDebug
 	}
-	ctx, h, ok := lg.enabled(c.Context, level)
+	out, ok := lg.at(c.Context, level)
 	if !ok {
 		return
 	}
@@ -471,12 +480,12 @@ func (lg *Logger) callDone(c policy.CallInfo) {
 		slog.Int(attrAttempts, c.WireAttempts),
 	)
 	attrs = result(attrs, c.StatusCode, c.Err)
-	emit(ctx, h, level, msgCallDone, attrs...)
+	out.log(msgCallDone, attrs...)
 }
 
 func (lg *Logger) retrySkipped(s policy.RetrySkip) {
 	lg.count(s.Context, s.Key, countSkipped)
-	ctx, h, ok := lg.enabled(s.Context, slog.LevelDebug)
+	out, ok := lg.at(s.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -493,7 +502,7 @@ func (lg *Logger) retrySkipped(s policy.RetrySkip) {
 	if s.BodyTooLarge {
 		attrs = append(attrs, slog.Bool(attrBodyTooLarge, true))
 	}
-	emit(ctx, h, slog.LevelDebug, msgRetrySkipped, attrs...)
+	out.log(msgRetrySkipped, attrs...)
 }
 
 func (lg *Logger) hedgeStarted(i policy.HedgeInfo) { lg.hedge(msgHedgeStarted, i) }
@@ -501,28 +510,24 @@ func (lg *Logger) hedgeStarted(i policy.HedgeInfo) { lg.hedge(msgHedgeStarted, i
 func (lg *Logger) hedgeWon(i policy.HedgeInfo) { lg.hedge(msgHedgeWon, i) }
 
 func (lg *Logger) hedge(msg string, i policy.HedgeInfo) {
-	ctx, h, ok := lg.enabled(i.Context, slog.LevelDebug)
-	if !ok {
-		return
+	if out, ok := lg.at(i.Context, slog.LevelDebug); ok {
+		out.log(msg,
+			slog.String(attrKey, i.Key),
+			slog.Int(attrAttempt, i.Attempt),
+			slog.String(attrPriority, i.Priority.String()),
+			millis(attrThreshold, i.Threshold),
+		)
 	}
-	emit(ctx, h, slog.LevelDebug, msg,
-		slog.String(attrKey, i.Key),
-		slog.Int(attrAttempt, i.Attempt),
-		slog.String(attrPriority, i.Priority.String()),
-		millis(attrThreshold, i.Threshold),
-	)
 }
 
 func (lg *Logger) hedgeSuppressed(s policy.HedgeSuppression) {
-	ctx, h, ok := lg.enabled(s.Context, slog.LevelDebug)
-	if !ok {
-		return
+	if out, ok := lg.at(s.Context, slog.LevelDebug); ok {
+		out.log(msgHedgeSuppressed,
+			slog.String(attrKey, s.Key),
+			slog.String(attrPriority, s.Priority.String()),
+			slog.String(attrReason, s.Reason.String()),
+		)
 	}
-	emit(ctx, h, slog.LevelDebug, msgHedgeSuppressed,
-		slog.String(attrKey, s.Key),
-		slog.String(attrPriority, s.Priority.String()),
-		slog.String(attrReason, s.Reason.String()),
-	)
 }
 
 func (lg *Logger) refused(r policy.Refusal) {
@@ -531,7 +536,7 @@ func (lg *Logger) refused(r policy.Refusal) {
 		g = 0
 	}
 	lg.count(r.Context, r.Key, countRefused+g)
-	ctx, h, ok := lg.enabled(r.Context, slog.LevelDebug)
+	out, ok := lg.at(r.Context, slog.LevelDebug)
 	if !ok {
 		return
 	}
@@ -546,7 +551,7 @@ func (lg *Logger) refused(r policy.Refusal) {
 	if r.Err != nil && r.Err.RetryAfter > 0 {
 		attrs = append(attrs, millis(attrRetryAfter, r.Err.RetryAfter))
 	}
-	emit(ctx, h, slog.LevelDebug, msgRefused, attrs...)
+	out.log(msgRefused, attrs...)
 }
 
 func (lg *Logger) breakerTransition(b policy.BreakerTransition) {
@@ -559,27 +564,23 @@ func (lg *Logger) breakerTransition(b policy.BreakerTransition) {
 	case policy.BreakerIsolated:
 		level, msg = slog.LevelWarn, msgBreakerIsolated
 	}
-	ctx, h, ok := lg.enabled(b.Context, level)
-	if !ok {
-		return
+	if out, ok := lg.at(b.Context, level); ok {
+		out.log(msg,
+			slog.String(attrKey, b.Key),
+			slog.String(attrFrom, b.From.String()),
+			slog.String(attrTo, b.To.String()),
+		)
 	}
-	emit(ctx, h, level, msg,
-		slog.String(attrKey, b.Key),
-		slog.String(attrFrom, b.From.String()),
-		slog.String(attrTo, b.To.String()),
-	)
 }
 
 func (lg *Logger) limitTransition(l policy.LimitTransition) {
-	ctx, h, ok := lg.enabled(l.Context, slog.LevelDebug)
-	if !ok {
-		return
+	if out, ok := lg.at(l.Context, slog.LevelDebug); ok {
+		out.log(msgLimitChanged,
+			slog.String(attrKey, l.Key),
+			slog.Int(attrFrom, l.From),
+			slog.Int(attrTo, l.To),
+		)
 	}
-	emit(ctx, h, slog.LevelDebug, msgLimitChanged,
-		slog.String(attrKey, l.Key),
-		slog.Int(attrFrom, l.From),
-		slog.Int(attrTo, l.To),
-	)
 }
 
 func (lg *Logger) storeTransition(s policy.StoreTransition) {
@@ -587,7 +588,7 @@ func (lg *Logger) storeTransition(s policy.StoreTransition) {
 	if s.To == policy.StoreUp {
 		level, msg = slog.LevelInfo, msgStoreRecovered
 	}
-	ctx, h, ok := lg.enabled(s.Context, level)
+	out, ok := lg.at(s.Context, level)
 	if !ok {
 		return
 	}
@@ -600,7 +601,7 @@ func (lg *Logger) storeTransition(s policy.StoreTransition) {
 	if s.Err != nil {
 		attrs = append(attrs, slog.Any(attrError, s.Err))
 	}
-	emit(ctx, h, level, msg, attrs...)
+	out.log(msg, attrs...)
 }
 
 func (lg *Logger) laneEjected(e policy.LaneEjection) {
@@ -614,44 +615,38 @@ func (lg *Logger) laneReturned(e policy.LaneEjection) {
 }
 
 func (lg *Logger) lane(level slog.Level, msg string, e policy.LaneEjection) {
-	ctx, h, ok := lg.enabled(e.Context, level)
-	if !ok {
-		return
+	if out, ok := lg.at(e.Context, level); ok {
+		out.log(msg,
+			slog.String(attrKey, e.Key),
+			slog.String(attrLane, policy.LaneName(e.Addr, e.Index)),
+			slog.String(attrReason, e.Reason.String()),
+			millis(attrFor, e.For),
+		)
 	}
-	emit(ctx, h, level, msg,
-		slog.String(attrKey, e.Key),
-		slog.String(attrLane, policy.LaneName(e.Addr, e.Index)),
-		slog.String(attrReason, e.Reason.String()),
-		millis(attrFor, e.For),
-	)
 }
 
 func (lg *Logger) pushback(p policy.Pushback) {
 	lg.count(p.Context, p.Key, countPushback)
-	ctx, h, ok := lg.enabled(p.Context, slog.LevelDebug)
-	if !ok {
-		return
+	if out, ok := lg.at(p.Context, slog.LevelDebug); ok {
+		out.log(msgPushback,
+			slog.String(attrKey, p.Key),
+			slog.Int(attrStatus, p.StatusCode),
+			millis(attrRetryAfter, p.RetryAfter),
+		)
 	}
-	emit(ctx, h, slog.LevelDebug, msgPushback,
-		slog.String(attrKey, p.Key),
-		slog.Int(attrStatus, p.StatusCode),
-		millis(attrRetryAfter, p.RetryAfter),
-	)
 }
 
 // malformedHeader logs the value as resilix gives it, at most its first 64
 // bytes: a handler quotes it as it quotes any string.
 func (lg *Logger) malformedHeader(m policy.MalformedHeader) {
 	lg.count(m.Context, m.Key, countMalformed)
-	ctx, h, ok := lg.enabled(m.Context, slog.LevelDebug)
-	if !ok {
-		return
+	if out, ok := lg.at(m.Context, slog.LevelDebug); ok {
+		out.log(msgMalformedHeader,
+			slog.String(attrKey, m.Key),
+			slog.String(attrHeader, m.Header),
+			slog.String(attrValue, m.Value),
+		)
 	}
-	emit(ctx, h, slog.LevelDebug, msgMalformedHeader,
-		slog.String(attrKey, m.Key),
-		slog.String(attrHeader, m.Header),
-		slog.String(attrValue, m.Value),
-	)
 }
 
 // lanesChanged logs, at Info, a key's lanes after an answer of its
@@ -659,14 +654,12 @@ func (lg *Logger) malformedHeader(m policy.MalformedHeader) {
 // many lanes it has.
 func (lg *Logger) lanesChanged(c policy.LaneSetChange) {
 	lg.lanes.change(c)
-	ctx, h, ok := lg.enabled(c.Context, slog.LevelInfo)
-	if !ok {
-		return
+	if out, ok := lg.at(c.Context, slog.LevelInfo); ok {
+		out.log(msgLanesChanged,
+			slog.String(attrKey, c.Key),
+			slog.Any(attrAdded, c.Added),
+			slog.Any(attrRemoved, c.Removed),
+			slog.Int(attrLanes, c.Lanes),
+		)
 	}
-	emit(ctx, h, slog.LevelInfo, msgLanesChanged,
-		slog.String(attrKey, c.Key),
-		slog.Any(attrAdded, c.Added),
-		slog.Any(attrRemoved, c.Removed),
-		slog.Int(attrLanes, c.Lanes),
-	)
 }

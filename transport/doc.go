@@ -225,8 +225,8 @@
 //     arrival plus the time announced) is 5 to 6ms earlier than the
 //     caller's, less the transit, and later only when the transit takes
 //     more than that: a network hop of more than 5ms, a server too busy
-//     to read the request at once (over loopback on a 2-core machine:
-//     none of 2000 when quiet, up to 4 of 2000 when busy).
+//     to read the request at once (docs/propagation.md measures it over
+//     loopback).
 //   - Config.AttemptHeader: the attempt's number among the call's wire
 //     attempts: 1 for the first, then each retry and hedge leg its own
 //     next number, as Envoy's x-envoy-attempt-count counts them. The

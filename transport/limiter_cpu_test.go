@@ -237,15 +237,15 @@ func TestLimiterHealthyUpstreamBusyClient(t *testing.T) {
 // shrink the limit, but every shrink leaves more callers spinning, which
 // raises the latency instead of lowering it: the refusals must not ratchet
 // the limit down. It may dip by one or two (twice in a row, now and then,
-// when the spinners' timing shifts within a calm spell: 4 runs in 60 under
-// -race), never three moves down in a row nor below three quarters of
-// where it started, and it ends where it started.
+// when the spinners' timing shifts within a calm spell), never three moves
+// down in a row nor below three quarters of where it started, and it ends
+// where it started.
 func TestLimiterRefusalStormCannotLowerTheLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Slow start off: at its MaxLimit from the start the limit has
 		// nothing to double, and the round that ends slow start takes the
-		// gradient without headroom (8 to 5 in one run of several), which
-		// is not the ratchet this test is about.
+		// gradient without headroom, which is not the ratchet this test
+		// is about.
 		tr, c, cpu, log := healthyUpstream(t, policy.Limiter{InitialLimit: 8, MaxLimit: 8, SlowStartIdle: -1})
 		var wg sync.WaitGroup
 		var res cpuResult
@@ -281,7 +281,7 @@ func TestLimiterRefusalStormCannotLowerTheLimit(t *testing.T) {
 // TestLimiterOverloadSeenThroughABusyClient is the overload the limiter
 // is for, through the same busy client: the upstream has 8 workers at 5 ms
 // a call and queues the rest, and 52 callers flood it after a calm
-// warm-up. Callers who wait 5 ms when refused are shed as before: the limit
+// warm-up. Callers who wait 5 ms when refused are shed as a queue is: the limit
 // settles near twice the upstream's capacity and most calls are refused.
 // Callers who call again at once make each refusal cost the client's CPU
 // instead; the limiter must not collapse under them (the gradient alone

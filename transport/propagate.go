@@ -103,18 +103,15 @@ func (c *call) stamp(l *leg) {
 // cannot be measured, the time from the request's hand-off to the base
 // (or, over an *http.Transport, from when it had a connection, or a
 // stream, for the request: see connStamp) to the next tier's handler
-// reading it:
-// writing it, the network, the next tier's accepting and reading it and
-// scheduling its handler. Over a quiet loopback that is about half a
-// millisecond, but a Go server's scheduling adds milliseconds at its
-// tail: on a 2-core machine, with a margin of 1ms, 20 of 2000 calls on
-// kept connections and 28 of 2000 on new ones reached the next tier with
-// a deadline later than the caller's, by up to 4.5ms; with 5ms, none of
-// 2000 in each of 4 runs (2 on kept connections, 2 on new ones) on the
-// quiet machine, and 0 to 4 of 2000 while other work loaded it, by up to
-// 14ms (TestPropagatedDeadlineLoopback). The margin costs the next tier 5ms of
-// its time, 5% of a 100ms deadline; a request that waits longer than
-// that before the next tier reads it gets a deadline later by the excess.
+// reading it: writing it, the network, the next tier's accepting and
+// reading it and scheduling its handler. Over a quiet loopback that is
+// about half a millisecond, but a Go server's scheduling adds
+// milliseconds at its tail, which 1ms does not cover and 5ms does but for
+// a loaded machine's rare calls (docs/propagation.md has the figures, and
+// TestPropagatedDeadlineLoopback measures them). The margin costs the
+// next tier 5ms of its time, 5% of a 100ms deadline; a request that waits
+// longer than that before the next tier reads it gets a deadline later by
+// the excess.
 const transitMargin = 5 * time.Millisecond
 
 // leftHeader writes, on a propagated attempt, the time it may still take

@@ -207,7 +207,7 @@ func TestUnsentPostWithoutGetBodyIsRetried(t *testing.T) {
 }
 
 // TestReplayBufferOff: a negative ReplayBuffer keeps no copy, and a body
-// without GetBody is sent once, as before.
+// without GetBody is sent once, and not retried.
 func TestReplayBufferOff(t *testing.T) {
 	base := &recorder{codes: []int{503, 200}}
 	obs, skips := skipLog()

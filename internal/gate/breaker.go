@@ -140,8 +140,7 @@ const (
 // run's last counted failure came back (or at that instant). Attempts that were in flight
 // together and failed together (a dropped connection under many callers)
 // are one failure of the run, not many; they still count in the rate.
-// An explicit ConsecutiveFailures counts plain failures in a row, as it
-// always has.
+// An explicit ConsecutiveFailures counts plain failures in a row.
 //
 // A rate is judged only when the window holds at least MinCalls outcomes.
 // Against FailureRatio it is the bare rate, failures / outcomes, as the

@@ -12,388 +12,118 @@ import (
 	"github.com/resilix/resilix/shedding"
 )
 
-// The limit's control law; see Limiter.
+// The limit's control law; see Limiter, and docs/limiter.md for the
+// reasoning and the cases behind each number.
 const (
 	// limTolerance: latency may reach this multiple of the baseline before
-	// the limit shrinks.
+	// the limit shrinks; the mean of a round of limMinRound exponential
+	// service times deviates by 22%, so 1.5 is over two deviations away.
 	limTolerance = 1.5
-	// limMinGradient: one round shrinks the limit at most by half.
+	// limMinGradient: one round shrinks the limit at most by half, so one
+	// outlier round cannot collapse it.
 	limMinGradient = 0.5
 	// limNoFall: a trial whose latency did not fall while the concurrency
-	// fell by 1 − 1/limNoFall (a fifth) or more is decisive (see judge).
+	// fell by 1 − 1/limNoFall (a fifth) or more is decisive (see judge): a
+	// congested round's mean varies far less than a fifth.
 	limNoFall = 1.25
-	// limMinRound: a round holds at least this many samples.
+	// limMinRound: a round holds at least this many samples, enough for
+	// its mean to tell a queue from noise.
 	limMinRound = 20
 	// limBaselineTau is the time constant of the baseline's moving
-	// average.
+	// average: slow, so that sustained queueing within the tolerance
+	// creeps it up only slowly.
 	limBaselineTau = 30 * time.Second
 	// limMixWindow is the history of the per-priority mix.
 	limMixWindow = 10 * time.Second
 	// limLightSlack is how many sheds a bucket may owe while it spares
-	// the tenants below their fair share.
+	// the tenants below their fair share: the bucket still sheds its
+	// share, at most this many arrivals late.
 	limLightSlack = 4
 	// limSlowStartExit: slow start ends at a round whose latency reaches
-	// this multiple of the baseline.
+	// this multiple of the baseline, below limTolerance so that it ends
+	// one doubling before the law would shrink.
 	limSlowStartExit = 1.25
 	// limSlowStartLoss: slow start ends at a round with more than this
-	// share of failures.
+	// share of failures: fast errors would otherwise look like room, and a
+	// tenth allows for a dependency's usual errors.
 	limSlowStartLoss = 0.1
 )
 
-// Limiter is the runtime state of a Limiter, one per scope: a
+// Limiter is the runtime state of a policy.Limiter, one per scope: a
 // concurrency limit learned from latency, in the gradient family of
 // Netflix's concurrency-limits (Gradient2,
 // https://github.com/Netflix/concurrency-limits) and Envoy's adaptive
 // concurrency filter (gradient controller,
 // https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_filters/adaptive_concurrency_filter),
-// with a bounded priority queue in front of it.
+// with a bounded priority queue in front of it. docs/limiter.md has the
+// reasoning behind each choice, how the anchors differ, and the cases that
+// settled them.
 //
 // # The limit
 //
-// The limiter learns from the latency of completed attempts, passed to
-// Release: Success latencies as they are; a Failure's latency only as at
-// least the baseline (a timeout is a slow sample, but a fast refusal says
-// nothing about queueing); Canceled and Discarded attempts teach nothing.
-// Samples are gathered in rounds of max(limit, 20): at full use, a round is
-// about one round trip, so the limit moves once per round trip, as a TCP
-// congestion window does, whatever the traffic. At the end of a round, with
-// short its mean latency and baseline the latency the dependency has when
-// it is not queueing:
+// Release learns from each attempt's latency, dispatch to headers: a
+// Success's as it is, a Failure's as at least the baseline (a timeout is
+// slow, a fast refusal says nothing about queueing), Canceled and
+// Discarded not at all. At the end of each round of max(limit,
+// limMinRound) samples, about one round trip at full use, with short the
+// round's mean and baseline the latency of the dependency when it is not
+// queueing:
 //
-//	gradient = clamp(1.5 × baseline / short, 0.5, 1)
+//	gradient = clamp(limTolerance × baseline / short, limMinGradient, 1)
 //	limit    = gradient × limit + (used ? sqrt(limit) : 0)
 //
-// kept within [MinLimit, MaxLimit], except in slow start, where a round
-// of calls admitted at the limit, at the baseline's latency, doubles it
-// (below). A limit that goes down is on trial (below). The choices, and
-// why:
+// within [MinLimit, MaxLimit]. Scaling by baseline / short undoes a queue
+// the limit causes (Little's law); the headroom sqrt(limit) is Envoy's,
+// and the limit settles where the queueing it causes equals it. A round is
+// used when in-flight reached half the limit during it: a limit far above
+// use is no evidence that more would be fine, so it does not grow while
+// idle, and hedging, which raises in-flight, cannot shrink it.
 //
-//   - Gradient rather than Vegas: Vegas (concurrency-limits' VegasLimit)
-//     steps the limit by log10 amounts per sample and needs a no-load RTT
-//     found by probing; the gradient scales the limit in proportion to how
-//     far latency rose, which is the right response to a queue the limit
-//     itself causes: its latency follows the concurrency (Little's law), so
-//     scaling the concurrency by baseline / short brings it back.
-//   - Tolerance 1.5: latency may rise 50% over the baseline before the
-//     limit shrinks (Gradient2 uses none on an average baseline, Envoy's
-//     buffer adds 25% to a minimum). The mean of a round of 20 exponential
-//     service times has a standard deviation of 22% of the true mean, so
-//     1.5 is over two standard deviations away: noise does not shrink the
-//     limit, a queue does.
-//   - Gradient clamped to [0.5, 1]: a round shrinks the limit at most by
-//     half, so one outlier round cannot collapse it (Gradient2's clamp),
-//     and the gradient never grows it (Envoy's may reach 2): growth comes
-//     from the headroom only, which is tethered.
-//   - Headroom sqrt(limit) per round (Envoy pins its headroom to the square
-//     root of the limit; Netflix's first Gradient limit allowed a queue of
-//     the square root too): fast from small limits, slower from large ones,
-//     and, with the gradient, the limit settles where the queueing it
-//     causes equals the headroom.
-//   - Tethered growth: the headroom is added only when the round was used,
-//     when in-flight reached at least half the limit at some point during
-//     it (Gradient2 applies the same test to each sample). A limit far
-//     above what is used is not evidence that more would be fine, so it
-//     does not grow while idle. Because the tether keys off observed
-//     concurrency, hedging cannot shrink the limit: at constant latency
-//     more in flight buys more headroom, not less. It also keeps the limit
-//     at about twice what is in use, so that one shrink, at most a half,
-//     does not by itself hold back the calls in use.
-//   - No smoothing: once a round (one round trip) is the unit, the update is
-//     applied whole, as Envoy does per interval; Gradient2's smoothing of
-//     0.2 is per sample.
+// The baseline is a moving average of round means (limBaselineTau),
+// started by the first round, which changes nothing else. A round below
+// half the baseline pulls it halfway down at once; a congested round
+// (short > limTolerance × baseline) that was used, with the limit above
+// MinLimit, is not learned: it may be our own queueing.
 //
 // # Slow start
 //
-// A headroom of sqrt(limit) a round is slow to follow a step in demand from
-// a small limit: from 20 to 400 takes about 30 rounds. A flash crowd of 400
-// callers on a handler that sleeps 50 ms, with room for all of them, each
-// refused caller back 50 ms later, has 63% of its requests admitted over
-// its first 2 s and 97% over the second second with slow start off
-// (TestFlashCrowdWithoutSlowStart in admission). So the limiter starts in
-// slow start, as a TCP connection
-// does (RFC 5681, section 3.1). In slow start a round is judged on the
-// calls admitted under the limit it judges: those admitted after the limit
-// last changed, and once in-flight has reached it (calls waited or were
-// refused for lack of it), only those admitted from the instant it did,
-// the round starting afresh there. A round that reached the limit, with
-// its mean latency short below 1.25 × the baseline and no more than a tenth
-// of its calls failed, grows the limit by as much as it was on a flat
-// latency, and by less as the latency rose toward 1.25 ×, within MaxLimit:
+// The limiter starts in slow start (RFC 5681, section 3.1), and starts it
+// again after policy.Limiter.SlowStartIdle with no call admitted at half
+// the limit or more. A round is then judged on the calls admitted under
+// the limit it judges (after it last changed, and once in-flight reached
+// it, from that instant). A round that reached the limit, with short below
+// limSlowStartExit × baseline and at most limSlowStartLoss of its calls
+// failed, grows the limit, less as the latency rose (as HyStart++, RFC
+// 9406), within MaxLimit:
 //
-//	limit = limit + round(limit × min(1, (1.25 − short/baseline) / 0.25))
+//	limit = limit + round(limit × min(1, (limSlowStartExit − short/baseline) / (limSlowStartExit − 1)))
 //
-// The crowd then has 86.6 to 92.6% of its requests admitted over the first
-// 2 s and all of them over the second second (TestFlashCrowdIsAdmitted),
-// the limit at 20, 24, 48, 96, 192, 384, 768. The first round that reached
-// the limit and fails the test ends slow start, and is an ordinary round
-// with no headroom: the gradient alone. Slow start starts again once the
-// limit has been idle for policy.Limiter.SlowStartIdle (1 s by default): no
-// call admitted with half the limit or more in flight (the tether's measure
-// of use) and none that found it reached. The choices, and why, and where
-// TCP differs:
-//
-//   - Judged on the doubled limit's calls: TCP grows its window on the
-//     acknowledgements of the window it sent, which was in flight whole.
-//     A round of whatever calls completed next mostly held calls admitted
-//     under the old limit, at the old concurrency: 400 callers on 50
-//     workers at 20 ms behind a FIFO doubled 97 to 195, 3.9 times the
-//     workers. Counted from the limit's change, the first calls to complete
-//     were those admitted as in-flight climbed to it, which find the
-//     dependency's queue as the old limit left it: still 3.9 times. Counted
-//     from the instant the limit is reached, the round is of calls admitted
-//     at it (a burst admitted at that instant is at it together).
-//   - Less the rise: a round at the limit whose latency rose is a sign
-//     that the limit is near the dependency's capacity, so the doubling
-//     tapers, from the whole limit at the baseline's latency to nothing at
-//     the exit's 1.25 ×, as HyStart++ (RFC 9406) grows a quarter as fast
-//     once the round trip time has risen. Little's law reads more into the
-//     rise (a FIFO of C workers at L calls in flight answers in L/C times
-//     its work, so 1.2 × says C is about L/1.2), but the first round of a
-//     new limit sees the queue build, below where it settles: on 37
-//     workers, 48 calls measured 1.23 × the baseline where L/C is 1.30,
-//     and on a handler of capacity 20 a round of a limit of 29 measured
-//     1.12 ×; adding L/1.12 took the limit to 55, 2.75 times the capacity,
-//     in one run of 60 of admission's TestFlashCrowdOnAFixedCapacity
-//     (TestLimiterSlowStartTapersWithTheRise). The taper adds 16 there.
-//   - No headroom on the exit: the round that ends slow start is one past
-//     the capacity, so the gradient takes the limit down and nothing is
-//     added (on 50 workers the headroom took 96 to 101).
-//
-// On 50 FIFO workers at 20 ms, the crowd (10 callers for a second, then
-// 400) takes the limit to 96, 1.9 times the workers, and it settles at 85;
-// on 25 to 60 workers, it peaks at most at 2.18 times them
-// (TestLimiterSlowStartOnAFIFO, TestLimiterSlowStartAcrossCapacities: a
-// doubling goes on only below 1.25 × the baseline, from a limit of at most
-// about 1.25 times the workers, and adds less the nearer it is). The other
-// choices:
-//
-//   - Reached, not used: only a round that reached the limit doubles it,
-//     so that the limit stays within twice the calls in flight, where the
-//     tether keeps it; a demand that uses the limit without reaching it
-//     grows it by sqrt(limit) as before. RFC 5681 grows the window with
-//     every acknowledgement; RFC 7661 holds a window valid while at least
-//     half of it is in use, the tether's test, with which a doubling would
-//     take the limit to four times what is in flight.
-//   - Latency, not loss, ends it, and below the tolerance: doubling the
-//     limit on a dependency at its capacity doubles its latency (Little's
-//     law), so the round that follows the doubling past the capacity shows
-//     the rise. At 1.25 × the baseline, slow start ends one doubling
-//     earlier than at the tolerance of 1.5 when the capacity lies between;
-//     a noisy round that ends it early costs only the speed of growth,
-//     never a shrink. TCP's slow start ends on a loss, or, with HyStart++
-//     (RFC 9406), on a rise of the round's minimum RTT by an eighth,
-//     clamped to 4 to 16 ms; a mean is noisier than a minimum, hence the
-//     wider margin (the minimum is the bias the trial below is there for).
-//   - Failures end it too, as a loss ends TCP's: the law takes a fast
-//     failure's latency as the baseline, so a dependency that answers a
-//     crowd with fast errors would otherwise look like one with room for
-//     it. A tenth allows for a dependency's usual errors.
-//   - No halving at the exit: TCP halves its window on the loss that ends
-//     slow start (ssthresh). Here the rise is seen before anything is lost,
-//     and the gradient, applied to the same round, takes the limit down by
-//     as much as the latency rose, on trial as any shrink. On a handler
-//     that serves 20 at a time (TestFlashCrowdOnAFixedCapacity) the limit
-//     goes 20, 24, then 37 to 48 (2.4 times the capacity at most, in 100
-//     runs), then to where it settles without slow start, 35 to 38; a flood on a FIFO
-//     (TestLimiterHoldsAFloodNearTheKnee) is unchanged, its first round at
-//     the limit already slow.
-//   - After idle, only the doubling restarts. RFC 5681 (section 4.1)
-//     restarts slow start from the initial window after an idle period
-//     longer than the retransmission timeout (1 s at least, RFC 6298), as
-//     the path may have changed while nothing was sent. A limit is a bound,
-//     not a burst sent at once, and it neither grows (the tether) nor
-//     shrinks while idle, so it is kept: a dependency that scaled out while
-//     the limit was idle is found within a few rounds; one that did not
-//     ends slow start at the first round that reaches the limit, whose
-//     latency is already above 1.25 × the baseline where the law settles
-//     under overload (where the queueing it causes equals the headroom,
-//     above the tolerance). 1 s is TCP's least timeout: many round trips
-//     of the dependencies a limiter is for.
-//   - Netflix's concurrency-limits has no slow start: VegasLimit adds
-//     6 × log10(limit) per update when it sees no queue, Gradient2Limit the
-//     same sqrt(limit) as here, AIMDLimit 1.
+// The first round that reached the limit and fails the test ends slow
+// start as an ordinary round without headroom: the gradient alone, no
+// halving.
 //
 // # A shrink is on trial
 //
-// The law reads any latency above the tolerance as queueing the limit
-// causes. That holds for a dependency's queue, which empties as calls are
-// held back; it does not hold for anything else between dispatch and
-// headers that slows calls down, and that the limit cannot change: the
-// dependency slowing for everyone, or the client itself, whose goroutines,
-// connection pool and scheduler are in every latency it measures, and whose
-// CPU its own refusals spend when the refused callers come straight back.
-// So a shrink is a hypothesis that the next round tests. That round is made
-// only of calls admitted after the shrink (those admitted before ran at
-// the old concurrency), and nothing else changes the limit until it ends.
-// A round's concurrency is measured two ways: peak, the most calls in
-// flight during it (for the trial round, when one of its calls was
-// admitted), which the latency of a dependency that shares itself among
-// its calls follows; and conc, the mean over its calls of the in-flight
-// count each found when admitted, itself included, which the latency of a
-// dependency that serves its calls in turn (a FIFO of workers) follows,
-// a call waiting for the work admitted before it. With
+// A latency the limit cannot relieve (the dependency slowing for everyone,
+// the client's own CPU and scheduling) is not a queue the limit causes, so
+// a shrink is tested by the next round, made only of calls admitted after
+// it; nothing else changes the limit meanwhile. With peak the most calls
+// in flight during a round and conc the mean in-flight count its calls
+// found when admitted,
 //
 //	r     = (mean / mean(cause)) / (peak / peak(cause))
 //	rConc = (mean / mean(cause)) / (conc / conc(cause))
 //
-// the shrink stands if
-//
-//   - it bound: an arrival found the lower limit reached where the old one
-//     would have let it in (a shrink that holds nobody back changes nothing
-//     the dependency sees);
-//   - and either the latency fell (the round's mean is below the mean that
-//     caused the shrink) in proportion to the peak, r between 1/1.5 and
-//     1.5; or the calls were admitted at a higher concurrency than the
-//     cause's, and the latency rose with it, rConc within the same bounds.
-//     A queue of ours moves latency with the concurrency; a fall far
-//     steeper than the concurrency's is the end of a stall (a GC pause, a
-//     descheduled process), not the shrink's work. The second case is a
-//     cause round that straddled the onset of an overload: its calls were
-//     admitted as the concurrency climbed to the old limit, so its mean is
-//     a ramp's, below the latency the old limit leads to, and its peak was
-//     reached only at its end. Calls admitted after the shrink find more
-//     in flight than the ramp's did, however much the shrink lowered the
-//     limit, and wait longer. Refused callers that come straight back do
-//     not produce this case: they keep the limit full in both rounds, so
-//     the trial's calls find fewer in flight than the cause's did.
-//
-// Then the round is an ordinary one, and may shrink the limit again, on a
-// new trial. Otherwise the shrink is undone, and the round teaches the
-// baseline what an ordinary round would, unless the evidence that its
-// latency is not a queue the limit can relieve is decisive: r and rConc
-// both above the tolerance (the latency did not follow the concurrency,
-// by far, by either measure); or a latency that did not fall at all
-// though the concurrency fell by a fifth or more by both measures (r and
-// rConc at least 1.25); or a shrink that held nobody back while
-// in-flight stayed below half the limit restored. Then a round still
-// above the tolerance becomes the baseline at once. A failed trial is not
-// evidence by itself: near where the limit settles under overload, its
-// shrinks are small and the fall they buy is within the noise, and taking
-// those rounds as the baseline would walk the limit up a step at a time.
-// A round that is congested is mostly queueing, the sum of the service
-// times ahead of each call, so its mean varies far less than the 22% of
-// a round of bare service times, and a cut of a fifth that buys no fall
-// is not noise. With only r above the tolerance as decisive, refused
-// callers who came straight back held the latency flat, within a few per
-// cent, as the limit fell: the trials were undone but never decisive, the
-// limit was tried lower every other round, and a trial that stood on a
-// round a little calmer than its cause ratcheted it down, from 20 to 4 in
-// 9 runs of 120 of TestLimiterOverloadSeenThroughABusyClient (in
-// transport), none of 120 since. Hence:
-//
-//   - Refusals cannot drive the limit down. A refused caller that comes
-//     straight back costs the client CPU, which slows the admitted calls:
-//     the latency rises as the limit falls, the opposite of queueing, and
-//     the trial undoes the shrink after one round; when the rise is
-//     decisive the latency becomes the baseline, and the limit grows out of
-//     the storm. When the client's CPU is what limits it, refusing relieves
-//     nothing, and the limit settles where the refusals stop.
-//   - A latency the limit cannot relieve costs one round at a lower limit.
-//     It is learned when a shrink can tell: one shrink lowers the limit by
-//     at most half plus the headroom, so below a limit of about 10 it moves
-//     the concurrency by less than a fifth, too little for one round to
-//     tell a flat latency from noise, and the limit dips every other round
-//     instead (the gradient alone went down to its floor and stayed).
-//   - A queue the limit causes is shed as before: each shrink lowers the
-//     latency in proportion and stands; a trial adds one round per step on
-//     the way down.
-//   - A flood on a dependency with a FIFO queue is held near its knee. With
-//     r alone, the first shrink of a flood was judged against its onset's
-//     ramp: the latency rose from the ramp's mean as the peak fell, r was
-//     about 2, the congested latency became the baseline and the limit
-//     grew out of the flood (2 workers × 10 ms, 12 times their capacity:
-//     the limit at 30 and more, calls waiting 100 to 170 ms in the
-//     dependency's queue; TestLimiterHoldsAFloodNearTheKnee). Measured by
-//     conc, the trial's latency followed the concurrency (rConc 1.02): the
-//     shrink stands, and the limit comes down to 5 or 6 within half a
-//     second.
-//
-// The baseline is a moving average of round means with a 30 s time
-// constant, started by the first round; the first round changes nothing
-// else. A round whose mean is below half the baseline pulls it halfway down
-// at once (the dependency got faster). A round that was congested (short >
-// 1.5 × baseline) and used, with the limit above MinLimit, is not learned:
-// that latency may be our own queueing. It is learned once the limit is at
-// MinLimit or the round was not used, that is when the dependency is slow
-// whatever we do, and taken whole on a trial's decisive evidence. What
-// remains is the known weakness of a latency-based limiter that does not
-// probe: rounds within the tolerance still raise the baseline, so
-// sustained queueing of up to 50% can creep it up at the pace of the 30 s
-// average. Envoy answers that by measuring its minimum RTT periodically
-// with the concurrency pinned low (3 by default), a periodic refusal of
-// healthy calls a client library should not impose.
-//
-// # Why the trial: the client's own latency
-//
-// Without it the limiter shed a healthy upstream: a loopback server that
-// answers at once, 16 closed-loop callers on 2 cores, 9% of calls refused
-// with the limit at 5, and 99.98% with the limit at 4 when refused callers
-// called again at once (BenchmarkLimiterHealthyUpstream in transport). The
-// upstream was idle; what rose was the client's own latency, which every
-// part of the law read as the dependency's queue:
-//
-//   - The baseline is a ratchet: a round below half of it pulls it halfway
-//     down at once, and a congested, used round is not learned. At 16
-//     callers, round means went from 20 µs to 400 µs and back as the
-//     machine's other load came and went, so the baseline settled on the
-//     calmest moment (980 µs to 46 µs in one trace) and every ordinary
-//     moment after read as 4 to 8 times the baseline, and was never learned.
-//     A minimum as the baseline (Vegas, BBR) has this bias by construction.
-//     The ratchet stays, against a dependency's own drift; what changed is
-//     that the shrinks it causes are tried, and one that holds nobody back
-//     teaches the baseline the ordinary moment.
-//   - The round mean: one call stalled 10 ms by a GC pause or a descheduled
-//     process lifts the mean of 20 sub-millisecond calls by 500 µs, and one
-//     round in ten had a mean over 1 ms (86 of 849 in one trace); each
-//     could halve the limit.
-//   - The tolerance of 1.5 is relative. It is sized for the noise of the
-//     dependency's service times; the client adds to every call a delay of
-//     its own, about its CPU time per call for each runnable goroutine
-//     ahead of it, a few tens of µs on this machine, which is a multiple of
-//     a sub-millisecond upstream's latency and a small part of a 2 ms one
-//     (the same limiter refused nothing behind a handler that sleeps 2 ms).
-//   - The headroom of sqrt(limit) decided where it landed: the law settles
-//     where the queueing it causes equals the headroom, at the knee of
-//     latency against concurrency. With the client's CPU as the bottleneck,
-//     that is the CPU's knee, a few calls on 2 cores: 4 or 5.
-//   - The tethered growth did not cause it; it keeps the limit at about
-//     twice what is used, which is why one shrink does not bind.
-//
-// And underneath them all, the law never checked that latency followed its
-// concurrency. With refused callers calling again at once it does the
-// opposite: each refusal costs CPU, the latency rises as the limit falls,
-// and every shrink fed the next. The trial is that check.
-//
-// How the anchors avoid it, and what resilix takes:
-//
-//   - Netflix's Gradient2 learns every sample into a 600-sample average,
-//     congested ones included, and smooths each update by 0.2: a steady
-//     contention becomes its baseline within 600 calls, and its default
-//     MinLimit of 20 is above 16 callers anyway. The same average takes in a
-//     sustained overload at the same pace (its doc expects the long RTT to
-//     "trend higher" under load), the drift resilix's baseline is built to
-//     resist. Not taken.
-//   - Envoy's gradient controller measures its minRTT as the median of 50
-//     requests with the concurrency pinned to 3, adds a 25% buffer, and
-//     measures again after 5 windows at the minimum limit. Latency is
-//     judged against a measurement at a known concurrency, which is what
-//     tells the concurrency's effect from everything else. resilix takes
-//     that idea without the window of refusals that pays for it: the shrink
-//     is the change of concurrency, and the trial round, only calls admitted
-//     after it, is the measurement.
-//   - TCP Vegas and BBR take the minimum RTT over a window as the path's
-//     latency without a queue. A client's own scheduling puts a floor under
-//     every call that the minimum rarely sees, so this reads contention as
-//     a standing queue. Not taken.
-//   - failsafe-go's adaptive limiter (v0.9.8) compares the p90 of a window
-//     of at least a second and 50 calls with an average of the last ten,
-//     steps by log10(limit) on a Vegas-style queue estimate, and, when its
-//     limit is full, lowers it when throughput does not follow in-flight
-//     and latency does, over correlation windows of 50 updates. That is the
-//     idea resilix takes: the limiter's own moves are the experiment, and a
-//     decrease needs latency that follows the concurrency. resilix asks it
-//     of each shrink, at once, with Little's law as the prediction, and
-//     keeps no windows.
+// the shrink stands if it bound (an arrival found the lower limit reached
+// where the old one would have admitted it) and the latency followed the
+// concurrency: r within [1/limTolerance, limTolerance], or, when the
+// trial's calls were admitted at a higher concurrency than the cause's,
+// rConc within it. Otherwise it is undone, and when the evidence is
+// decisive (r and rConc both above limTolerance; a latency that did not
+// fall, with r and rConc both at least limNoFall; or a shrink that bound nobody while in-flight stayed below half the
+// restored limit) a round above the tolerance becomes the baseline at once.
+// So refused callers that come straight back, whose CPU raises the latency
+// as the limit falls, cannot drive the limit down.
 //
 // # The queue
 //
@@ -417,7 +147,7 @@ const (
 // or when there is none and the limit is reached. An arrival that finds the
 // limit reached and room in the queue is shed before it queues with
 // probability shedding.Split(pressure, mix)[priority], where mix is the
-// arrivals per priority over the last 10 s: Bulk first, then BestEffort,
+// arrivals per priority over limMixWindow: Bulk first, then BestEffort,
 // then Degraded. Critical is never shed before the queue is full (the queue
 // is there to absorb its bursts; a full queue is when the limiter would
 // refuse everything anyway), so an untagged workload gets a classic

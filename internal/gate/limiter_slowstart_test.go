@@ -238,7 +238,7 @@ func TestLimiterSlowStartDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// crowdSim is the Limiter doc's flash crowd in virtual time, in front of a
+// crowdSim is docs/limiter.md's flash crowd in virtual time, in front of a
 // fifoServer: closed-loop callers, each calling again as soon as its call
 // ends, or crowdSimPause after a refusal (no caller waits in the
 // limiter's queue). A call's latency, from admission to its end, is the
@@ -370,9 +370,9 @@ func TestLimiterSlowStartAcrossCapacities(t *testing.T) {
 // TestLimiterSlowStartTapersWithTheRise: a round that reached the limit at
 // rho times the baseline adds limit × (1.25 − rho)/0.25: the whole limit
 // on a flat latency, nothing at slow start's exit. Little's estimate of the
-// capacity, limit/rho, added 18 to 20 at rho = 1.1, and 26 to 29 in one run
-// of admission's TestFlashCrowdOnAFixedCapacity, 55 on a capacity of 20:
-// the first round of a limit sees the queue build, below where it settles.
+// capacity, limit/rho, would add 18 to 20 at rho = 1.1, and can take the
+// limit to 55 on a capacity of 20 (docs/limiter.md, "Less the rise"): the
+// first round of a limit sees the queue build, below where it settles.
 func TestLimiterSlowStartTapersWithTheRise(t *testing.T) {
 	for _, tt := range []struct {
 		rho  float64

@@ -95,15 +95,11 @@ import (
 // had no room for it, and hedges fire while tokens are plentiful. With a
 // burst of one or two the bucket must be full.
 //
-// Degraded's reserve alone is not enough. The anchor is
-// TestHedgesLeaveCriticalTheirTokens in transport: 50/s, burst 10, the
-// quick-start chain, untagged calls at random at 48/s for 30s, one first
-// leg in 20 slow. Hedges that leave Degraded's reserve took 58 tokens and
-// 42 calls were refused (MaxWait 0), where the run without Hedge refused
-// 35; from a bucket full but for one, hedges took 7 and 35 were refused,
-// and with MaxWait 250ms the calls that waited and their waits (274
-// calls, 21.1s in all) were those of the run without Hedge, to the
-// nanosecond. At 20/s, 18 of the 23 slow calls were hedged.
+// Degraded's reserve alone is not enough: hedges that only leave it take
+// tokens the calls behind them needed. From a bucket full but for one,
+// hedges refuse no call that the same load without Hedge would admit
+// (TestHedgesLeaveCriticalTheirTokens in transport; docs/priorities.md
+// has the figures).
 //
 // A call with no priority is Critical, so untagged traffic gets the
 // bucket above, unchanged. With Shared, the rule applies to the tokens

@@ -167,9 +167,8 @@ const (
 // refuses about one attempt in 21 at that pace, and one with room to spare
 // accepts them all, so that the measured rate grows by a twentieth each
 // turn of the ring. A larger headroom costs more refusals (one in 11 for
-// 1.1) and does worse against the strict bucket below (0.83 of 50/s in the
-// test for 1.1, against 0.91). When the backend has refused none of the
-// last accepts' attempts, the pace is below what it takes, as it is after
+// 1.1) and keeps less of the strict bucket's rate below. When the backend
+// has refused none of the last accepts' attempts, the pace is below what it takes, as it is after
 // the sparse attempts that begin a hold, or after a lull in the client's
 // own demand: it is then pbSlowStart (2) times r, up to the rate measured
 // at the last refusal (no limit before one), and 1.05 times r beyond it;
@@ -181,11 +180,10 @@ const (
 // of it. Against a bucket of one token (nginx's limit_req without burst,
 // which admits one request per 1/rate exactly) it keeps less: a paced
 // attempt a little early is refused, and the token it missed goes unused
-// until the next attempt, so the measured rate falls and climbs back. The
-// gate's tests keep 0.91 of 50/s, 0.93 of 200/s and all of 2000/s; the
-// transport's, with 5ms of latency and callers that wait the RetryAfter
-// they are given, 0.85 of 200/s. A client that floods such a server
-// keeps its rate, at tens of wire calls per success.
+// until the next attempt, so the measured rate falls and climbs back
+// (TestPushbackPaceAgainstAStrictBucket; docs/propagation.md has the
+// figures). A client that floods such a server keeps its rate, at tens of
+// wire calls per success.
 //
 // The hold's end is one atomic word: an Admit or Done with no hold in
 // force pays one atomic load (and, once a hold has been armed, a

@@ -312,12 +312,10 @@ func TestAStallAfterTheLastEndIsNetted(t *testing.T) {
 // answers within about a second of its thaw (the probe in flight then, or
 // the next, when the last timed out just before). That first answer took
 // as long as the freeze kept it, and is taken as no slower than the other
-// lanes: the lane has half its fair share 1 to 4 s after its thaw,
-// where as a peak of up to a second it was left unpicked for the rest of
-// fleetops' freeze window. A penalty of 2^k × its 1 s
-// answer, fading with a 1 s time constant, kept it unpicked for 5 s after
-// its last failure (fleetops' freeze scenario: never answered within 3 s
-// of SIGCONT in 2 runs of 3).
+// lanes: the lane has half its fair share 1 to 4 s after its thaw. Were
+// that answer taken as a peak of up to a second, the lane would be left
+// unpicked for seconds after the thaw, as it would with a failure penalty
+// of 2^k × its 1 s answer, fading with a 1 s time constant.
 func TestAFrozenReplicaIsProbedAndAnswersAtItsThaw(t *testing.T) {
 	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
 	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)

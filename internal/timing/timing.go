@@ -27,9 +27,8 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 // Since returns the time now as t plus the time elapsed since t. When t
 // has a monotonic clock reading (any time.Now outside a testing/synctest
 // bubble), that reads the monotonic clock alone, where time.Now reads the
-// wall clock too: a third less (31 ns against 46 on this project's
-// machine; BenchmarkSince). The result keeps t's monotonic reading plus
-// the elapsed time, so comparing and subtracting it with other times is
+// wall clock too, which costs more (BenchmarkSince measures both). The
+// result keeps t's monotonic reading plus the elapsed time, so comparing and subtracting it with other times is
 // exact; its wall clock is t's plus the elapsed time, which differs from
 // time.Now's only if the wall clock was set in between. Without a
 // monotonic reading it is time.Now.
