@@ -335,16 +335,25 @@ func TestAFrozenReplicaIsProbedAndAnswersAtItsThaw(t *testing.T) {
 		}
 		return d, policy.Success, Answer{}
 	}
-	m := newSim(s, 5*time.Millisecond, serve)
+	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 5, "one about every 2 s", to, &answered)
+}
+
+// checkThaw runs m, whose lane a is frozen from 2 s to thaw at 7 s (the
+// serve func sets answered at a's first answer after it), and checks that
+// a took at most most attempts while frozen, answered within 1.5 s of its
+// thaw, had half its fair share 1 to 4 s after, and that nothing was
+// ejected.
+func checkThaw(t *testing.T, m *sim, most float64, want string, thaw time.Time, answered *time.Time) {
+	t.Helper()
 	m.run(2 * time.Second)
 	frozen := m.window(5 * time.Second)
-	if n := frozen["a"] * float64(5*time.Second/m.every); n > 5 {
-		t.Errorf("%.0f attempts on the frozen lane in its 5 s, want one about every 2 s", n)
+	if n := frozen["a"] * float64(5*time.Second/m.every); n > most {
+		t.Errorf("%.0f attempts on the frozen lane in its 5 s, want %s", n, want)
 	}
 	m.run(time.Second)
 	back := m.window(3 * time.Second)
-	if answered.IsZero() || answered.Sub(to) > 1500*time.Millisecond {
-		t.Errorf("lane a answered %v after its thaw, want within 1.5 s (zero: never)", answered.Sub(to))
+	if answered.IsZero() || answered.Sub(thaw) > 1500*time.Millisecond {
+		t.Errorf("lane a answered %v after its thaw, want within 1.5 s (zero: never)", answered.Sub(thaw))
 	}
 	if back["a"] < 1.0/3/2 {
 		t.Errorf("lane a got %.1f%% of the calls 1 to 4 s after its thaw, want at least half its fair share (%v)", 100*back["a"], back)
@@ -581,21 +590,5 @@ func TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw(t *testing.T) {
 		}
 		return 5 * time.Millisecond, policy.Success, Answer{}
 	}
-	m := newSim(s, 5*time.Millisecond, serve)
-	m.run(2 * time.Second)
-	frozen := m.window(5 * time.Second)
-	if n := frozen["a"] * float64(5*time.Second/m.every); n > 15 {
-		t.Errorf("%.0f attempts on the frozen lane in its 5 s, want a few, then one probe about every second", n)
-	}
-	m.run(time.Second)
-	back := m.window(3 * time.Second)
-	if answered.IsZero() || answered.Sub(to) > 1500*time.Millisecond {
-		t.Errorf("lane a answered %v after its thaw, want within 1.5 s (zero: never)", answered.Sub(to))
-	}
-	if back["a"] < 1.0/3/2 {
-		t.Errorf("lane a got %.1f%% of the calls 1 to 4 s after its thaw, want at least half its fair share (%v)", 100*back["a"], back)
-	}
-	if len(m.ejected) != 0 {
-		t.Errorf("ejected %v", m.ejected)
-	}
+	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 15, "a few, then one probe about every second", to, &answered)
 }
