@@ -214,3 +214,52 @@ func TestAttemptsAskForLoadReports(t *testing.T) {
 		})
 	}
 }
+
+// TestALaneReportingAQueueIsPickedLess: of four replicas that answer
+// alike, the one whose reports say a queue of many times its limit gets
+// few of the calls; with LoadReportAge negative, its share.
+func TestALaneReportingAQueueIsPickedLess(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		age      time.Duration
+		min, max int64 // of 400 calls
+	}{
+		{name: "picking by reports", max: 40},
+		{name: "reports off", age: -1, min: 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				var hot atomic.Int64
+				for _, addr := range four {
+					f.net.Listen(addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+						if addr == "d:80" {
+							hot.Add(1)
+							w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 4, 4, 76)))
+						} else {
+							w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 2, 4, 0)))
+						}
+						time.Sleep(time.Millisecond)
+					}))
+				}
+				rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+					Replicas: &policy.Replicas{Endpoints: Static(four...), LoadReportAge: tc.age},
+				}})
+				prime(t, rt, "http://api/")
+				for range 100 { // every lane answered, out of its slow start
+					laneGet(t, rt, "http://api/", "")
+				}
+				time.Sleep(time.Second)
+				hot.Store(0)
+				for range 400 {
+					laneGet(t, rt, "http://api/", "")
+				}
+				n := hot.Load()
+				t.Logf("the replica reporting a queue got %d of 400 calls", n)
+				if n < tc.min || tc.max > 0 && n > tc.max {
+					t.Errorf("the replica reporting a queue of 19 limits got %d of 400 calls, want in [%d, %d] (0: unbounded)", n, tc.min, tc.max)
+				}
+			})
+		})
+	}
+}
