@@ -166,14 +166,14 @@ func TestBudgetDefaults(t *testing.T) {
 func TestReplicasDefaults(t *testing.T) {
 	d := Replicas{}.WithDefaults()
 	if d.Connections != 4 || d.Refresh != 5*time.Second || d.MaxEjected != 0.5 || d.ConsecutiveFailures != 5 ||
-		d.EjectFor != 30*time.Second || d.MaxEjectFor != 300*time.Second {
-		t.Errorf("defaults: %+v; want 4 connections, 5s refresh, 0.5 ejected, 5 failures, 30s..300s", d)
+		d.EjectFor != 30*time.Second || d.MaxEjectFor != 300*time.Second || d.LoadReportAge != 2*time.Second {
+		t.Errorf("defaults: %+v; want 4 connections, 5s refresh, 0.5 ejected, 5 failures, 30s..300s, reports 2s old", d)
 	}
 	if got := (Replicas{EjectFor: 10 * time.Minute}).WithDefaults().MaxEjectFor; got != 10*time.Minute {
 		t.Errorf("EjectFor 10m leaves MaxEjectFor %v, want it raised to 10m", got)
 	}
-	if d := (Replicas{MaxEjected: -1, ConsecutiveFailures: -1}).WithDefaults(); d.MaxEjected >= 0 || d.ConsecutiveFailures >= 0 {
-		t.Errorf("negative MaxEjected and ConsecutiveFailures must stay negative (off), got %+v", d)
+	if d := (Replicas{MaxEjected: -1, ConsecutiveFailures: -1, LoadReportAge: -1}).WithDefaults(); d.MaxEjected >= 0 || d.ConsecutiveFailures >= 0 || d.LoadReportAge >= 0 {
+		t.Errorf("negative MaxEjected, ConsecutiveFailures and LoadReportAge must stay negative (off), got %+v", d)
 	}
 }
 

@@ -117,6 +117,15 @@ type Replicas struct {
 	// MaxEjectFor bounds an ejection, and a lane's Retry-After hold. If
 	// zero, 300 s is used.
 	MaxEjectFor time.Duration
+
+	// LoadReportAge is how old a lane's load report may be for picking
+	// to use it: a lane whose server's report that young says a queue
+	// above its limit costs its peak-EWMA cost times the wait that queue
+	// adds; under the limit a report changes nothing, and it never lowers
+	// a cost (see "Load reports" in docs/replicas.md). If zero, 2 s is
+	// used. If negative, picking uses no report, and attempts do not ask
+	// for them; reports are still read, for Measured and the metrics.
+	LoadReportAge time.Duration
 }
 
 // Resolver returns the addresses of a host's replicas.
@@ -154,6 +163,7 @@ func (r Replicas) WithDefaults() Replicas {
 	r.ConsecutiveFailures = or(r.ConsecutiveFailures, 5)
 	r.EjectFor = or(r.EjectFor, 30*time.Second)
 	r.MaxEjectFor = or(r.MaxEjectFor, 300*time.Second)
+	r.LoadReportAge = or(r.LoadReportAge, 2*time.Second)
 	if r.EjectFor > r.MaxEjectFor {
 		r.MaxEjectFor = r.EjectFor // only MaxEjectFor's default is below it
 	}

@@ -77,12 +77,13 @@ func (c *call) suppress(why policy.SuppressReason) {
 	}
 }
 
-// readLoad reads the load report on resp, the answer of an attempt on
-// lane pool p that ended at now with outcome o, into the lane's (see
-// laneLoad.take), and counts a malformed one (Observer's MalformedHeader,
-// Snapshot.MalformedHeaders).
-func (c *call) readLoad(p *lanePool, resp *http.Response, o policy.Outcome, now time.Time) {
-	if v, bad := p.load.take(resp, o, now); bad {
+// readLoad reads the load report on resp, the answer of an attempt on a
+// lane, into a, as the lane is to keep it (see laneLoad), and counts a
+// malformed one (Observer's MalformedHeader, Snapshot.MalformedHeaders).
+func (c *call) readLoad(resp *http.Response, a *lane.Answer) {
+	var v string
+	var bad bool
+	if a.Load, a.Reported, v, bad = laneLoad(resp); bad {
 		c.t.malformed(c.ctx, c.s, orca.Header, v)
 	}
 }

@@ -7,9 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/resilix/resilix/internal/orca"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -43,8 +41,6 @@ type lanePool struct {
 	resolve policy.Resolver // the first lane's Endpoints, which it dials through; nil otherwise
 	let     *letGo          // the transport's pools let go that still have streams
 
-	load laneLoad // its server's last load report (see readLoad)
-
 	cur  atomic.Pointer[poolGen] // nil once let go, until the next attempt
 	mu   sync.Mutex              // making a clone
 	done bool                    // its key was forgotten: every clone made now is let go at once; guarded by mu
@@ -64,7 +60,6 @@ type poolGen struct {
 // resolve when it is not nil.
 func newLanePool(base *http.Transport, addr string, resolve policy.Resolver, let *letGo) *lanePool {
 	p := &lanePool{base: base, addr: addr, resolve: resolve, let: let}
-	p.load.epoch = time.Now()
 	p.cur.Store(&poolGen{t: newPoolTransport(base, addr, resolve)})
 	return p
 }
@@ -324,25 +319,5 @@ func redirect(dial dialFunc, addr string, resolve policy.Resolver) dialFunc {
 			}
 		}
 		return nil, err
-	}
-}
-
-// lanePools is a key's lane pools by lane index, for the snapshot: the
-// pool of the lane last placed at each index.
-type lanePools [policy.MaxLanes]atomic.Pointer[lanePool]
-
-// loads writes into lanes the load report of each lane States put there.
-func (ps *lanePools) loads(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapshot) {
-	for i := range lanes {
-		if lanes[i].State == 0 {
-			continue
-		}
-		p := ps[i].Load()
-		if p == nil {
-			continue
-		}
-		if r := p.load.read(now); r.src != orca.SourceNone {
-			lanes[i].HasLoad, lanes[i].Load, lanes[i].LoadAge = true, r.load, r.age
-		}
 	}
 }

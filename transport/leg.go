@@ -607,7 +607,7 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 	case silent || resp == nil && o == policy.Failure:
 		a.Kind = lane.Silent
 	}
-	c.readLoad(l.lane.Pool, resp, o, now)
+	c.readLoad(resp, &a)
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs

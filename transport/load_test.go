@@ -164,64 +164,102 @@ func TestAnIdleReportIsBoundedByFailures(t *testing.T) {
 	})
 }
 
-// TestLaneLoadAge: a report is fresh for maxReportAge, then the lane is
-// judged by the client's own estimate; a failure with no answer at all
-// bounds the report it followed.
-func TestLaneLoadAge(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := laneLoad{epoch: t0}
-	if r := l.read(t0.Add(time.Hour)); r != (laneReport{}) {
-		t.Errorf("no report: %+v", r)
-	}
-	l.store(0.3, orca.SourceApplication, l.nanos(t0.Add(time.Second)))
+// TestAttemptsAskForLoadReports: on a key that picks its lanes by load
+// reports, an attempt that carries headers of its own (Propagate) asks
+// for a report in TEXT, unless the request asks in a form of its own;
+// with Propagate off, or LoadReportAge negative, it does not ask, and
+// the caller's Header is never written.
+func TestAttemptsAskForLoadReports(t *testing.T) {
 	for _, tc := range []struct {
-		at    time.Duration
-		age   time.Duration
-		fresh bool
+		name      string
+		propagate bool
+		age       time.Duration
+		own       string // the request's own endpoint-load-metrics-format
+		want      string
 	}{
-		{time.Second, 0, true},
-		{time.Second + maxReportAge, maxReportAge, true},
-		{time.Second + maxReportAge + 1, maxReportAge + 1, false},
-		{time.Minute, time.Minute - time.Second, false},
-		{0, 0, true}, // a clock read before the report: no negative age
+		{name: "propagated", propagate: true, want: "text"},
+		{name: "propagated, asked in JSON", propagate: true, own: "json", want: "json"},
+		{name: "not propagated", want: ""},
+		{name: "reports off", propagate: true, age: -1, want: ""},
 	} {
-		r := l.read(t0.Add(tc.at))
-		if r.load != 0.3 || r.src != orca.SourceApplication || r.age != tc.age || r.fresh != tc.fresh {
-			t.Errorf("at %v: %+v; want load 0.3, age %v, fresh %v", tc.at, r, tc.age, tc.fresh)
-		}
-	}
-	l.failAt.Store(l.nanos(t0.Add(2 * time.Second)))
-	if r := l.read(t0.Add(2 * time.Second)); r.load != 1 || !r.fresh {
-		t.Errorf("after a failure: %+v; want load 1", r)
-	}
-	l.store(0.2, orca.SourceResilix, l.nanos(t0.Add(3*time.Second)))
-	if r := l.read(t0.Add(3 * time.Second)); r.load != 0.2 || r.src != orca.SourceResilix {
-		t.Errorf("a report after the failure: %+v; want load 0.2", r)
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				var got atomic.Value
+				f.net.Listen("a:80", http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+					got.Store(r.Header.Get(orca.FormatHeader))
+				}))
+				rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+					Propagate: tc.propagate,
+					Replicas:  &policy.Replicas{Endpoints: Static("a:80"), LoadReportAge: tc.age},
+				}})
+				prime(t, rt, "http://api/")
+				req, _ := http.NewRequest(http.MethodGet, "http://api/", nil)
+				if tc.own != "" {
+					req.Header.Set(orca.FormatHeader, tc.own)
+				}
+				before := req.Header.Clone()
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if v, _ := got.Load().(string); v != tc.want {
+					t.Errorf("the server was asked %q, want %q", v, tc.want)
+				}
+				if len(req.Header) != len(before) || req.Header.Get(orca.FormatHeader) != before.Get(orca.FormatHeader) {
+					t.Errorf("the caller's Header was written: %v, was %v", req.Header, before)
+				}
+			})
+		})
 	}
 }
 
-// TestLaneLoadConcurrent: reports written and read at once are read
-// whole: each read's load and source are one report's.
-func TestLaneLoadConcurrent(t *testing.T) {
-	t0 := time.Now()
-	l := laneLoad{epoch: t0}
-	var wg sync.WaitGroup
-	for w := range 2 {
-		wg.Go(func() {
-			for i := range 2000 {
-				if (i+w)%2 == 0 {
-					l.store(0.25, orca.SourceApplication, int64(i+1))
-				} else {
-					l.store(0.75, orca.SourceCPU, int64(i+1))
+// TestALaneReportingAQueueIsPickedLess: of four replicas that answer
+// alike, the one whose reports say a queue of many times its limit gets
+// few of the calls; with LoadReportAge negative, its share.
+func TestALaneReportingAQueueIsPickedLess(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		age      time.Duration
+		min, max int64 // of 400 calls
+	}{
+		{name: "picking by reports", max: 40},
+		{name: "reports off", age: -1, min: 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFleet()
+				var hot atomic.Int64
+				for _, addr := range four {
+					f.net.Listen(addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+						if addr == "d:80" {
+							hot.Add(1)
+							w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 4, 4, 76)))
+						} else {
+							w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 2, 4, 0)))
+						}
+						time.Sleep(time.Millisecond)
+					}))
 				}
-			}
+				rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+					Replicas: &policy.Replicas{Endpoints: Static(four...), LoadReportAge: tc.age},
+				}})
+				prime(t, rt, "http://api/")
+				for range 100 { // every lane answered, out of its slow start
+					laneGet(t, rt, "http://api/", "")
+				}
+				time.Sleep(time.Second)
+				hot.Store(0)
+				for range 400 {
+					laneGet(t, rt, "http://api/", "")
+				}
+				n := hot.Load()
+				t.Logf("the replica reporting a queue got %d of 400 calls", n)
+				if n < tc.min || tc.max > 0 && n > tc.max {
+					t.Errorf("the replica reporting a queue of 19 limits got %d of 400 calls, want in [%d, %d] (0: unbounded)", n, tc.min, tc.max)
+				}
+			})
 		})
 	}
-	for range 2000 {
-		r := l.read(t0)
-		if r.src == orca.SourceApplication && r.load != 0.25 || r.src == orca.SourceCPU && r.load != 0.75 {
-			t.Fatalf("torn read: %+v", r)
-		}
-	}
-	wg.Wait()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/orca"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -15,7 +16,9 @@ import (
 // package doc): the call's priority and tenant, the time the attempt may
 // still take, and the attempt's number. Each is exactly what the call
 // derives: a value the request carried for one of them is replaced, or
-// removed where the call has none. prepare calls it once l.req is the
+// removed where the call has none. On a key that picks its lanes by load
+// reports, it asks for one, unless the request asks already (see
+// asksLoad). prepare calls it once l.req is the
 // request the leg sends; the time left is written later, in send, as
 // late as the request allows (see leftHeader).
 //
@@ -53,6 +56,10 @@ func (c *call) stamp(l *leg) {
 		l.until = dl
 	}
 	if bounded = bounded || c.timeout > 0; bounded {
+		n++
+	}
+	ask := c.asksLoad()
+	if ask {
 		n++
 	}
 
@@ -96,6 +103,20 @@ func (c *call) stamp(l *leg) {
 		delete(w.h, t.timeoutHeader)
 	}
 	w.set(t.attemptHeader, strconv.Itoa(l.n))
+	if ask {
+		w.set(orca.FormatHeader, "text")
+	}
+}
+
+// asksLoad reports whether the call's attempts ask for a load report
+// (endpoint-load-metrics-format: text, which vLLM and Triton need before
+// they report): its key picks lanes by their servers' reports, and the
+// caller's request does not ask in a form of its own. Only attempts that
+// carry headers of their own (see stamp) ask: elsewhere asking would cost
+// a copy of each request's Header.
+func (c *call) asksLoad() bool {
+	r := c.s.set.replicas
+	return r != nil && r.LoadReportAge >= 0 && len(c.req.Header[orca.FormatHeader]) == 0
 }
 
 // transitMargin is taken off the time left that a propagated attempt

@@ -114,8 +114,7 @@ type scope struct {
 	bulkhead *gate.Bulkhead
 	rate     *gate.RateLimiter
 	hedge    *hedge.State
-	lanes    *lanes     // nil: Replicas is off
-	pools    *lanePools // the lanes' pools by index, for their load reports; nil: Replicas is off
+	lanes    *lanes // nil: Replicas is off
 
 	lastUsed  atomic.Int64 // UnixNano of the last call, for eviction
 	calls     atomic.Int64 // RoundTrips between registry.enter and leave
@@ -213,7 +212,6 @@ func (s *scope) snapshot(now time.Time) policy.Snapshot {
 		c := s.lanes.Counts(now)
 		m.Lanes, m.LanesEjected, m.LanesIgnored = c.Lanes, c.Ejected, c.Ignored
 		s.lanes.States(now, &m.PerLane)
-		s.pools.loads(now, &m.PerLane)
 	}
 	return m
 }

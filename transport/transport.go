@@ -408,20 +408,17 @@ func markedRepeatable(ctx context.Context) bool {
 	return v
 }
 
-// newLanes returns the lanes of a key whose set has Replicas on, each
-// pool put in pools at its lane's index as it is made. While Endpoints
-// has not answered, the lane to the request's own address dials through
-// it.
-func (t *Transport) newLanes(r *policy.Replicas, now time.Time, pools *lanePools) *lanes {
+// newLanes returns the lanes of a key whose set has Replicas on. While
+// Endpoints has not answered, the lane to the request's own address dials
+// through it.
+func (t *Transport) newLanes(r *policy.Replicas, now time.Time) *lanes {
 	base := t.base.(*http.Transport) // New checked
 	return lane.New(*r, now, func(addr string, index int) *lanePool {
 		var resolve policy.Resolver
 		if addr == "" {
 			resolve = r.Endpoints
 		}
-		p := newLanePool(base, addr, resolve, &t.let)
-		pools[index].Store(p)
-		return p
+		return newLanePool(base, addr, resolve, &t.let)
 	})
 }
 
@@ -461,8 +458,7 @@ func (t *Transport) newScope(key string, now time.Time) *scope {
 		s.rate = gate.NewRateLimiter(*c.rateLimit, key, rand.Uint64(), report)
 	}
 	if c.replicas != nil {
-		s.pools = new(lanePools)
-		s.lanes = t.newLanes(c.replicas, now, s.pools)
+		s.lanes = t.newLanes(c.replicas, now)
 	}
 	s.lastUsed.Store(now.UnixNano())
 	return s

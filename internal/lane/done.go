@@ -19,6 +19,20 @@ type Answer struct {
 	// Kind is whether the lane's replica answered, and if not, how it
 	// kept silent.
 	Kind Kind
+	// Load is the load report the answer carried, if Reported.
+	Load     Load
+	Reported bool
+}
+
+// Load is a server's load as it reported it on an answer (ORCA's
+// endpoint-load-metrics: see package orca).
+type Load struct {
+	// Util is the load as a utilization: 1 at the server's limit, above
+	// it as its queue fills.
+	Util float64
+	// Per is what one more request adds to Util: 1/limit when the server
+	// said its limit, 0 when it did not.
+	Per float64
 }
 
 // Kind is how an attempt ended on its lane, as far as an answer goes.
@@ -79,7 +93,10 @@ type Report[P any] struct {
 // to the lane's failure penalty (see failurePenalty), not to its
 // estimate; a Discarded outcome with a latency (a hedge leg cancelled as
 // the loser) is a sample of at least that latency, and no evidence; any
-// other outcome, or a zero latency, teaches nothing.
+// other outcome, or a zero latency, teaches nothing. A load report
+// (a.Reported) becomes the lane's last, with the attempts then
+// outstanding on it; a Failure bounds the report it came with, and the
+// lane's last, by the client's evidence (see Set).
 //
 // A Failure whose dial was refused or timed out (Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
@@ -100,6 +117,15 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 		s.silent.Or(bit)
 	case o == policy.Success || o == policy.Failure && a.Kind != Unreached:
 		s.silent.And(^bit)
+	}
+	if a.Reported {
+		l.repLoad.Store(math.Float64bits(a.Load.Util))
+		l.repPer.Store(math.Float64bits(a.Load.Per))
+		l.repOut.Store(l.outstanding.Load())
+		l.repAt.Store(t)
+	}
+	if o == policy.Failure {
+		l.failAt.Store(t)
 	}
 	rep := s.doneLocked(l, t, latency, o, a)
 	l.endT = max(l.endT, t)

@@ -38,6 +38,15 @@ type Lane[P any] struct {
 	penT        atomic.Int64  // when pen was last set, ns
 	warm        atomic.Int64  // when its slow start began, ns; 0: not in one
 
+	// Its server's last load report (see Answer.Load), written by Done
+	// with the Set's mu held and read by Take without it: a Take may read
+	// words of two reports in a row, each of them sound.
+	repLoad atomic.Uint64 // float64 bits: Load.Util
+	repPer  atomic.Uint64 // float64 bits: Load.Per
+	repAt   atomic.Int64  // when it came, ns; 0: never
+	repOut  atomic.Int64  // its attempts outstanding once it came
+	failAt  atomic.Int64  // when an attempt on it last failed, ns; 0: never
+
 	// Guarded by the Set's mu.
 	health          health // what its outcomes have shown
 	block           block  // what blocks it until until

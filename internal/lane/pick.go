@@ -67,23 +67,87 @@ const (
 	sentGrain = int64(50 * time.Microsecond)
 )
 
-// cheaper reports whether a's picking cost at t is below b's.
-func cheaper[P any](a, b *Lane[P], t int64) bool { return a.cost(t) < b.cost(t) }
+// cheaper reports whether a's picking cost at t is below b's, their
+// load reports read up to age ns old (0: none read).
+func cheaper[P any](a, b *Lane[P], t, age int64) bool { return a.cost(t, age) < b.cost(t, age) }
 
-// cost is l's picking cost at t: (outstanding + 1) × (its latency
-// estimate decayed to t, at least minEstimate, plus its failure penalty
-// decayed to t), divided by its slow start weight; for a lane with no
-// sample yet, outstanding × probeCost (see probeCost).
-func (l *Lane[P]) cost(t int64) float64 {
-	o := float64(l.outstanding.Load())
+// cost is l's picking cost at t: its own cost (see ownCost) times its
+// load factor (see loaded) when its server's last load report is at most
+// age ns old.
+func (l *Lane[P]) cost(t, age int64) float64 {
+	o := l.outstanding.Load()
+	est := max(l.estimate(t), minEstimate)
+	c := l.ownCost(t, float64(o), est)
+	if age != 0 {
+		if at := l.repAt.Load(); at != 0 && t-at <= age {
+			c *= l.loaded(t, at, o, est)
+		}
+	}
+	return c
+}
+
+// ownCost is l's picking cost at t by the client's own evidence, with o
+// attempts outstanding on it and est its latency estimate decayed to t,
+// at least minEstimate: (o + 1) × (est plus its failure penalty decayed
+// to t), divided by its slow start weight; for a lane with no sample
+// yet, o × probeCost (see probeCost).
+func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 	if l.est.Load() == 0 && o > 0 {
 		return o * probeCost
 	}
-	c := (o + 1) * (max(l.estimate(t), minEstimate) + l.penalty(t))
+	c := (o + 1) * (est + l.penalty(t))
 	if w := l.warm.Load(); w != 0 && t-w < int64(slowStart) {
 		c /= max(minWeight, float64(t-w)/float64(slowStart))
 	}
 	return c
+}
+
+// loaded is the factor by which l's load report, which came at at,
+// raises its cost at t, with o attempts outstanding on it and est its
+// latency estimate: max(1, u), u being the reported utilization (1 at
+// the server's limit) less the time since the report over est, plus Per
+// for each attempt outstanding beyond those when it came. A failure
+// since the report needs no rule of its own here: the factor is at
+// least 1, and the failure's penalty is in the client's own cost.
+//
+// max(1, u) is the time a new request would take at that server as a
+// multiple of its service time, when its limit is its workers and its
+// queue is served in order: under the limit, one service time; above,
+// the queue's u − 1 limits' worth drained at one a service time, then
+// its own. So under the limit a report changes nothing, and the client's
+// own peak-EWMA rules (the lanes' latency and failures, which a report
+// can never lower); above it, the lane costs more in proportion to the
+// wait its queue adds, which the client's own outstanding count, its
+// sliver of the server's load, sees late. The queue is taken to drain as
+// time passes (at one limit per est, the lane's latency standing for the
+// service time: an overestimate while it queues, so the drain is
+// underestimated), or a lane that every client avoids for the queue it
+// reported would stay avoided, unasked and idle, until its report grew
+// stale; the client's own attempts sent since the report are added back
+// (Prequal's client-side compensation: see Per).
+func (l *Lane[P]) loaded(t, at, o int64, est float64) float64 {
+	u := math.Float64frombits(l.repLoad.Load())
+	u -= float64(max(t-at, 0)) / est
+	if n := o - l.repOut.Load(); n > 0 {
+		u += float64(n) * math.Float64frombits(l.repPer.Load())
+	}
+	return max(u, 1)
+}
+
+// report is l's last load report at t, and its age: its utilization,
+// at least 1 when an attempt on the lane failed since the report came
+// (the client's evidence bounds the server's word); ok false when it has
+// none.
+func (l *Lane[P]) report(t int64) (load float64, age time.Duration, ok bool) {
+	at := l.repAt.Load()
+	if at == 0 {
+		return 0, 0, false
+	}
+	load = math.Float64frombits(l.repLoad.Load())
+	if l.failAt.Load() >= at {
+		load = max(load, 1)
+	}
+	return load, time.Duration(max(t-at, 0)), true
 }
 
 // penalty is l's failure penalty at t (see failurePenalty).
@@ -175,7 +239,7 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
 		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
 		l = v.lanes[a]
-		if o := v.lanes[b]; cheaper(o, l, t) {
+		if o := v.lanes[b]; cheaper(o, l, t, s.reportAge) {
 			l = o
 		}
 	}

@@ -28,7 +28,13 @@ type view[P any] struct {
 // estimate jumps to a slower sample at once, averages a faster one in,
 // each sample net of the key's own stalls (see stalls), and decays
 // towards zero while a lane is left alone (see decay). Failures are kept out of it: each sets a penalty that fades in
-// seconds (see failurePenalty). A lane nothing is known of (new in the
+// seconds (see failurePenalty). Where a lane's server reported its load
+// on an answer (see Answer.Load) at most LoadReportAge ago, the cost is
+// multiplied by max(1, u): u is the reported utilization less the queue
+// drained since, plus the lane's attempts sent since the report
+// (Prequal's client-side compensation); see loaded. A replica whose queue
+// grows is then avoided before it refuses; under its limit, a report
+// changes nothing, and it never lowers a cost. A lane nothing is known of (new in the
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
 // at a time until it answers, then ramps up to its share over slowStart.
@@ -81,13 +87,14 @@ type view[P any] struct {
 // its source, math/rand/v2's per-thread one, one atomic add for the lane's
 // outstanding count) except, once per block's end, to unblock; Done holds
 // the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
-// under a kilobyte plus about 150 bytes a lane, and the caller's Pool.
+// under a kilobyte plus about 190 bytes a lane, and the caller's Pool.
 type Set[P any] struct {
 	consecutive int
 	maxEjected  float64
 	ejectFor    time.Duration
 	maxEjectFor time.Duration
 	refresh     time.Duration // 0: no Endpoints
+	reportAge   int64         // ns: how old a load report picks read; 0: none
 	open        func(addr string, index int) P
 	epoch       time.Time
 	// rand is the random source of the two choices: math/rand/v2's
@@ -122,6 +129,7 @@ func New[P any](cfg policy.Replicas, now time.Time, open func(addr string, index
 		maxEjected:  cfg.MaxEjected,
 		ejectFor:    cfg.EjectFor,
 		maxEjectFor: cfg.MaxEjectFor,
+		reportAge:   int64(max(cfg.LoadReportAge, 0)),
 		open:        open,
 		rand:        rand.Uint64,
 		epoch:       now.Add(-1), // so that now itself is 1 ns, and 0 is before anything
@@ -176,7 +184,7 @@ func (s *Set[P]) Counts(now time.Time) Counts {
 }
 
 // States writes into lanes, at the index of each lane picked from (those
-// draining left out), its state and address at now, and the zero
+// draining left out), its state, address and load report at now, and the zero
 // LaneSnapshot at every other index. It allocates nothing.
 func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapshot) {
 	t := s.nanos(now)
@@ -186,7 +194,9 @@ func (s *Set[P]) States(now time.Time, lanes *[policy.MaxLanes]policy.LaneSnapsh
 	v := s.view.Load()
 	for i := range bitsOf(v.mask) {
 		l := v.lanes[i]
-		lanes[l.Index] = policy.LaneSnapshot{State: l.stateLocked(t), Addr: l.Addr}
+		ls := policy.LaneSnapshot{State: l.stateLocked(t), Addr: l.Addr}
+		ls.Load, ls.LoadAge, ls.HasLoad = l.report(t)
+		lanes[l.Index] = ls
 	}
 }
 
