@@ -50,8 +50,9 @@ import (
 // reaches them until then. Lanes cost no goroutine and no timer (a refresh
 // of Endpoints runs on a goroutine a call starts), and about 1.5 KB a lane
 // beyond its connections; each lane has the base's per-host limits. Each
-// lane keeps its server's last load report (see LaneSnapshot.Load);
-// picking does not use it yet.
+// lane keeps its server's last load report (see LaneSnapshot.Load); a
+// fresh one that says the server is over its limit raises the lane's
+// picking cost (see LoadReportAge).
 //
 // Replicas needs a base that is an *http.Transport (transport.New says so
 // otherwise). A base whose HTTP/2 was set up by
