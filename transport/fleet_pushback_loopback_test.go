@@ -309,7 +309,7 @@ func newFBReplica(t *testing.T, workers int, dips bool, start time.Time, rng *ra
 func (r *fbReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
-	r.h.ServeHTTP(&fbStatus{ResponseWriter: w, r: r}, req)
+	r.h.ServeHTTP(&refusals{ResponseWriter: w, n: &r.refused}, req)
 }
 
 // workersAt returns the replica's workers at now.
@@ -409,15 +409,15 @@ func (r *fbReplica) sample(ctx context.Context, start time.Time) {
 	}
 }
 
-// fbStatus counts the refusals admission answers.
-type fbStatus struct {
+// refusals counts in n the refusals admission answers (503 and 429).
+type refusals struct {
 	http.ResponseWriter
-	r *fbReplica
+	n *atomic.Int64
 }
 
-func (s *fbStatus) WriteHeader(code int) {
+func (s *refusals) WriteHeader(code int) {
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
-		s.r.refused.Add(1)
+		s.n.Add(1)
 	}
 	s.ResponseWriter.WriteHeader(code)
 }

@@ -277,7 +277,7 @@ func newLPReplica(t *testing.T, workers int, dips bool, start time.Time, rng *ra
 func (r *lpReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
-	r.h.ServeHTTP(&lpStatus{ResponseWriter: w, r: r}, req)
+	r.h.ServeHTTP(&refusals{ResponseWriter: w, n: &r.refused}, req)
 }
 
 // work waits a service time: lognormal, doubled in a dip.
@@ -323,17 +323,4 @@ func (r *lpReplica) sample(ctx context.Context, start time.Time) {
 			last = now
 		}
 	}
-}
-
-// lpStatus counts the refusals admission answers.
-type lpStatus struct {
-	http.ResponseWriter
-	r *lpReplica
-}
-
-func (s *lpStatus) WriteHeader(code int) {
-	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
-		s.r.refused.Add(1)
-	}
-	s.ResponseWriter.WriteHeader(code)
 }
