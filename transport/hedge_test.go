@@ -167,6 +167,7 @@ func TestBrownoutStopsTheHedgingItWouldOtherwiseCause(t *testing.T) {
 		warm(t, tr, 100) // 500 ms is far in the tail of 100 ms calls
 		slowNext.Store(int64(500 * time.Millisecond))
 		warm(t, tr, 1)
+		synctest.Wait() // the winning hedge's goroutine reports after the caller has its answer
 		if started, won := ev.counts(); started != 1 || won != 1 {
 			t.Fatalf("a 500ms call while 500ms is the tail: %d hedges started, %d won; want 1, 1", started, won)
 		}

@@ -528,6 +528,7 @@ func TestPropagateNumbersEachAttempt(t *testing.T) {
 			if code, err := do(t, ctx, tr); err != nil || code != 200 {
 				t.Fatalf("got %d, %v", code, err)
 			}
+			synctest.Wait() // the winning hedge's goroutine reports after the caller has its answer
 			if started, won := ev.counts(); started != 1 || won != 1 {
 				t.Fatalf("%d hedges started, %d won; want 1, 1", started, won)
 			}
