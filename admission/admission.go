@@ -58,6 +58,14 @@ type Config struct {
 	// given, as priorities are taken, only where Trust says so.
 	LoadReports Reporting
 
+	// NoTies turns off the signal of tied requests: a request marked as
+	// tied (the Resilix-Tie header, which a resilix transport writes on
+	// the legs of a tied round) is then served as any other, and its
+	// caller's transport, hearing nothing, hedges as usual. By default
+	// every such request is told when next takes it, whoever its caller:
+	// see the package doc's "Tied requests".
+	NoTies bool
+
 	// DefaultPriority is the priority of a request from an untrusted
 	// caller, or from a trusted one that sends none (or one that cannot be
 	// parsed). Its zero value is shedding.Critical, Google's default
@@ -165,6 +173,7 @@ func Handler(next http.Handler, cfg Config) (http.Handler, error) {
 		attHeader:  names[3],
 		limiter:    gate.NewLimiter(lim.WithDefaults(), time.Now(), new(gate.Tenants)),
 		reports:    cfg.LoadReports,
+		ties:       !cfg.NoTies,
 	}
 	if s.reports == ReportTrusted && s.trust == nil {
 		s.reports = ReportNone
@@ -200,6 +209,7 @@ type server struct {
 	malformed  atomic.Uint64
 	reports    Reporting // ReportNone when Trust is nil and would decide
 	served     rateMeter // requests next finished, for rps_fractional
+	ties       bool      // tied requests are told when they start
 }
 
 // request is what the server knows of one request before admitting it.
@@ -298,6 +308,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if s.ties {
+		s.tellStarted(w, r)
+	}
 	report := s.reportsTo(r, &q)
 	if ctx != r.Context() || q.drop != 0 {
 		r = r.WithContext(ctx)
@@ -311,6 +324,38 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.serve(ww, r, p, start)
 }
+
+// tieStarted is the tie header's value on the 103 that says a tied
+// request started: one slice for every such answer, since the header
+// leaves the map before anything else can see it.
+var tieStarted = []string{httpx.TieStarted}
+
+// tellStarted tells the caller of a tied request that next is taking it,
+// with a 103 (Early Hints) that carries the tie header: the caller's
+// transport then cancels the request's twins still waiting at other
+// replicas. The header is taken out of w's map again at once, since
+// net/http keeps a 1xx's headers for the final answer (RFC 8297 lets
+// it). A malformed mark is counted and ignored, and a client of
+// HTTP/1.0, which cannot be sent a 1xx, is told nothing.
+func (s *server) tellStarted(w http.ResponseWriter, r *http.Request) {
+	v, ok := httpx.First(r.Header, httpx.TieHeader)
+	switch {
+	case !ok:
+		return
+	case v != tieMark:
+		s.malformedHeader(r.Context(), httpx.TieHeader, v)
+		return
+	case !r.ProtoAtLeast(1, 1):
+		return
+	}
+	h := w.Header()
+	h[httpx.TieHeader] = tieStarted
+	w.WriteHeader(http.StatusEarlyHints)
+	delete(h, httpx.TieHeader)
+}
+
+// tieMark is the tie header's value on a tied request.
+const tieMark = "1"
 
 // statusClientClosed answers a request whose client went away while it
 // waited: nginx's 499, "client closed request", for the access logs.

@@ -173,6 +173,40 @@
 // endpoint-load-metrics itself keeps its own. A resilix transport with
 // policy.Replicas reads it per replica.
 //
+// # Tied requests
+//
+// A request marked as tied (Resilix-Tie: 1, which a resilix transport
+// writes on each leg of a tied round, a request sent to two replicas at
+// once) is told when next takes it: the moment it leaves the queue, or at
+// once if it did not wait, the server sends an informational answer
+//
+//	HTTP/1.1 103 Early Hints
+//	Resilix-Tie: started
+//
+// and then next's answer as usual, which does not carry the header. The
+// caller's transport, on the first such signal of a round, cancels the
+// round's other legs, which are then still waiting in their replicas'
+// queues: each leaves its queue without reaching next, as any request
+// whose caller went away does (answered 499 to nobody, no refusal, no
+// evidence for the limiter). Over HTTP/2 the cancellation is a stream
+// reset, and the connection serves on; over HTTP/1.1 the client closes
+// the twin's connection, which costs the next request there a new dial.
+// A mark other than "1" is reported as a malformed header and ignored; a
+// client of HTTP/1.0, which cannot be sent a 1xx, is told nothing.
+//
+// The signal goes to every caller that marks its request, unless
+// Config.NoTies is set: it costs the server one small write per tied
+// request, and tells the caller only when its request started, which the
+// first byte of the answer tells it anyway a service time later.
+//
+// The 103 is written on the ResponseWriter admission is given, so that
+// writer must be able to send a 1xx: net/http's is, over HTTP/1.1 and
+// HTTP/2. A wrapper outside admission that takes the first WriteHeader for
+// the final status, as http.TimeoutHandler, httptest.ResponseRecorder and
+// many logging middlewares do, would answer a tied request with a bare
+// 103: put admission outside such wrappers (they still see next's answer
+// as before), or set NoTies.
+//
 // # What it holds
 //
 // A request holds a slot of the limit from admission until next returns,

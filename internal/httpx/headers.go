@@ -83,3 +83,11 @@ func headerName(v, def string) (name string, ok bool) {
 	}
 	return textproto.CanonicalMIMEHeaderKey(v), true
 }
+
+// TieHeader marks a tied request, with the value "1", and the
+// informational answer (103) that says it started, with TieStarted: see
+// package admission's "Tied requests".
+const (
+	TieHeader  = "Resilix-Tie"
+	TieStarted = "started"
+)
