@@ -48,20 +48,20 @@ func fleetClient(name string) (metaClient, bool) {
 			return m, true
 		}
 	}
-	// "set@window": the set with its Throttler's Window set.
-	base, window, _ := strings.Cut(name, "@")
+	// "set@opts": the set with its Throttler's fields set (throttlerOpts).
+	base, opts, _ := strings.Cut(name, "@")
 	for _, rs := range resilixSets {
 		if rs.name == base {
 			set := rs.set
-			if window != "" {
-				w, err := time.ParseDuration(window)
+			if opts != "" {
+				tune, err := throttlerOpts(opts)
 				if err != nil {
 					return metaClient{}, false
 				}
 				set = func() policy.Set {
 					s := rs.set()
 					if s.Throttler != nil {
-						s.Throttler.Window = w
+						tune(s.Throttler)
 					}
 					return s
 				}
@@ -73,6 +73,49 @@ func fleetClient(name string) (metaClient, bool) {
 		}
 	}
 	return metaClient{}, false
+}
+
+// throttlerOpts parses the options of a fleet client's name after its "@":
+// fields of its set's Throttler, separated by "/", each "window=2s",
+// "k=1.25", "min=10" (MinRequests) or "max=0.8" (MaxRejection); a bare
+// duration is the window ("resilix+throttler@2s").
+func throttlerOpts(opts string) (func(*policy.Throttler), error) {
+	var set []func(*policy.Throttler)
+	for _, o := range strings.Split(opts, "/") {
+		key, val, ok := strings.Cut(o, "=")
+		if !ok {
+			key, val = "window", o
+		}
+		var err error
+		switch key {
+		case "window":
+			var w time.Duration
+			w, err = time.ParseDuration(val)
+			set = append(set, func(t *policy.Throttler) { t.Window = w })
+		case "k", "max":
+			var f float64
+			f, err = strconv.ParseFloat(val, 64)
+			if key == "k" {
+				set = append(set, func(t *policy.Throttler) { t.K = f })
+			} else {
+				set = append(set, func(t *policy.Throttler) { t.MaxRejection = f })
+			}
+		case "min":
+			var n int
+			n, err = strconv.Atoi(val)
+			set = append(set, func(t *policy.Throttler) { t.MinRequests = n })
+		default:
+			err = fmt.Errorf("no throttler option %q", key)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return func(t *policy.Throttler) {
+		for _, f := range set {
+			f(t)
+		}
+	}, nil
 }
 
 // TestMetastableFleet runs only the simulated fleet of make metastable, in
