@@ -16,18 +16,25 @@ import (
 	"github.com/resilix/resilix/policy"
 )
 
-// frozenReplica answers after 4 to 6 ms, except while frozen: then it
-// holds what arrives until it thaws (as a SIGSTOPped server's kernel
-// accepts and queues) or its request is cancelled.
+// frozenReplica answers after 4 to 6 ms (with tail, one answer in ten
+// 8 ms later), except while frozen: then it holds what arrives until it
+// thaws (as a SIGSTOPped server's kernel accepts and queues) or its
+// request is cancelled.
 type frozenReplica struct {
 	hits   atomic.Int64
 	frozen atomic.Int64 // hits while frozen
 	posts  atomic.Int64 // plain POSTs that arrived while frozen
 	thaw   atomic.Pointer[chan struct{}]
+	tail   bool
+	// While watch is set, the first answer to a request that arrived
+	// since sets answered (Unix ns).
+	watch    atomic.Bool
+	answered atomic.Int64
 }
 
 func (r *frozenReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	n := r.hits.Add(1)
+	watched := r.watch.Load()
 	if c := r.thaw.Load(); c != nil {
 		r.frozen.Add(1)
 		if req.Method == http.MethodPost && req.Header.Get("Idempotency-Key") == "" {
@@ -39,12 +46,19 @@ func (r *frozenReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
+	d := 4*time.Millisecond + time.Duration(n%5)*500*time.Microsecond
+	if r.tail && n%10 == 0 {
+		d += 8 * time.Millisecond
+	}
 	select {
-	case <-time.After(4*time.Millisecond + time.Duration(n%5)*500*time.Microsecond):
+	case <-time.After(d):
 	case <-req.Context().Done():
 		return
 	}
 	io.WriteString(w, "ok")
+	if watched {
+		r.answered.CompareAndSwap(0, time.Now().UnixNano())
+	}
 }
 
 // TestAFrozenReplicaGetsNoPlainPOST is fleetops' freeze in a bubble: three
@@ -219,4 +233,87 @@ func TestARequestThatCannotBeSentTwicePassesOverASilentLane(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestAFrozenReplicaWhoseLegsLoseAt3xIsBackSoonAfterItsThaw: three
+// replicas answering in 4 to 6 ms, one answer in ten 8 ms later, so that
+// the hedge's threshold (the p95) is about 12 ms; a call every 20 ms,
+// GETs through Attempts 3, Retry, Hedge and a PerAttempt timeout of 1 s.
+// One replica is frozen for 5 s: its legs lose to their hedges with no
+// answer after about 17 ms, 3 times the others' typical latency, below
+// the bar of a slow run, and the first such loss is a peak that makes it
+// the key's dearest lane, which a pick of two lanes passes over. That
+// estimate is only what its silence said, and is stale a second later:
+// the lane is probed about once a second, its first answer after the
+// thaw comes within 2 s, and it has a third of its fair share or more in
+// the 3 s after. Were the peak kept until it decays (10 s's time
+// constant), the thawed replica would get no call for seconds.
+func TestAFrozenReplicaWhoseLegsLoseAt3xIsBackSoonAfterItsThaw(t *testing.T) {
+	const every = 20 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		reps := map[string]*frozenReplica{}
+		for _, a := range []string{"a:80", "b:80", "c:80"} {
+			reps[a] = &frozenReplica{tail: true}
+			f.net.Listen(a, reps[a])
+		}
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{
+			Attempts: 3,
+			Retry:    &policy.Retry{},
+			Hedge:    &policy.Hedge{},
+			Timeout:  &policy.Timeout{PerAttempt: time.Second},
+			Replicas: &policy.Replicas{Endpoints: Static("a:80", "b:80", "c:80")},
+		}})
+		prime(t, rt, "http://api/")
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		run := func(d time.Duration) {
+			for range int(d / every) {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					defer cancel()
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api/", nil)
+					resp, err := rt.RoundTrip(req)
+					if err != nil {
+						failed.Add(1)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				})
+				time.Sleep(every)
+			}
+		}
+		a := reps["a:80"]
+		run(2 * time.Second)
+		thaw := make(chan struct{})
+		a.thaw.Store(&thaw)
+		run(5 * time.Second)
+		thawed := time.Now()
+		a.watch.Store(true)
+		a.thaw.Store(nil)
+		close(thaw)
+		before := a.hits.Load()
+		run(3 * time.Second)
+		wg.Wait()
+		after := a.hits.Load() - before
+		answered := time.Duration(-1) // never
+		if at := a.answered.Load(); at != 0 {
+			answered = time.Unix(0, at).Sub(thawed)
+		}
+		t.Logf("the frozen replica drew %d attempts in its 5 s; its first answer %v after its thaw (-1ns: never), %d attempts in the 3 s after; hits a/b/c %d/%d/%d; %d calls failed",
+			a.frozen.Load(), answered, after, a.hits.Load(), reps["b:80"].hits.Load(), reps["c:80"].hits.Load(), failed.Load())
+		switch {
+		case answered < 0:
+			t.Errorf("the thawed replica answered no call in the 3 s after its thaw, want one within 2 s")
+		case answered > 2*time.Second:
+			t.Errorf("the thawed replica answered %v after its thaw, want within 2 s", answered)
+		}
+		if calls := int64(3 * time.Second / every); after < calls/9 {
+			t.Errorf("the thawed replica drew %d of the %d calls in the 3 s after its thaw, want a third of its fair share or more", after, calls)
+		}
+		if n := failed.Load(); n != 0 {
+			t.Errorf("%d calls failed, want 0", n)
+		}
+	})
 }

@@ -111,12 +111,19 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0
+	ends := s.ends.Add(1)
+	// Sent while its estimate was stale (see staleAfter): its answer is
+	// a probe's.
+	stale := l.hushT.Load() != 0 && t-int64(latency)-l.hushT.Load() >= int64(staleAfter)
 	switch bit := uint64(1) << l.Index; {
 	case l.draining: // its slot may be another lane's now
 	case a.Kind.silent():
 		s.silent.Or(bit)
+		l.hushT.Store(t)
+		l.hushN.Store(ends)
 	case o == policy.Success || o == policy.Failure && a.Kind != Unreached:
 		s.silent.And(^bit)
+		l.hushT.Store(0)
 	}
 	if a.Reported {
 		l.repLoad.Store(math.Float64bits(a.Load.Util))
@@ -127,7 +134,7 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	if o == policy.Failure {
 		l.failAt.Store(t)
 	}
-	rep := s.doneLocked(l, t, latency, o, a)
+	rep := s.doneLocked(l, t, latency, o, a, stale)
 	l.endT = max(l.endT, t)
 	switch {
 	case !last:
@@ -140,12 +147,13 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	return rep
 }
 
-// doneLocked is Done's learning, with s.mu held.
-func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) (rep Report[P]) {
+// doneLocked is Done's learning, with s.mu held; stale is whether the
+// attempt was sent while l's estimate was stale (see staleAfter).
+func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer, stale bool) (rep Report[P]) {
 	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
 	switch o {
 	case policy.Success:
-		s.successLocked(l, t, latency, &rep)
+		s.successLocked(l, t, latency, stale, &rep)
 		s.evidenceLocked(l, t, &rep)
 	case policy.Failure:
 		s.failureLocked(l, t, latency, a, &rep)
@@ -155,22 +163,29 @@ func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy
 	return rep
 }
 
-// successLocked learns from a Success of l at t that took latency: a
-// latency sample, when it has one, the penalty halved, and the lane
-// answering. s.mu is held.
-func (s *Set[P]) successLocked(l *Lane[P], t int64, latency time.Duration, rep *Report[P]) {
+// successLocked learns from a Success of l at t that took latency, sent
+// while l's estimate was stale or not: a latency sample, when it has one,
+// the penalty halved, and the lane answering. s.mu is held.
+func (s *Set[P]) successLocked(l *Lane[P], t int64, latency time.Duration, stale bool, rep *Report[P]) {
 	if latency > 0 {
 		x := float64(latency)
+		if stale {
+			// A probe of a lane whose estimate is what its silence
+			// said, long ago: the lane answers as one nothing is
+			// known of.
+			l.forget(t)
+		}
 		if l.est.Load() == 0 {
 			l.warm.Store(t) // its first answer: the slow start begins
 		}
 		n := s.stalls.net(t, x)
-		if l.health == out {
-			// The first answer of a lane taken out for not answering
-			// took as long as what kept it out (a frozen replica
-			// answers at its thaw what it took since): it says the
-			// lane answers, and is taken as no slower than the other
-			// lanes' best; its next answers tell the rest.
+		if l.health == out || stale {
+			// The first answer of a lane taken out for not answering,
+			// or of one silent long enough, took as long as what kept
+			// it silent (a frozen replica answers at its thaw what it
+			// took since): it says the lane answers, and is taken as
+			// no slower than the other lanes' best; its next answers
+			// tell the rest.
 			n = min(n, s.leastTypicalLocked(l, t))
 		}
 		s.sampleLocked(l, t, x, n)

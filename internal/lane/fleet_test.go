@@ -352,6 +352,8 @@ func checkThaw(t *testing.T, m *sim, most float64, want string, thaw time.Time, 
 	}
 	m.run(time.Second)
 	back := m.window(3 * time.Second)
+	t.Logf("%.0f attempts on lane a while frozen; its first answer %v after its thaw; shares 1 to 4 s after %v",
+		frozen["a"]*float64(5*time.Second/m.every), answered.Sub(thaw), back)
 	if answered.IsZero() || answered.Sub(thaw) > 1500*time.Millisecond {
 		t.Errorf("lane a answered %v after its thaw, want within 1.5 s (zero: never)", answered.Sub(thaw))
 	}
@@ -591,4 +593,72 @@ func TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw(t *testing.T) {
 		return 5 * time.Millisecond, policy.Success, Answer{}
 	}
 	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 15, "a few, then one probe about every second", to, &answered)
+}
+
+// TestAFrozenReplicaWhoseLegsLoseAt3xIsProbedAndBackAtItsThaw: a replica
+// frozen for 5 s whose every attempt is a hedged call's first leg lost,
+// with no answer, after 13 to 18 ms, about 3 times the lanes' typical
+// 5 ms: below the bar of a slow run (latencyFactor), so each loss is a
+// sample of at least its time, and the first is taken as a peak. The
+// lane is then the key's dearest, left unpicked by any pick that draws a
+// cheaper lane beside it; but its high estimate is only what its
+// silence said, and is stale a moment later: it is probed, one attempt
+// at a time, about once a second, answers within 1.5 s of its thaw and
+// has half its fair share 1 to 4 s after. Were the peak kept until it
+// decays (10 s's time constant, from three times the others' latency),
+// the thawed lane would get no call for seconds.
+func TestAFrozenReplicaWhoseLegsLoseAt3xIsProbedAndBackAtItsThaw(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)
+	delays := []time.Duration{15, 13, 17, 14, 18, 16, 13, 15}
+	k := 0
+	var answered time.Time // lane a's first answer after its thaw
+	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+		if l.Addr != "a" || now.Before(from) {
+			return 5 * time.Millisecond, policy.Success, Answer{}
+		}
+		if now.Before(to) {
+			k++
+			return delays[k%len(delays)] * time.Millisecond, policy.Discarded, Answer{Kind: Silent}
+		}
+		if answered.IsZero() {
+			answered = now.Add(5 * time.Millisecond)
+		}
+		return 5 * time.Millisecond, policy.Success, Answer{}
+	}
+	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 8, "about one probe a second", to, &answered)
+}
+
+// TestASlowLaneWhoseLegsAllLoseToHedgesKeepsASmallShare: a replica 3
+// times slower than the others whose every attempt is lost to a hedge
+// with no answer, at 15 ms (below the slow run's bar), at 200, 20 and 5
+// calls a second. Its estimate is what its silence said, and goes stale
+// (see staleAfter): it is probed about once a second, or once in
+// staleEnds + 1 calls on the quietest key, each probe lost again, and
+// keeps a small share: 0.5%, 5% and 4%.
+func TestASlowLaneWhoseLegsAllLoseToHedgesKeepsASmallShare(t *testing.T) {
+	for _, every := range []time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond} {
+		t.Run(fmt.Sprint(int(time.Second/every), " calls a second"), func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{}, "a", "b", "c")
+			serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
+				if l.Addr == "a" && now.After(t0.Add(time.Second)) {
+					return 15 * time.Millisecond, policy.Discarded, Answer{Kind: Silent}
+				}
+				return 5 * time.Millisecond, policy.Success, Answer{}
+			}
+			m := newSim(s, every, serve)
+			m.run(2 * time.Second)
+			shares := m.window(20 * time.Second)
+			t.Logf("shares %v", shares)
+			// One probe per staleAfter, or per staleEnds + 1 calls when
+			// that is longer, and some slack.
+			most := 1.5 * max(float64(every)/float64(staleAfter), 1.0/(staleEnds+1))
+			if shares["a"] > most {
+				t.Errorf("the slow lane got %.2f%% of the calls, want at most %.2f%% (%v)", 100*shares["a"], 100*most, shares)
+			}
+			if len(m.ejected) != 0 {
+				t.Errorf("ejected %v", m.ejected)
+			}
+		})
+	}
 }

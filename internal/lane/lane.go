@@ -46,6 +46,11 @@ type Lane[P any] struct {
 	repAt   atomic.Int64  // when it came, ns; 0: never
 	repOut  atomic.Int64  // its attempts outstanding once it came
 	failAt  atomic.Int64  // when an attempt on it last failed, ns; 0: never
+	// When its last attempt ended with no answer (Silent or Mute), ns,
+	// and the Set's count of ended attempts then; 0: one answered
+	// since, or none ended so (see staleAfter).
+	hushT atomic.Int64
+	hushN atomic.Int64
 
 	// Guarded by the Set's mu.
 	health          health // what its outcomes have shown

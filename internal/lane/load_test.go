@@ -101,7 +101,7 @@ func TestALoadReportRaisesACostNeverLowersIt(t *testing.T) {
 			}
 			at := s.nanos(t0.Add(tc.readAt))
 			own := l.ownCost(at, float64(l.outstanding.Load()), max(l.estimate(at), minEstimate))
-			if got := l.cost(at, s.reportAge) / own; math.Abs(got-tc.want) > 1e-9*tc.want {
+			if got := l.cost(at, s.reportAge, s.ends.Load()) / own; math.Abs(got-tc.want) > 1e-9*tc.want {
 				t.Errorf("cost %v × the client's own, want %v", got, tc.want)
 			}
 		})

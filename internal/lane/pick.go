@@ -61,6 +61,27 @@ const (
 	// flight on it, so that a key's first calls are not spread evenly
 	// over a slow replica before any answer came back.
 	probeCost = float64(time.Hour)
+	// staleAfter and staleEnds: the estimate of a lane whose last
+	// attempt ended with no answer (Silent or Mute: a hedge leg lost, a
+	// connection closed before the headers) holds at most what that
+	// silence said, a time the replica was slower than another lane
+	// (taken as a peak when the others overtook it), and says nothing
+	// of the replica once staleAfter has passed since and the key has
+	// ended staleEnds attempts. Such a lane with no attempt in flight
+	// then costs what a lane nothing is known of costs (minEstimate,
+	// plus its failure penalty): the next pick that draws it sends it
+	// one probe, whose answer is taken as such a lane's first (see
+	// successLocked). Without it, a frozen replica whose legs lose to
+	// hedges below the slow run's bar (latencyFactor) keeps the peak of
+	// its first loss, is passed over by every pick that draws a cheaper
+	// lane beside it, and gets no attempt through its thaw until the
+	// peak decays (see decay); with it, it is probed about once a
+	// second and back at its first answer. A replica slower than the
+	// others whose every leg loses to a hedge gets one probe a second,
+	// or one attempt in staleEnds + 1 on a key with fewer a second,
+	// each waiting a hedge's delay.
+	staleAfter = time.Second
+	staleEnds  = 20
 	// sentGrain is how precisely a Set keeps the time of its latest
 	// pick, for the stall rule (see stalls.ended): parallel picks then
 	// seldom write the Set's shared word.
@@ -68,16 +89,25 @@ const (
 )
 
 // cheaper reports whether a's picking cost at t is below b's, their
-// load reports read up to age ns old (0: none read).
-func cheaper[P any](a, b *Lane[P], t, age int64) bool { return a.cost(t, age) < b.cost(t, age) }
+// load reports read up to age ns old (0: none read), ends attempts of
+// the key ended by then.
+func cheaper[P any](a, b *Lane[P], t, age, ends int64) bool {
+	return a.cost(t, age, ends) < b.cost(t, age, ends)
+}
 
-// cost is l's picking cost at t: its own cost (see ownCost) times its
-// load factor (see loaded) when its server's last load report is at most
-// age ns old.
-func (l *Lane[P]) cost(t, age int64) float64 {
+// cost is l's picking cost at t, with ends attempts of the key ended by
+// then: its own cost (see ownCost) times its load factor (see loaded)
+// when its server's last load report is at most age ns old. The estimate
+// of a lane hushed long enough (see staleAfter) with none outstanding is
+// read as minEstimate.
+func (l *Lane[P]) cost(t, age, ends int64) float64 {
 	o := l.outstanding.Load()
 	est := max(l.estimate(t), minEstimate)
-	c := l.ownCost(t, float64(o), est)
+	own := est
+	if o == 0 && l.staleAt(t, ends) {
+		own = minEstimate
+	}
+	c := l.ownCost(t, float64(o), own)
 	if age != 0 {
 		if at := l.repAt.Load(); at != 0 && t-at <= age {
 			c *= l.loaded(t, at, o, est)
@@ -148,6 +178,15 @@ func (l *Lane[P]) report(t int64) (load float64, age time.Duration, ok bool) {
 		load = max(load, 1)
 	}
 	return load, time.Duration(max(t-at, 0)), true
+}
+
+// staleAt reports whether l's estimate is stale at t, ends attempts of
+// the key ended by then: its last attempt ended with no answer at least
+// staleAfter ago, and the key has ended staleEnds attempts since (see
+// staleAfter).
+func (l *Lane[P]) staleAt(t, ends int64) bool {
+	h := l.hushT.Load()
+	return h != 0 && t-h >= int64(staleAfter) && ends-l.hushN.Load() >= staleEnds
 }
 
 // penalty is l's failure penalty at t (see failurePenalty).
@@ -239,7 +278,7 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 		a := nth(cand, int((r&math.MaxUint32)*uint64(n)>>32))
 		b := nth(cand&^(1<<a), int((r>>32)*uint64(n-1)>>32))
 		l = v.lanes[a]
-		if o := v.lanes[b]; cheaper(o, l, t, s.reportAge) {
+		if o := v.lanes[b]; cheaper(o, l, t, s.reportAge, s.ends.Load()) {
 			l = o
 		}
 	}

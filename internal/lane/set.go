@@ -38,6 +38,9 @@ type view[P any] struct {
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
 // at a time until it answers, then ramps up to its share over slowStart.
+// So does a lane whose last attempt ended with no answer staleAfter ago
+// and staleEnds attempts of the key ago: its estimate is only what that
+// silence said, and stale.
 // A lane whose last attempt ended with no answer (Silent or Mute: a hedge
 // leg cut short, a timeout) is passed over by TakeOnce, the pick of a
 // request that cannot be sent twice, until it answers again. Done tells
@@ -87,7 +90,7 @@ type view[P any] struct {
 // its source, math/rand/v2's per-thread one, one atomic add for the lane's
 // outstanding count) except, once per block's end, to unblock; Done holds
 // the Set's mutex briefly. A Set is safe for concurrent use. Its memory is
-// under a kilobyte plus about 190 bytes a lane, and the caller's Pool.
+// under a kilobyte plus about 280 bytes a lane, and the caller's Pool.
 type Set[P any] struct {
 	consecutive int
 	maxEjected  float64
@@ -108,6 +111,7 @@ type Set[P any] struct {
 	silent       atomic.Uint64 // slots whose last attempt to end was Silent or Mute
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
+	ends         atomic.Int64  // attempts ended (Done), written with mu held
 
 	mu        sync.Mutex
 	intervalT int64 // ns: the start of the current interval

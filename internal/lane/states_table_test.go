@@ -48,7 +48,7 @@ func TestHealthTransitions(t *testing.T) {
 			l.failed()
 		} else {
 			s := newSet(policy.Replicas{})
-			s.successLocked(&l, 1, 0, &Report[pool]{})
+			s.successLocked(&l, 1, 0, false, &Report[pool]{})
 		}
 		if l.health != tc.want {
 			t.Errorf("%d, then a failure %v: %d, want %d", tc.from, tc.fail, l.health, tc.want)
