@@ -70,7 +70,8 @@ type Report[P any] struct {
 	// is the host failing, and reaches it.
 	Explained bool
 	// Held is true when the answer's Retry-After held its lane back, so
-	// that the key need not be: another lane is left to pick.
+	// that the key need not be: another lane is left to pick. A lane that
+	// left the set (see Set.Update) is never held.
 	Held bool
 	// Ejected lists the lanes ejected by this outcome (one, or at the end
 	// of an interval several); their pools' idle connections should be
@@ -101,7 +102,7 @@ type Report[P any] struct {
 // A Failure whose dial was refused or timed out (Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
 // again early. A Failure with a.Hold (a Retry-After) holds the lane back
-// when another lane is left, and no penalty: the hold is its penalty; the
+// when it is still in the set and another lane is left, and no penalty: the hold is its penalty; the
 // lane is tried again by one probe as soon as the hold could be shorter
 // than it says: after a.Hint when the server gave one shorter than Hold,
 // else after Hold less a second (Retry-After counts whole seconds), at
@@ -206,8 +207,9 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 		return
 	}
 	// A lane held back by its answer's Retry-After is out until then,
-	// which is its penalty.
-	rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+	// which is its penalty. A lane that left the set is held by nothing:
+	// the Retry-After is the key's.
+	rep.Held = a.Hold > 0 && !l.draining && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
 	l.consecutive++
 	// A lane that said nothing before the attempt's timeout is out for
 	// downFor, then probed, as one whose dial was refused: what it will

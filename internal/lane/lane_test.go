@@ -495,6 +495,26 @@ func TestARetryAfterHoldsItsLane(t *testing.T) {
 	}
 }
 
+// TestARetryAfterOfALaneThatLeftIsTheKeys: a lane whose address left the
+// set is held by nothing, so its last attempt's Retry-After is not
+// reported Held, which would drop the key's pushback with no lane held.
+func TestARetryAfterOfALaneThatLeftIsTheKeys(t *testing.T) {
+	s := addrSet(t, policy.Replicas{ConsecutiveFailures: -1}, "a:1", "b:1", "c:1")
+	for _, used := range []uint64{0b110, 0b101, 0b011} {
+		s.Done(s.Take(t0, used), t0, time.Millisecond, policy.Success, Answer{})
+	}
+	a := s.Take(t0, 0b110)
+	if a.Addr != "a:1" {
+		t.Fatalf("took %q, want a:1", a.Addr)
+	}
+	s.refreshAt.Store(0)
+	s.StartRefresh(t0)
+	s.Update(t0, []string{"b:1", "c:1"}, nil)
+	if rep := s.Done(a, t0, time.Millisecond, policy.Failure, Answer{Hold: 5 * time.Second}); rep.Held {
+		t.Errorf("a 503 with Retry-After on a lane that left the set: %+v, want not held, the key's to take", rep)
+	}
+}
+
 func TestRefresh(t *testing.T) {
 	s := newSet(policy.Replicas{Endpoints: stub{}, Refresh: 30 * time.Second})
 	if l := s.Take(t0, 0); l.Addr != "" || l.Index != 0 {
