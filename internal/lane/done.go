@@ -78,7 +78,9 @@ type Report[P any] struct {
 	// closed, so that a balancer places the lane anew.
 	Ejected []Ejection[P]
 	// Returned is the ejection the lane came back from, when this was
-	// the first evidence on it since: its Lane is nil otherwise.
+	// the first of its attempts to end since, whatever its outcome: its
+	// Lane is nil otherwise. It comes before what the outcome taught,
+	// which may eject the lane again (Ejected).
 	Returned Ejection[P]
 	// Drained is the lane, when it had left the set or is ejected and
 	// this was its last attempt in flight: its pool's idle connections
@@ -143,6 +145,9 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 
 // doneLocked is Done's learning, with s.mu held.
 func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer) (rep Report[P]) {
+	if l.back {
+		l.back, rep.Returned = false, l.last
+	}
 	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
 	switch o {
 	case policy.Success:
@@ -244,13 +249,10 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 }
 
 // evidenceLocked ends what a Success or a Failure of l at t teaches
-// alike: the report of its return from an ejection, and the close of the
-// interval when it is due. It reports whether the lane is still in the
-// set, so that the rules about it go on. s.mu is held.
+// alike: the close of the interval when it is due. It reports whether
+// the lane is still in the set, so that the rules about it go on. s.mu is
+// held.
 func (s *Set[P]) evidenceLocked(l *Lane[P], t int64, rep *Report[P]) bool {
-	if l.back {
-		l.back, rep.Returned = false, l.last
-	}
 	if l.draining {
 		return false
 	}
