@@ -143,8 +143,10 @@ func newLaneTransport(t *testing.T, f *fleet, cfg Config) *Transport {
 var four = []string{"a:80", "b:80", "c:80", "d:80"}
 
 // prime makes rt's first call to url, which starts the key's first
-// refresh of its Endpoints (and goes to the request's own address), and
-// waits for the refresh to end.
+// refresh of its Endpoints, and waits for the refresh to end. The call
+// goes to the request's own address, or, when the refresh's goroutine
+// ends before the call picks its lane, to a lane of Endpoints' answer:
+// a test that counts a replica's hits counts them from after prime.
 func prime(t *testing.T, rt http.RoundTripper, url string) {
 	t.Helper()
 	laneGet(t, rt, url, "")
@@ -452,6 +454,58 @@ func TestAnEjectedLaneGetsTrafficAgainAfterItsTime(t *testing.T) {
 	})
 }
 
+// TestALaneEjectedAgainAtItsReturnIsObservedInOrder: with one failure
+// enough to eject, the first attempt on a lane back from its ejection
+// fails and ejects it again; the observer is told of the return, then of
+// the new ejection, so that a log read in order ends with the lane out.
+func TestALaneEjectedAgainAtItsReturnIsObservedInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		f.serveFour()
+		var mu sync.Mutex
+		var events []string
+		record := func(what string) func(policy.LaneEjection) {
+			return func(e policy.LaneEjection) {
+				mu.Lock()
+				defer mu.Unlock()
+				events = append(events, what+" "+e.Addr+" "+e.Reason.String()+" "+e.For.String())
+			}
+		}
+		rt := newLaneTransport(t, f, Config{
+			Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static(four...), ConsecutiveFailures: 1}},
+			Observer: &policy.Observer{LaneEjected: record("ejected"), LaneReturned: record("returned")},
+		})
+		prime(t, rt, "http://api/")
+		for _, r := range f.reps {
+			r.delay.Store(int64(time.Millisecond))
+		}
+		d := f.reps["d"]
+		d.status.Store(http.StatusBadGateway)
+		for range 1000 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+			if rt.Measured("api").LanesEjected > 0 {
+				break
+			}
+		}
+		time.Sleep(30 * time.Second)
+		before := d.hits.Load()
+		for range 1000 {
+			time.Sleep(10 * time.Millisecond)
+			laneGet(t, rt, "http://api/", "")
+			if d.hits.Load() > before {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := []string{"ejected d:80 consecutive 30s", "returned d:80 consecutive 30s", "ejected d:80 consecutive 1m0s"}
+		if !slices.Equal(events, want) {
+			t.Errorf("observed %q, want %q", events, want)
+		}
+	})
+}
+
 // scripted is a Resolver whose answers a test gives one by one.
 type scripted struct {
 	asked   chan string
@@ -707,6 +761,7 @@ func TestARetryAfterFromOneLaneHoldsTheLaneNotTheKey(t *testing.T) {
 		prime(t, rt, "http://api/")
 		for _, r := range f.reps {
 			r.delay.Store(int64(time.Millisecond))
+			r.hits.Store(0) // prime's call may have gone to b, with a 200
 		}
 		b := f.reps["b"]
 		b.retryAfter.Store("6") // a probe may try it after 5 s: Retry-After counts whole seconds

@@ -611,14 +611,15 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 	rep := c.s.lanes.Done(l.lane, now, now.Sub(l.took), o, a)
 	l.lane = nil
 	obs := c.t.obs
+	// The lane's return came before the outcome that may eject it again.
+	if e := rep.Returned; e.Lane != nil && obs != nil && obs.LaneReturned != nil {
+		obs.LaneReturned(c.laneEjection(e))
+	}
 	for _, e := range rep.Ejected {
 		e.Lane.Pool.CloseIdleConnections()
 		if obs != nil && obs.LaneEjected != nil {
 			obs.LaneEjected(c.laneEjection(e))
 		}
-	}
-	if e := rep.Returned; e.Lane != nil && obs != nil && obs.LaneReturned != nil {
-		obs.LaneReturned(c.laneEjection(e))
 	}
 	if rep.Drained != nil {
 		rep.Drained.Pool.CloseIdleConnections()

@@ -70,14 +70,17 @@ type Report[P any] struct {
 	// is the host failing, and reaches it.
 	Explained bool
 	// Held is true when the answer's Retry-After held its lane back, so
-	// that the key need not be: another lane is left to pick.
+	// that the key need not be: another lane is left to pick. A lane that
+	// left the set (see Set.Update) is never held.
 	Held bool
 	// Ejected lists the lanes ejected by this outcome (one, or at the end
 	// of an interval several); their pools' idle connections should be
 	// closed, so that a balancer places the lane anew.
 	Ejected []Ejection[P]
 	// Returned is the ejection the lane came back from, when this was
-	// the first evidence on it since: its Lane is nil otherwise.
+	// the first of its attempts to end since, whatever its outcome: its
+	// Lane is nil otherwise. It comes before what the outcome taught,
+	// which may eject the lane again (Ejected).
 	Returned Ejection[P]
 	// Drained is the lane, when it had left the set or is ejected and
 	// this was its last attempt in flight: its pool's idle connections
@@ -101,7 +104,7 @@ type Report[P any] struct {
 // A Failure whose dial was refused or timed out (Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
 // again early. A Failure with a.Hold (a Retry-After) holds the lane back
-// when another lane is left, and no penalty: the hold is its penalty; the
+// when it is still in the set and another lane is left, and no penalty: the hold is its penalty; the
 // lane is tried again by one probe as soon as the hold could be shorter
 // than it says: after a.Hint when the server gave one shorter than Hold,
 // else after Hold less a second (Retry-After counts whole seconds), at
@@ -150,6 +153,9 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 // doneLocked is Done's learning, with s.mu held; stale is whether the
 // attempt was sent while l's estimate was stale (see staleAfter).
 func (s *Set[P]) doneLocked(l *Lane[P], t int64, latency time.Duration, o policy.Outcome, a Answer, stale bool) (rep Report[P]) {
+	if l.back {
+		l.back, rep.Returned = false, l.last
+	}
 	s.stalls.ended(t, t-int64(latency), s.lastSent.Load(), s.inFlightLocked)
 	switch o {
 	case policy.Success:
@@ -221,8 +227,9 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 		return
 	}
 	// A lane held back by its answer's Retry-After is out until then,
-	// which is its penalty.
-	rep.Held = a.Hold > 0 && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+	// which is its penalty. A lane that left the set is held by nothing:
+	// the Retry-After is the key's.
+	rep.Held = a.Hold > 0 && !l.draining && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
 	l.consecutive++
 	// A lane that said nothing before the attempt's timeout is out for
 	// downFor, then probed, as one whose dial was refused: what it will
@@ -257,13 +264,10 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 }
 
 // evidenceLocked ends what a Success or a Failure of l at t teaches
-// alike: the report of its return from an ejection, and the close of the
-// interval when it is due. It reports whether the lane is still in the
-// set, so that the rules about it go on. s.mu is held.
+// alike: the close of the interval when it is due. It reports whether
+// the lane is still in the set, so that the rules about it go on. s.mu is
+// held.
 func (s *Set[P]) evidenceLocked(l *Lane[P], t int64, rep *Report[P]) bool {
-	if l.back {
-		l.back, rep.Returned = false, l.last
-	}
 	if l.draining {
 		return false
 	}

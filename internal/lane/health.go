@@ -97,7 +97,9 @@ func (h health) fails() bool { return h == failing || h == out }
 
 // block is what keeps a lane from being picked until Lane.until. An
 // ejection outranks the others: a hold or a down on an ejected lane
-// lengthens its block, and it stays ejected.
+// lengthens its block, and it stays ejected. A lane returned from an
+// ejection and ejected again before any attempt of its ended is not
+// reported back from the first: it went from one ejection to the next.
 //
 //	from                    event                                to
 //	unblocked, held, down   ejected (ejectLocked)                ejected
@@ -105,9 +107,9 @@ func (h health) fails() bool { return h == failing || h == out }
 //	unblocked, held, down   taken out (outLocked), ending later  down
 //	ejected                 held or taken out, ending later      ejected, until the later end
 //	ejected                 its time up (reblockLocked)          unblocked, returned (reported by
-//	                                                             its next evidence), its failures
-//	                                                             in a row and slow run cleared,
-//	                                                             its latency unknown
+//	                                                             the end of its next attempt), its
+//	                                                             failures in a row and slow run
+//	                                                             cleared, its latency unknown
 //	held, down              its time up (reblockLocked)          unblocked
 type block uint8
 
@@ -381,7 +383,9 @@ func (s *Set[P]) ejectLocked(l *Lane[P], t int64, why policy.EjectionReason) (Ej
 	}
 	l.ejections++
 	d := min(s.ejectFor*time.Duration(l.ejections), s.maxEjectFor)
-	l.block, l.last = ejected, Ejection[P]{Lane: l, Reason: why, For: d}
+	// A return not reported yet is dropped: reported now, it would be
+	// this ejection's (l.last).
+	l.block, l.last, l.back = ejected, Ejection[P]{Lane: l, Reason: why, For: d}, false
 	l.until.Store(max(l.until.Load(), t+int64(d)))
 	s.reblockLocked(t)
 	return l.last, true

@@ -302,6 +302,86 @@ func TestConsecutiveFailuresEjectForAGrowingTime(t *testing.T) {
 	}
 }
 
+// TestALaneEjectedAgainAfterItsReturnIsReportedEjected: a lane back from
+// an ejection whose hedge legs, lost and slow, eject it again is reported
+// back from the first ejection, then ejected; the Success of an attempt
+// it had in flight, which ends during the second ejection, reports no
+// return. Reporting the second ejection as the lane's return would tell
+// the observer that a lane ejected for a minute is open.
+func TestALaneEjectedAgainAfterItsReturnIsReportedEjected(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	now := t0
+	var events []string
+	note := func(rep Report[pool]) {
+		if e := rep.Returned; e.Lane != nil {
+			events = append(events, fmt.Sprintf("returned %d %v %v", e.Lane.Index, e.Reason, e.For))
+		}
+		for _, e := range rep.Ejected {
+			events = append(events, fmt.Sprintf("ejected %d %v %v", e.Lane.Index, e.Reason, e.For))
+		}
+	}
+	// One attempt on each lane in turn, lane 0's ending with o after lat,
+	// the others' in 2ms.
+	round := func(o policy.Outcome, lat time.Duration) {
+		for i := range 4 {
+			now = now.Add(time.Millisecond)
+			l := s.Take(now, 0b1111&^(1<<i))
+			if l.Index != i {
+				t.Fatalf("took lane %d, want %d", l.Index, i)
+			}
+			if i == 0 {
+				note(s.Done(l, now, lat, o, Answer{}))
+			} else {
+				note(s.Done(l, now, 2*time.Millisecond, policy.Success, Answer{}))
+			}
+		}
+	}
+	bad := s.view.Load().lanes[0]
+	for range 5 {
+		round(policy.Failure, time.Millisecond)
+	}
+	if !bad.ejectedAt(s.nanos(now)) {
+		t.Fatalf("lane 0 not ejected after five failures in a row: %q", events)
+	}
+	now = now.Add(30 * time.Second)
+	inFlight := s.Take(now, 0b1110)
+	for k := 0; !bad.ejectedAt(s.nanos(now)); k++ {
+		if k == 20 {
+			t.Fatalf("lane 0 not ejected again by 20 hedge losses 20 times slower than the others: %q", events)
+		}
+		round(policy.Discarded, 40*time.Millisecond)
+	}
+	note(s.Done(inFlight, now, 50*time.Millisecond, policy.Success, Answer{}))
+	want := []string{"ejected 0 consecutive 30s", "returned 0 consecutive 30s", "ejected 0 latency 1m0s"}
+	if !slices.Equal(events, want) {
+		t.Errorf("reported %q, want %q", events, want)
+	}
+
+	t.Run("before any attempt of its ended", func(t *testing.T) {
+		// The key idle through the first ejection, the interval that
+		// saw it close after: the lane, back and not attempted yet, is
+		// ejected again for its rate, and was never back as far as its
+		// reports go.
+		s = newSet(policy.Replicas{ConsecutiveFailures: 20})
+		now, events = t0, nil
+		inFlight := s.Take(now, 0b1110)
+		for range 7 {
+			round(policy.Failure, time.Millisecond)
+		}
+		for range 13 {
+			now = now.Add(time.Millisecond)
+			note(s.Done(s.Take(now, 0b1110), now, time.Millisecond, policy.Failure, Answer{}))
+		}
+		now = now.Add(30 * time.Second)
+		note(s.Done(s.Take(now, 0b1101), now, 2*time.Millisecond, policy.Success, Answer{}))
+		note(s.Done(inFlight, now, 50*time.Millisecond, policy.Success, Answer{}))
+		want := []string{"ejected 0 consecutive 30s", "ejected 0 rate 1m0s"}
+		if !slices.Equal(events, want) {
+			t.Errorf("reported %q, want %q", events, want)
+		}
+	})
+}
+
 func TestAHealthyIntervalTakesOneOffTheEjectionCount(t *testing.T) {
 	s := newSet(policy.Replicas{})
 	bad := s.view.Load().lanes[0]
@@ -492,6 +572,26 @@ func TestARetryAfterHoldsItsLane(t *testing.T) {
 	one := newSet(policy.Replicas{Connections: 1})
 	if rep := one.Done(one.Take(t0, 0), t0, time.Millisecond, policy.Failure, Answer{Hold: 5 * time.Second}); rep.Held {
 		t.Error("a lone lane was held; the key should be")
+	}
+}
+
+// TestARetryAfterOfALaneThatLeftIsTheKeys: a lane whose address left the
+// set is held by nothing, so its last attempt's Retry-After is not
+// reported Held, which would drop the key's pushback with no lane held.
+func TestARetryAfterOfALaneThatLeftIsTheKeys(t *testing.T) {
+	s := addrSet(t, policy.Replicas{ConsecutiveFailures: -1}, "a:1", "b:1", "c:1")
+	for _, used := range []uint64{0b110, 0b101, 0b011} {
+		s.Done(s.Take(t0, used), t0, time.Millisecond, policy.Success, Answer{})
+	}
+	a := s.Take(t0, 0b110)
+	if a.Addr != "a:1" {
+		t.Fatalf("took %q, want a:1", a.Addr)
+	}
+	s.refreshAt.Store(0)
+	s.StartRefresh(t0)
+	s.Update(t0, []string{"b:1", "c:1"}, nil)
+	if rep := s.Done(a, t0, time.Millisecond, policy.Failure, Answer{Hold: 5 * time.Second}); rep.Held {
+		t.Errorf("a 503 with Retry-After on a lane that left the set: %+v, want not held, the key's to take", rep)
 	}
 }
 
