@@ -1,0 +1,711 @@
+package transport_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+	"go.uber.org/goleak"
+
+	"github.com/resilix/resilix/admission"
+	"github.com/resilix/resilix/policy"
+	"github.com/resilix/resilix/transport"
+)
+
+// TestTied measures tied requests (Hedge.Tied) against hedging at the p95
+// and against no hedging, over loopback: four replicas behind
+// admission.Handler, each with tiedWorkers workers and the limiter fixed
+// at them (InitialLimit = MinLimit = MaxLimit), so that a request leaves
+// admission's queue, and is told it started, exactly when a worker takes
+// it; the queue (QueueFactor tiedQueueFactor) is deep enough that bursts
+// wait rather than be refused. A request holds its worker for a timed
+// wait, lognormal with a mean of tiedService, and lets it go when its
+// caller goes away. Each configuration has its own tiedClients client
+// transports with Replicas over the four addresses (Endpoints), Attempts
+// 2 and Retry, so that a call's second leg goes to another replica; calls
+// arrive open loop, Poisson at a rate that alternates between 1.5× and
+// 0.5× of the mean every tiedPhase, the mean at 70% and 85% of the
+// fleet's capacity, each call with a tiedDeadline. Over HTTP/1.1 and h2c.
+//
+// A run gives each configuration tiedSlices slices of the slice length,
+// interleaved (the order rotates each round) so that the machine's noise
+// falls on them alike, and each configuration's k-th slice sees the same
+// arrivals; the fleet drains between slices, so that what the servers
+// count in a slice is that configuration's. Two more configurations,
+// hedging and tied against a second fleet of plain servers (the same
+// workers behind a FIFO queue of their own, no admission, so no start
+// signal), check that a key that learns its upstream does not speak ties
+// costs no more wire calls than hedging. Clients are new each run, so
+// what they learn is in the figures.
+//
+// A table per protocol and load gives, as the median of tiedRuns runs:
+// p50, p99 and p99.9 of the calls, failed calls (an error, or a status
+// other than 200), wire calls per call (the transports' Report), handler
+// executions per call (counted at the servers), requests that left a
+// queue because their caller went away (admission answers them 499 to
+// nobody; twins cancelled while queued) and refusals. Targets, each on
+// the median of the runs: tied p99 and p99.9 at most tiedTailTarget ×
+// hedging's; tied handler executions per call at most tiedExecTarget.
+// Against the plain fleet, over all the runs' calls, warm-ups included:
+// tied's extra wire calls per call (those above one) at most
+// tiedLearnFactor × hedging's + tiedLearnSlack. Tied's extra wire calls
+// over hedging's against admission are reported, not judged.
+//
+// The service times the machine delivered are in the notes: a machine too
+// busy to wake a timer on time stretches them and adds its own tail to
+// every configuration alike, which narrows the gaps the targets are about.
+// It runs only when RESILIX_TIED is set, to 1 or a Go duration replacing
+// tiedSlice (`make tied` sets it).
+func TestTied(t *testing.T) {
+	slice := optIn(t, "RESILIX_TIED", tiedSlice, "a loopback measurement of tied requests; set RESILIX_TIED=1 (or a duration for each slice) to run it, as make tied does")
+	for _, proto := range []string{"h1", "h2c"} {
+		for _, load := range tiedLoads {
+			t.Run(fmt.Sprintf("%s/load-%.0f%%", proto, 100*load), func(t *testing.T) {
+				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+				tiedScenario(t, proto, load, slice)
+			})
+		}
+	}
+}
+
+const (
+	tiedReplicas = 4
+	tiedWorkers  = 8
+	// tiedService is the mean service time: long beside the few
+	// milliseconds a busy machine adds to a timer's wait.
+	tiedService = 40 * time.Millisecond
+	tiedSigma   = 0.5 // of the service time's logarithm
+	// tiedQueueFactor sizes admission's queue at 128 places a replica:
+	// a 1.5× phase at 85% leaves about 45 requests queued in the fleet,
+	// a dozen a replica, twice that with every call's twin, and a machine
+	// that stretches the service times for a while adds its own.
+	tiedQueueFactor = 16
+	tiedClients     = 2
+	tiedDeadline    = 2 * time.Second
+	// tiedPhase is how long the arrival rate stays at 1.5× or 0.5× of
+	// its mean: several service times, so that a burst builds a queue.
+	tiedPhase = 200 * time.Millisecond
+	// tiedSlice is two phases of the arrival rate, whose queue the low
+	// phase drains.
+	tiedSlice = 800 * time.Millisecond
+	// tiedWarm is the slice each configuration gets at the start of a
+	// run, left out of the figures but for the wire calls of learning:
+	// hedging needs MinSamples answers a client before it hedges.
+	tiedWarm = 300 * time.Millisecond
+	// tiedSlices is how many slices each configuration gets in a run.
+	tiedSlices = 3
+	tiedRuns   = 3
+	// tiedDrain bounds the wait for the fleet to be idle after a slice.
+	tiedDrain = 5 * time.Second
+
+	tiedTailTarget = 0.8
+	tiedExecTarget = 1.02
+	// tiedLearnFactor and tiedLearnSlack are the hedged share's own
+	// noise between two configurations of the same chain: hedges come in
+	// bunches when the machine stalls every call in flight, and a stall
+	// falls in one configuration's slice.
+	tiedLearnFactor = 1.25
+	tiedLearnSlack  = 0.01
+)
+
+// tiedLoads are the mean arrival rates, as shares of the fleet's capacity.
+var tiedLoads = []float64{0.70, 0.85}
+
+// tiedCapacity is the fleet's capacity in calls a second.
+func tiedCapacity() float64 {
+	return tiedReplicas * tiedWorkers * float64(time.Second) / float64(tiedService)
+}
+
+// tiedConfig is one column of the comparison: a client chain against a
+// fleet.
+type tiedConfig struct {
+	name  string
+	plain bool          // against the fleet without admission
+	hedge *policy.Hedge // nil: no hedging
+}
+
+var tiedConfigs = []tiedConfig{
+	{name: "no hedging"},
+	{name: "hedging p95", hedge: &policy.Hedge{}},
+	{name: "tied", hedge: &policy.Hedge{Tied: true}},
+	{name: "hedging p95, plain", plain: true, hedge: &policy.Hedge{}},
+	{name: "tied, plain", plain: true, hedge: &policy.Hedge{Tied: true}},
+}
+
+// The indexes of tiedConfigs the targets compare.
+const (
+	tiedHedge      = 1
+	tiedTied       = 2
+	tiedPlainHedge = 3
+	tiedPlainTied  = 4
+)
+
+// tiedScenario runs tiedRuns runs of every configuration at one protocol
+// and load, and logs and checks their table.
+func tiedScenario(t *testing.T, proto string, load float64, slice time.Duration) {
+	loadBefore := loadAverage()
+	fleets := [2]*tiedFleet{newTiedFleet(t, proto, false, 1), newTiedFleet(t, proto, true, 2)}
+	defer func() {
+		for _, f := range fleets {
+			f.close()
+		}
+	}()
+	rate := load * tiedCapacity()
+	runs := make([][]tiedFigures, tiedRuns)
+	for run := range tiedRuns {
+		runs[run] = make([]tiedFigures, len(tiedConfigs))
+		clients := make([]*tiedClientSet, len(tiedConfigs))
+		for i, c := range tiedConfigs {
+			clients[i] = newTiedClients(t, proto, c, fleets[b2i(c.plain)])
+		}
+		for i, c := range tiedConfigs {
+			var warm tiedFigures
+			arrivals := rand.New(rand.NewPCG(uint64(run+1), 0))
+			if !tiedSlice1(clients[i], fleets[b2i(c.plain)], arrivals, rate, tiedWarm, &warm) {
+				t.Errorf("run %d, %s: the fleet was still busy %v after the warm-up's calls returned", run+1, c.name, tiedDrain)
+			}
+			runs[run][i].warmCalls, runs[run][i].warmWire = warm.calls, warm.wire
+		}
+		for k := range tiedSlices {
+			for j := range tiedConfigs {
+				i := (j + k) % len(tiedConfigs)
+				f := fleets[b2i(tiedConfigs[i].plain)]
+				arrivals := rand.New(rand.NewPCG(uint64(run+1), uint64(k+1)))
+				if !tiedSlice1(clients[i], f, arrivals, rate, slice, &runs[run][i]) {
+					t.Errorf("run %d, %s: the fleet was still busy %v after the slice's calls returned", run+1, tiedConfigs[i].name, tiedDrain)
+				}
+			}
+		}
+		for i, c := range clients {
+			runs[run][i].discarded = c.discarded.Load()
+			runs[run][i].budget = c.suppressed[policy.HedgeBudget]
+			runs[run][i].warming = c.suppressed[policy.HedgeWarming]
+			c.close()
+		}
+	}
+	tiedReport(t, proto, load, rate, slice, runs, loadBefore)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// tiedSlice1 sends one slice of calls through c, Poisson arrivals drawn
+// from arrivals, waits for them and for the fleet to be idle, and adds
+// the slice's figures to fig. It reports whether the fleet went idle.
+func tiedSlice1(c *tiedClientSet, f *tiedFleet, arrivals *rand.Rand, rate float64, d time.Duration, fig *tiedFigures) bool {
+	before := f.tally()
+	start := time.Now()
+	var (
+		calls sync.WaitGroup
+		mu    sync.Mutex
+	)
+	url := "http://" + f.addrs[0] + "/"
+	next := time.Duration(0)
+	for i := 0; ; i++ {
+		next = tiedNextArrival(next, rate, arrivals.ExpFloat64())
+		if next >= d {
+			break
+		}
+		time.Sleep(time.Until(start.Add(next)))
+		cl := c.clients[i%len(c.clients)]
+		calls.Go(func() {
+			rep := &transport.Report{}
+			ctx, cancel := context.WithTimeout(transport.WithReport(context.Background(), rep), tiedDeadline)
+			defer cancel()
+			began := time.Now()
+			ok := fbCall(ctx, cl, url)
+			took := time.Since(began)
+			mu.Lock()
+			defer mu.Unlock()
+			fig.lat = append(fig.lat, took)
+			fig.calls++
+			if !ok {
+				fig.failed++
+			}
+			fig.wire += int64(rep.WireAttempts)
+			fig.hedges += int64(rep.Hedges)
+			if rep.HedgeWon {
+				fig.won++
+			}
+		})
+	}
+	calls.Wait()
+	idle := f.waitIdle(tiedDrain)
+	fig.srv = fig.srv.add(f.tally().sub(before))
+	return idle
+}
+
+// tiedNextArrival returns the arrival after the one at at, for a Poisson
+// process whose rate is 1.5 × mean in the even phases of tiedPhase from
+// the slice's start and 0.5 × mean in the odd ones; e is an exponential
+// draw of mean 1, spent across phase boundaries (the process's time
+// rescaled by its rate), so that each phase gets its own rate exactly.
+func tiedNextArrival(at time.Duration, mean, e float64) time.Duration {
+	for {
+		phase := at / tiedPhase
+		r := 1.5 * mean
+		if phase%2 == 1 {
+			r = 0.5 * mean
+		}
+		end := (phase + 1) * tiedPhase
+		left := (end - at).Seconds()
+		if e <= r*left {
+			return at + time.Duration(e/r*float64(time.Second))
+		}
+		e -= r * left
+		at = end
+	}
+}
+
+// tiedFigures are one configuration's figures over one run.
+type tiedFigures struct {
+	lat                              []time.Duration
+	calls, failed, wire, hedges, won int64
+	srv                              tiedTally
+	// Over the run, its warm-up included: legs the transports cancelled
+	// (AttemptDone, Discarded), and hedges suppressed for the budget and
+	// while warming (HedgeSuppressed).
+	discarded, budget, warming int64
+	// The warm-up's calls and their wire attempts, which only the check
+	// of what learning costs counts.
+	warmCalls, warmWire int64
+}
+
+// tiedTally is what a fleet's servers counted.
+type tiedTally struct {
+	arrived  int64 // requests that reached a server
+	executed int64 // handler executions: requests a worker took
+	cut      int64 // executions whose caller went away before the service time was over
+	gone     int64 // requests that left the queue because their caller went away (499)
+	refused  int64 // refusals (503, 429)
+	held     int64 // ns: the time the executions not cut held their worker
+}
+
+func (a tiedTally) add(b tiedTally) tiedTally {
+	return tiedTally{a.arrived + b.arrived, a.executed + b.executed, a.cut + b.cut, a.gone + b.gone, a.refused + b.refused, a.held + b.held}
+}
+
+func (a tiedTally) sub(b tiedTally) tiedTally {
+	return tiedTally{a.arrived - b.arrived, a.executed - b.executed, a.cut - b.cut, a.gone - b.gone, a.refused - b.refused, a.held - b.held}
+}
+
+// tiedClientSet is one configuration's client transports, for one run.
+type tiedClientSet struct {
+	clients   []*http.Client
+	trs       []*transport.Transport
+	discarded atomic.Int64
+
+	mu         sync.Mutex
+	suppressed map[policy.SuppressReason]int64
+}
+
+func newTiedClients(t *testing.T, proto string, c tiedConfig, f *tiedFleet) *tiedClientSet {
+	cs := &tiedClientSet{suppressed: map[policy.SuppressReason]int64{}}
+	for range tiedClients {
+		base := cleanhttp.DefaultPooledTransport()
+		base.MaxIdleConnsPerHost = 64
+		base.Protocols = new(http.Protocols)
+		switch proto {
+		case "h1":
+			base.Protocols.SetHTTP1(true)
+		case "h2c":
+			base.Protocols.SetUnencryptedHTTP2(true)
+		}
+		set := policy.Set{
+			Attempts: 2,
+			Retry:    &policy.Retry{},
+			Replicas: &policy.Replicas{Endpoints: transport.Static(f.addrs...)},
+		}
+		if c.hedge != nil {
+			h := *c.hedge
+			set.Hedge = &h
+		}
+		tr, err := transport.New(transport.Config{Base: base, Policies: set, Observer: &policy.Observer{
+			AttemptDone: func(a policy.AttemptInfo) {
+				if a.Outcome == policy.Discarded {
+					cs.discarded.Add(1)
+				}
+			},
+			HedgeSuppressed: func(h policy.HedgeSuppression) {
+				cs.mu.Lock()
+				cs.suppressed[h.Reason]++
+				cs.mu.Unlock()
+			},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs.trs = append(cs.trs, tr)
+		cs.clients = append(cs.clients, &http.Client{Transport: tr})
+	}
+	return cs
+}
+
+func (cs *tiedClientSet) close() {
+	for _, tr := range cs.trs {
+		tr.CloseIdleConnections()
+	}
+}
+
+// tiedFleet is four replicas, behind admission or plain, and a count of
+// the requests in their servers, to wait for them to be idle.
+type tiedFleet struct {
+	reps  []*tiedReplica
+	srvs  []*httptest.Server
+	addrs []string
+
+	mu   sync.Mutex
+	busy int
+	idle []chan struct{} // closed when busy falls to 0
+}
+
+func newTiedFleet(t *testing.T, proto string, plain bool, seed uint64) *tiedFleet {
+	f := &tiedFleet{}
+	for i := range tiedReplicas {
+		r := newTiedReplica(t, f, plain, rand.New(rand.NewPCG(seed, uint64(i+1))))
+		srv := httptest.NewUnstartedServer(r)
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		srv.Config.Protocols = new(http.Protocols)
+		switch proto {
+		case "h1":
+			srv.Config.Protocols.SetHTTP1(true)
+		case "h2c":
+			srv.Config.Protocols.SetUnencryptedHTTP2(true)
+		}
+		srv.Start()
+		t.Cleanup(srv.Close)
+		f.reps = append(f.reps, r)
+		f.srvs = append(f.srvs, srv)
+		f.addrs = append(f.addrs, srv.Listener.Addr().String())
+	}
+	return f
+}
+
+func (f *tiedFleet) enter() {
+	f.mu.Lock()
+	f.busy++
+	f.mu.Unlock()
+}
+
+func (f *tiedFleet) exit() {
+	f.mu.Lock()
+	f.busy--
+	if f.busy == 0 {
+		for _, c := range f.idle {
+			close(c)
+		}
+		f.idle = nil
+	}
+	f.mu.Unlock()
+}
+
+// waitIdle waits up to d for no request to be in the fleet's servers, and
+// reports whether none is.
+func (f *tiedFleet) waitIdle(d time.Duration) bool {
+	f.mu.Lock()
+	if f.busy == 0 {
+		f.mu.Unlock()
+		return true
+	}
+	c := make(chan struct{})
+	f.idle = append(f.idle, c)
+	f.mu.Unlock()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-c:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+func (f *tiedFleet) tally() tiedTally {
+	var s tiedTally
+	for _, r := range f.reps {
+		s = s.add(tiedTally{r.arrived.Load(), r.executed.Load(), r.cut.Load(), r.gone.Load(), r.refused.Load(), r.held.Load()})
+	}
+	return s
+}
+
+func (f *tiedFleet) close() {
+	for _, s := range f.srvs {
+		s.Close()
+	}
+}
+
+// tiedReplica is one replica: tiedWorkers workers, each request holding
+// one for a lognormal service time, in front of them admission.Handler
+// with its limiter fixed at the workers, or, plain, a FIFO queue of its
+// own that says nothing when a request starts.
+type tiedReplica struct {
+	fleet *tiedFleet
+	h     http.Handler // what ServeHTTP serves: admission, or queue
+
+	arrived, executed, cut, gone, refused, held atomic.Int64
+
+	mu   sync.Mutex
+	rng  *rand.Rand
+	busy int             // workers taken, plain only
+	wait []chan struct{} // requests waiting for a worker, plain only
+}
+
+func newTiedReplica(t *testing.T, f *tiedFleet, plain bool, rng *rand.Rand) *tiedReplica {
+	r := &tiedReplica{fleet: f, rng: rng}
+	if plain {
+		r.h = http.HandlerFunc(r.queue)
+		return r
+	}
+	h, err := admission.Handler(http.HandlerFunc(r.work), admission.Config{
+		Name:    "replica",
+		Limiter: policy.Limiter{InitialLimit: tiedWorkers, MinLimit: tiedWorkers, MaxLimit: tiedWorkers, QueueFactor: tiedQueueFactor},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.h = h
+	return r
+}
+
+func (r *tiedReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.fleet.enter()
+	defer r.fleet.exit()
+	r.arrived.Add(1)
+	r.h.ServeHTTP(&tiedGone{ResponseWriter: &refusals{ResponseWriter: w, n: &r.refused}, n: &r.gone}, req)
+}
+
+// queue is the plain replica: it waits, in order, for one of the
+// workers, and leaves if its caller goes away first.
+func (r *tiedReplica) queue(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	var turn chan struct{}
+	if r.busy < tiedWorkers {
+		r.busy++
+	} else {
+		turn = make(chan struct{})
+		r.wait = append(r.wait, turn)
+	}
+	r.mu.Unlock()
+	if turn != nil {
+		select {
+		case <-turn:
+		case <-req.Context().Done():
+			r.mu.Lock()
+			i := slices.Index(r.wait, turn)
+			if i >= 0 {
+				r.wait = slices.Delete(r.wait, i, i+1)
+			}
+			r.mu.Unlock()
+			if i < 0 {
+				r.release() // granted as it gave up
+			}
+			r.gone.Add(1)
+			return
+		}
+	}
+	defer r.release()
+	r.work(w, req)
+}
+
+func (r *tiedReplica) release() {
+	r.mu.Lock()
+	r.busy--
+	if len(r.wait) > 0 {
+		close(r.wait[0])
+		r.wait = r.wait[1:]
+		r.busy++
+	}
+	r.mu.Unlock()
+}
+
+// work is a handler execution: it holds its worker for a service time,
+// and lets it go when its caller goes away.
+func (r *tiedReplica) work(w http.ResponseWriter, req *http.Request) {
+	r.executed.Add(1)
+	r.mu.Lock()
+	service := time.Duration(float64(tiedService) * math.Exp(tiedSigma*r.rng.NormFloat64()-tiedSigma*tiedSigma/2))
+	r.mu.Unlock()
+	began := time.Now()
+	timer := time.NewTimer(service)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		r.held.Add(int64(time.Since(began)))
+		io.WriteString(w, "ok")
+	case <-req.Context().Done():
+		r.cut.Add(1)
+	}
+}
+
+// tiedGone counts in n the requests admission answers 499: those whose
+// caller went away while they waited in its queue. It passes every
+// status on, the 103 that tells a tied request it started included.
+type tiedGone struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (g *tiedGone) WriteHeader(code int) {
+	if code == 499 {
+		g.n.Add(1)
+	}
+	g.ResponseWriter.WriteHeader(code)
+}
+
+// tiedSummary is one configuration's figures over one run, reduced.
+type tiedSummary struct {
+	calls                                  int64
+	p50, p99, p999                         time.Duration
+	failed, gone, refused, discarded       int64
+	wire, exec, hedged, won, arrived, held float64 // per call; held: ms per execution not cut
+	// Per call of the run, its warm-up included: hedges suppressed for
+	// the budget and while warming.
+	budget, warming float64
+}
+
+func (f *tiedFigures) summary() tiedSummary {
+	lat := slices.Clone(f.lat)
+	slices.Sort(lat)
+	n := max(f.calls, 1)
+	per := func(v int64) float64 { return float64(v) / float64(n) }
+	all := max(f.calls+f.warmCalls, 1)
+	return tiedSummary{
+		calls: f.calls,
+		p50:   fbQuantile(lat, 0.5), p99: fbQuantile(lat, 0.99), p999: fbQuantile(lat, 0.999),
+		failed: f.failed, gone: f.srv.gone, refused: f.srv.refused, discarded: f.discarded,
+		wire: per(f.wire), exec: per(f.srv.executed), hedged: per(f.hedges), won: per(f.won), arrived: per(f.srv.arrived),
+		held:    float64(f.srv.held) / float64(max(f.srv.executed-f.srv.cut, 1)) / 1e6,
+		budget:  float64(f.budget) / float64(all),
+		warming: float64(f.warming) / float64(all),
+	}
+}
+
+// tiedMedian returns the median of what of each run's summary.
+func tiedMedian[T int64 | float64 | time.Duration](runs []tiedSummary, what func(tiedSummary) T) T {
+	vs := make([]T, len(runs))
+	for i, s := range runs {
+		vs[i] = what(s)
+	}
+	slices.Sort(vs)
+	return vs[len(vs)/2]
+}
+
+func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Duration, runs [][]tiedFigures, loadBefore string) {
+	t.Helper()
+	// sums[i] are configuration i's summaries, one a run.
+	sums := make([][]tiedSummary, len(tiedConfigs))
+	for _, run := range runs {
+		for i := range run {
+			sums[i] = append(sums[i], run[i].summary())
+		}
+	}
+	tb := &figureTable{name: 20, cell: 10, cols: []string{"median of " + fmt.Sprint(len(runs)), "calls", "p50", "p99", "p99.9", "failed", "wire/call", "exec/call", "499s", "refusals"}}
+	for i, c := range tiedConfigs {
+		s := sums[i]
+		tb.row(c.name,
+			fmt.Sprint(tiedMedian(s, func(s tiedSummary) int64 { return s.calls })),
+			replMS(tiedMedian(s, func(s tiedSummary) time.Duration { return s.p50 })),
+			replMS(tiedMedian(s, func(s tiedSummary) time.Duration { return s.p99 })),
+			replMS(tiedMedian(s, func(s tiedSummary) time.Duration { return s.p999 })),
+			fmt.Sprint(tiedMedian(s, func(s tiedSummary) int64 { return s.failed })),
+			fmt.Sprintf("%.3f", tiedMedian(s, func(s tiedSummary) float64 { return s.wire })),
+			fmt.Sprintf("%.3f", tiedMedian(s, func(s tiedSummary) float64 { return s.exec })),
+			fmt.Sprint(tiedMedian(s, func(s tiedSummary) int64 { return s.gone })),
+			fmt.Sprint(tiedMedian(s, func(s tiedSummary) int64 { return s.refused })),
+		)
+	}
+	var perRun []string
+	for i, run := range runs {
+		h, d := run[tiedHedge].summary(), run[tiedTied].summary()
+		perRun = append(perRun, fmt.Sprintf("run %d: tied/hedging p99 %.2f, p99.9 %.2f", i+1, tiedRatio(d.p99, h.p99), tiedRatio(d.p999, h.p999)))
+	}
+	tb.note(strings.Join(perRun, "; "))
+	for i, c := range tiedConfigs {
+		s := sums[i]
+		tb.note(fmt.Sprintf("%s: a call's hedges %.3f, won %.3f, suppressed for the budget %.3f and warming %.3f (warm-up included); requests at the servers a call %.3f; legs the clients discarded %d; a served request held its worker %.1fms (%v meant; a busy machine stretches it), so the fleet was %.0f%% busy",
+			c.name,
+			tiedMedian(s, func(s tiedSummary) float64 { return s.hedged }),
+			tiedMedian(s, func(s tiedSummary) float64 { return s.won }),
+			tiedMedian(s, func(s tiedSummary) float64 { return s.budget }),
+			tiedMedian(s, func(s tiedSummary) float64 { return s.warming }),
+			tiedMedian(s, func(s tiedSummary) float64 { return s.arrived }),
+			tiedMedian(s, func(s tiedSummary) int64 { return s.discarded }),
+			tiedMedian(s, func(s tiedSummary) float64 { return s.held }),
+			tiedService,
+			tiedMedian(s, func(s tiedSummary) float64 { return 100 * s.exec * rate * s.held / 1e3 / (tiedReplicas * tiedWorkers) })))
+	}
+
+	ratios := func(q func(tiedSummary) time.Duration) float64 {
+		var rs []float64
+		for _, run := range runs {
+			rs = append(rs, tiedRatio(q(run[tiedTied].summary()), q(run[tiedHedge].summary())))
+		}
+		slices.Sort(rs)
+		return rs[len(rs)/2]
+	}
+	p99r := ratios(func(s tiedSummary) time.Duration { return s.p99 })
+	p999r := ratios(func(s tiedSummary) time.Duration { return s.p999 })
+	wire := func(i int) float64 { return tiedMedian(sums[i], func(s tiedSummary) float64 { return s.wire }) }
+	tiedExec := tiedMedian(sums[tiedTied], func(s tiedSummary) float64 { return s.exec })
+	tb.note(fmt.Sprintf("tied's wire calls a call: %.3f against hedging's %.3f, %+.3f (%+.0f%% of hedging's extra calls)",
+		wire(tiedTied), wire(tiedHedge), wire(tiedTied)-wire(tiedHedge), 100*tiedRatioF(wire(tiedTied)-1, wire(tiedHedge)-1)-100))
+	tb.note(fmt.Sprintf("load average: %s before, %s after", loadBefore, loadAverage()))
+	tb.check(p99r <= tiedTailTarget, "%s at %.0f%%: tied p99 %.2f× hedging's (median of runs), target <= %.1f×", proto, 100*load, p99r, tiedTailTarget)
+	tb.check(p999r <= tiedTailTarget, "%s at %.0f%%: tied p99.9 %.2f× hedging's (median of runs), target <= %.1f×", proto, 100*load, p999r, tiedTailTarget)
+	tb.check(tiedExec <= tiedExecTarget, "%s at %.0f%%: tied handler executions a call %.3f, target <= %.2f", proto, 100*load, tiedExec, tiedExecTarget)
+	// extra is configuration i's wire calls a call above one, over every
+	// run's calls, warm-ups included.
+	extra := func(i int) float64 {
+		var wire, calls int64
+		for _, run := range runs {
+			wire += run[i].wire + run[i].warmWire
+			calls += run[i].calls + run[i].warmCalls
+		}
+		return tiedRatioF(float64(wire), float64(calls)) - 1
+	}
+	tb.note(fmt.Sprintf("against servers without admission, all runs, warm-ups included: extra wire calls a call, tied %.3f, hedging %.3f", extra(tiedPlainTied), extra(tiedPlainHedge)))
+	tb.check(extra(tiedPlainTied) <= tiedLearnFactor*extra(tiedPlainHedge)+tiedLearnSlack, "%s at %.0f%%: against servers without admission, tied's extra wire calls a call %.3f against hedging's %.3f, target <= %.2f × hedging's + %.2f",
+		proto, 100*load, extra(tiedPlainTied), extra(tiedPlainHedge), tiedLearnFactor, tiedLearnSlack)
+	tb.log(t, fmt.Sprintf("tied requests, %s, %d replicas of %d workers (lognormal service, mean %v), %.0f calls/s (%.0f%% of %.0f; 1.5× and 0.5× in turns of %v), %d slices of %v a configuration a run, interleaved",
+		proto, tiedReplicas, tiedWorkers, tiedService, rate, 100*load, tiedCapacity(), tiedPhase, tiedSlices, slice))
+}
+
+func tiedRatio(a, b time.Duration) float64 { return tiedRatioF(float64(a), float64(b)) }
+
+func tiedRatioF(a, b float64) float64 {
+	if b == 0 {
+		return math.Inf(1)
+	}
+	return a / b
+}
+
+// loadAverage returns the machine's load averages over 1, 5 and 15
+// minutes, or "unknown" where /proc/loadavg cannot be read.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
