@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"os"
 	"slices"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/resilix/resilix/admission"
+	"github.com/resilix/resilix/internal/httpx"
 	"github.com/resilix/resilix/policy"
 	"github.com/resilix/resilix/transport"
 )
@@ -158,6 +161,8 @@ const (
 func tiedScenario(t *testing.T, proto string, load float64, slice time.Duration) {
 	loadBefore := loadAverage()
 	fleets := [2]*tiedFleet{newTiedFleet(t, proto, false, 1), newTiedFleet(t, proto, true, 2)}
+	tiedProbe(t, proto, fleets[0], true)
+	tiedProbe(t, proto, fleets[1], false)
 	defer func() {
 		for _, f := range fleets {
 			f.close()
@@ -319,15 +324,7 @@ type tiedClientSet struct {
 func newTiedClients(t *testing.T, proto string, c tiedConfig, f *tiedFleet) *tiedClientSet {
 	cs := &tiedClientSet{suppressed: map[policy.SuppressReason]int64{}}
 	for range tiedClients {
-		base := cleanhttp.DefaultPooledTransport()
-		base.MaxIdleConnsPerHost = 64
-		base.Protocols = new(http.Protocols)
-		switch proto {
-		case "h1":
-			base.Protocols.SetHTTP1(true)
-		case "h2c":
-			base.Protocols.SetUnencryptedHTTP2(true)
-		}
+		base := tiedBase(proto)
 		set := policy.Set{
 			Attempts: 2,
 			Retry:    &policy.Retry{},
@@ -362,6 +359,54 @@ func (cs *tiedClientSet) close() {
 	for _, tr := range cs.trs {
 		tr.CloseIdleConnections()
 	}
+}
+
+// tiedProbe sends each replica of f one request marked as tied, with
+// net/http alone, and checks that the start signal comes through the
+// harness's wrappers (signals) or does not (the plain fleet). The slices
+// count from what the servers counted before them, so the probes are in
+// no figure.
+func tiedProbe(t *testing.T, proto string, f *tiedFleet, signals bool) {
+	t.Helper()
+	base := tiedBase(proto)
+	defer base.CloseIdleConnections()
+	for _, addr := range f.addrs {
+		started := false
+		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+			if code == http.StatusEarlyHints && h.Get(httpx.TieHeader) == httpx.TieStarted {
+				started = true
+			}
+			return nil
+		}}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodGet, "http://"+addr+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(httpx.TieHeader, "1")
+		resp, err := base.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("probe of %s: %v", addr, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || started != signals {
+			t.Fatalf("probe of %s: status %d, start signal %v, want 200 and %v", addr, resp.StatusCode, started, signals)
+		}
+	}
+}
+
+// tiedBase returns a client's base transport, speaking only proto.
+func tiedBase(proto string) *http.Transport {
+	base := cleanhttp.DefaultPooledTransport()
+	base.MaxIdleConnsPerHost = 64
+	base.Protocols = new(http.Protocols)
+	switch proto {
+	case "h1":
+		base.Protocols.SetHTTP1(true)
+	case "h2c":
+		base.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return base
 }
 
 // tiedFleet is four replicas, behind admission or plain, and a count of
@@ -440,7 +485,7 @@ func (f *tiedFleet) waitIdle(d time.Duration) bool {
 func (f *tiedFleet) tally() tiedTally {
 	var s tiedTally
 	for _, r := range f.reps {
-		s = s.add(tiedTally{r.arrived.Load(), r.executed.Load(), r.cut.Load(), r.gone.Load(), r.refused.Load(), r.held.Load()})
+		s = s.add(r.tally())
 	}
 	return s
 }
@@ -482,6 +527,10 @@ func newTiedReplica(t *testing.T, f *tiedFleet, plain bool, rng *rand.Rand) *tie
 	}
 	r.h = h
 	return r
+}
+
+func (r *tiedReplica) tally() tiedTally {
+	return tiedTally{r.arrived.Load(), r.executed.Load(), r.cut.Load(), r.gone.Load(), r.refused.Load(), r.held.Load()}
 }
 
 func (r *tiedReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
