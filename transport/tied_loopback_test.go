@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"net/textproto"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,16 +45,22 @@ import (
 // 0.5× of the mean every tiedPhase, the mean at 70% and 85% of the
 // fleet's capacity, each call with a tiedDeadline. Over HTTP/1.1 and h2c.
 //
-// A run gives each configuration tiedSlices slices of the slice length,
-// interleaved (the order rotates each round) so that the machine's noise
-// falls on them alike, and each configuration's k-th slice sees the same
-// arrivals; the fleet drains between slices, so that what the servers
-// count in a slice is that configuration's. Two more configurations,
-// hedging and tied against a second fleet of plain servers (the same
-// workers behind a FIFO queue of their own, no admission, so no start
-// signal), check that a key that learns its upstream does not speak ties
-// costs no more wire calls than hedging. Clients are new each run, so
-// what they learn is in the figures.
+// A run gives each configuration a warm-up slice (tiedWarm), then
+// tiedSlices slices of the slice length, interleaved (the order shuffled
+// each round) so that the machine's noise falls on them alike, each
+// configuration's k-th slice with the same arrivals. A call may outlive
+// its slice; each request names its configuration in a header
+// (tiedConfigHeader), which the servers count it under. Hedging runs
+// twice, as two configurations: the spread between the two is the
+// machine's noise, and the tail targets are judged only when it is
+// within their margin. Two more configurations, hedging and tied against
+// a second fleet of plain servers (the same workers behind a FIFO queue
+// of their own, no admission, so no start signal), check that a key that
+// learns its upstream does not speak ties costs no more wire calls than
+// hedging. Clients are new each run, so what they learn is in the
+// figures. Every request the harness sends a replica first, marked as
+// tied, must be told it started at admission's replicas, and not at the
+// plain ones.
 //
 // A table per protocol and load gives, as the median of tiedRuns runs:
 // p50, p99 and p99.9 of the calls, failed calls (an error, or a status
@@ -61,7 +69,9 @@ import (
 // queue because their caller went away (admission answers them 499 to
 // nobody; twins cancelled while queued) and refusals. Targets, each on
 // the median of the runs: tied p99 and p99.9 at most tiedTailTarget ×
-// hedging's; tied handler executions per call at most tiedExecTarget.
+// hedging's, with hedging's two configurations within 1/tiedTailTarget ×
+// of each other; tied handler executions per call at most
+// tiedExecTarget.
 // Against the plain fleet, over all the runs' calls, warm-ups included:
 // tied's extra wire calls per call (those above one) at most
 // tiedLearnFactor × hedging's + tiedLearnSlack. Tied's extra wire calls
@@ -102,24 +112,24 @@ const (
 	// its mean: several service times, so that a burst builds a queue.
 	tiedPhase = 200 * time.Millisecond
 	// tiedSlice is two phases of the arrival rate, whose queue the low
-	// phase drains.
-	tiedSlice = 800 * time.Millisecond
+	// phase drains: short, so that a stall of the machine falls on
+	// several configurations' slices.
+	tiedSlice = 400 * time.Millisecond
 	// tiedWarm is the slice each configuration gets at the start of a
 	// run, left out of the figures but for the wire calls of learning:
 	// hedging needs MinSamples answers a client before it hedges.
 	tiedWarm = 300 * time.Millisecond
 	// tiedSlices is how many slices each configuration gets in a run.
-	tiedSlices = 3
+	tiedSlices = 6
 	tiedRuns   = 3
-	// tiedDrain bounds the wait for the fleet to be idle after a slice.
+	// tiedDrain bounds the wait for a fleet to be idle after its calls.
 	tiedDrain = 5 * time.Second
 
 	tiedTailTarget = 0.8
 	tiedExecTarget = 1.02
 	// tiedLearnFactor and tiedLearnSlack are the hedged share's own
 	// noise between two configurations of the same chain: hedges come in
-	// bunches when the machine stalls every call in flight, and a stall
-	// falls in one configuration's slice.
+	// bunches when the machine stalls every call in flight.
 	tiedLearnFactor = 1.25
 	tiedLearnSlack  = 0.01
 )
@@ -140,20 +150,24 @@ type tiedConfig struct {
 	hedge *policy.Hedge // nil: no hedging
 }
 
-var tiedConfigs = []tiedConfig{
+var tiedConfigs = [...]tiedConfig{
 	{name: "no hedging"},
 	{name: "hedging p95", hedge: &policy.Hedge{}},
 	{name: "tied", hedge: &policy.Hedge{Tied: true}},
+	{name: "hedging p95, again", hedge: &policy.Hedge{}},
 	{name: "hedging p95, plain", plain: true, hedge: &policy.Hedge{}},
 	{name: "tied, plain", plain: true, hedge: &policy.Hedge{Tied: true}},
 }
 
-// The indexes of tiedConfigs the targets compare.
+// The indexes of tiedConfigs the targets compare. tiedAgain is hedging
+// once more, the control: what sets it apart from tiedHedge is the
+// machine's noise, which a difference the targets ask for must exceed.
 const (
 	tiedHedge      = 1
 	tiedTied       = 2
-	tiedPlainHedge = 3
-	tiedPlainTied  = 4
+	tiedAgain      = 3
+	tiedPlainHedge = 4
+	tiedPlainTied  = 5
 )
 
 // tiedScenario runs tiedRuns runs of every configuration at one protocol
@@ -161,47 +175,76 @@ const (
 func tiedScenario(t *testing.T, proto string, load float64, slice time.Duration) {
 	loadBefore := loadAverage()
 	fleets := [2]*tiedFleet{newTiedFleet(t, proto, false, 1), newTiedFleet(t, proto, true, 2)}
-	tiedProbe(t, proto, fleets[0], true)
-	tiedProbe(t, proto, fleets[1], false)
 	defer func() {
 		for _, f := range fleets {
 			f.close()
 		}
 	}()
+	tiedProbe(t, proto, fleets[0], true)
+	tiedProbe(t, proto, fleets[1], false)
 	rate := load * tiedCapacity()
 	runs := make([][]tiedFigures, tiedRuns)
 	for run := range tiedRuns {
-		runs[run] = make([]tiedFigures, len(tiedConfigs))
-		clients := make([]*tiedClientSet, len(tiedConfigs))
-		for i, c := range tiedConfigs {
-			clients[i] = newTiedClients(t, proto, c, fleets[b2i(c.plain)])
-		}
-		for i, c := range tiedConfigs {
-			var warm tiedFigures
-			arrivals := rand.New(rand.NewPCG(uint64(run+1), 0))
-			if !tiedSlice1(clients[i], fleets[b2i(c.plain)], arrivals, rate, tiedWarm, &warm) {
-				t.Errorf("run %d, %s: the fleet was still busy %v after the warm-up's calls returned", run+1, c.name, tiedDrain)
-			}
-			runs[run][i].warmCalls, runs[run][i].warmWire = warm.calls, warm.wire
-		}
-		for k := range tiedSlices {
-			for j := range tiedConfigs {
-				i := (j + k) % len(tiedConfigs)
-				f := fleets[b2i(tiedConfigs[i].plain)]
-				arrivals := rand.New(rand.NewPCG(uint64(run+1), uint64(k+1)))
-				if !tiedSlice1(clients[i], f, arrivals, rate, slice, &runs[run][i]) {
-					t.Errorf("run %d, %s: the fleet was still busy %v after the slice's calls returned", run+1, tiedConfigs[i].name, tiedDrain)
-				}
-			}
-		}
-		for i, c := range clients {
-			runs[run][i].discarded = c.discarded.Load()
-			runs[run][i].budget = c.suppressed[policy.HedgeBudget]
-			runs[run][i].warming = c.suppressed[policy.HedgeWarming]
-			c.close()
-		}
+		runs[run] = tiedRun(t, proto, fleets, uint64(run+1), rate, slice)
 	}
 	tiedReport(t, proto, load, rate, slice, runs, loadBefore)
+}
+
+// tiedRun is one run: new clients for each configuration, a warm-up slice
+// for each, then tiedSlices slices for each, in an order shuffled each
+// round, each configuration's k-th slice with the same arrivals. Calls
+// outlive their slice; the servers count each request for the
+// configuration its tiedConfigHeader names.
+func tiedRun(t *testing.T, proto string, fleets [2]*tiedFleet, seed uint64, rate float64, slice time.Duration) []tiedFigures {
+	figs := make([]tiedFigures, len(tiedConfigs))
+	clients := make([]*tiedClientSet, len(tiedConfigs))
+	for i, c := range tiedConfigs {
+		clients[i] = newTiedClients(t, proto, c, fleets[b2i(c.plain)])
+	}
+	var (
+		calls sync.WaitGroup
+		mu    sync.Mutex
+	)
+	// settle waits for the calls and the fleets, and returns what the
+	// servers counted for each configuration so far.
+	settle := func() []tiedTally {
+		calls.Wait()
+		for _, f := range fleets {
+			if !f.waitIdle(tiedDrain) {
+				t.Errorf("run %d: a fleet was still busy %v after its calls returned", seed, tiedDrain)
+			}
+		}
+		tallies := make([]tiedTally, len(tiedConfigs))
+		for i, c := range tiedConfigs {
+			tallies[i] = fleets[b2i(c.plain)].tally(i)
+		}
+		return tallies
+	}
+
+	warm := make([]tiedFigures, len(tiedConfigs))
+	for i, c := range tiedConfigs {
+		arrivals := rand.New(rand.NewPCG(seed, 0))
+		tiedSend(clients[i], i, fleets[b2i(c.plain)], arrivals, rate, tiedWarm, &calls, &mu, &warm[i])
+	}
+	before := settle()
+	for k := range tiedSlices {
+		order := rand.New(rand.NewPCG(seed, uint64(1000+k))).Perm(len(tiedConfigs))
+		for _, i := range order {
+			arrivals := rand.New(rand.NewPCG(seed, uint64(k+1)))
+			tiedSend(clients[i], i, fleets[b2i(tiedConfigs[i].plain)], arrivals, rate, slice, &calls, &mu, &figs[i])
+		}
+	}
+	after := settle()
+	for i, c := range clients {
+		figs[i].srv = after[i].sub(before[i])
+		figs[i].warmCalls, figs[i].warmWire = warm[i].calls, warm[i].wire
+		figs[i].discarded = c.discarded.Load()
+		c.mu.Lock()
+		figs[i].suppressed = maps.Clone(c.suppressed)
+		c.mu.Unlock()
+		c.close()
+	}
+	return figs
 }
 
 func b2i(b bool) int {
@@ -211,31 +254,31 @@ func b2i(b bool) int {
 	return 0
 }
 
-// tiedSlice1 sends one slice of calls through c, Poisson arrivals drawn
-// from arrivals, waits for them and for the fleet to be idle, and adds
-// the slice's figures to fig. It reports whether the fleet went idle.
-func tiedSlice1(c *tiedClientSet, f *tiedFleet, arrivals *rand.Rand, rate float64, d time.Duration, fig *tiedFigures) bool {
-	before := f.tally()
+// tiedConfigHeader names the configuration a call is of, for the servers'
+// counts; the transports send it on every leg.
+const tiedConfigHeader = "Tied-Config"
+
+// tiedSend starts one slice of configuration i's calls through c,
+// Poisson arrivals drawn from arrivals, each in a goroutine of calls that
+// adds its figures to fig under mu, and returns after the last arrival.
+func tiedSend(c *tiedClientSet, i int, f *tiedFleet, arrivals *rand.Rand, rate float64, d time.Duration, calls *sync.WaitGroup, mu *sync.Mutex, fig *tiedFigures) {
 	start := time.Now()
-	var (
-		calls sync.WaitGroup
-		mu    sync.Mutex
-	)
 	url := "http://" + f.addrs[0] + "/"
+	config := strconv.Itoa(i)
 	next := time.Duration(0)
-	for i := 0; ; i++ {
+	for n := 0; ; n++ {
 		next = tiedNextArrival(next, rate, arrivals.ExpFloat64())
 		if next >= d {
-			break
+			return
 		}
 		time.Sleep(time.Until(start.Add(next)))
-		cl := c.clients[i%len(c.clients)]
+		cl := c.clients[n%len(c.clients)]
 		calls.Go(func() {
 			rep := &transport.Report{}
 			ctx, cancel := context.WithTimeout(transport.WithReport(context.Background(), rep), tiedDeadline)
 			defer cancel()
 			began := time.Now()
-			ok := fbCall(ctx, cl, url)
+			ok := tiedCall(ctx, cl, url, config)
 			took := time.Since(began)
 			mu.Lock()
 			defer mu.Unlock()
@@ -251,10 +294,23 @@ func tiedSlice1(c *tiedClientSet, f *tiedFleet, arrivals *rand.Rand, rate float6
 			}
 		})
 	}
-	calls.Wait()
-	idle := f.waitIdle(tiedDrain)
-	fig.srv = fig.srv.add(f.tally().sub(before))
-	return idle
+}
+
+// tiedCall makes one GET of configuration config and reports whether it
+// got a 200, its body read.
+func tiedCall(ctx context.Context, cl *http.Client, url, config string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	req.Header.Set(tiedConfigHeader, config)
+	resp, err := cl.Do(req)
+	if err != nil {
+		return false
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return err == nil && resp.StatusCode == http.StatusOK
 }
 
 // tiedNextArrival returns the arrival after the one at at, for a Poisson
@@ -285,9 +341,10 @@ type tiedFigures struct {
 	calls, failed, wire, hedges, won int64
 	srv                              tiedTally
 	// Over the run, its warm-up included: legs the transports cancelled
-	// (AttemptDone, Discarded), and hedges suppressed for the budget and
-	// while warming (HedgeSuppressed).
-	discarded, budget, warming int64
+	// (AttemptDone, Discarded), and hedges suppressed by reason
+	// (HedgeSuppressed).
+	discarded  int64
+	suppressed map[policy.SuppressReason]int64
 	// The warm-up's calls and their wire attempts, which only the check
 	// of what learning costs counts.
 	warmCalls, warmWire int64
@@ -482,10 +539,12 @@ func (f *tiedFleet) waitIdle(d time.Duration) bool {
 	}
 }
 
-func (f *tiedFleet) tally() tiedTally {
+// tally returns what the fleet's servers counted for configuration i.
+func (f *tiedFleet) tally(i int) tiedTally {
 	var s tiedTally
 	for _, r := range f.reps {
-		s = s.add(r.tally())
+		c := &r.counts[i]
+		s = s.add(tiedTally{c.arrived.Load(), c.executed.Load(), c.cut.Load(), c.gone.Load(), c.refused.Load(), c.held.Load()})
 	}
 	return s
 }
@@ -504,7 +563,9 @@ type tiedReplica struct {
 	fleet *tiedFleet
 	h     http.Handler // what ServeHTTP serves: admission, or queue
 
-	arrived, executed, cut, gone, refused, held atomic.Int64
+	// counts are by configuration (tiedConfigHeader); the last is for
+	// requests that name none, the probes'.
+	counts [len(tiedConfigs) + 1]tiedCounts
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -529,15 +590,27 @@ func newTiedReplica(t *testing.T, f *tiedFleet, plain bool, rng *rand.Rand) *tie
 	return r
 }
 
-func (r *tiedReplica) tally() tiedTally {
-	return tiedTally{r.arrived.Load(), r.executed.Load(), r.cut.Load(), r.gone.Load(), r.refused.Load(), r.held.Load()}
+// tiedCounts are what a replica counted for one configuration, as
+// tiedTally has them.
+type tiedCounts struct {
+	arrived, executed, cut, gone, refused, held atomic.Int64
+}
+
+// countsOf returns the counts of the configuration req names.
+func (r *tiedReplica) countsOf(req *http.Request) *tiedCounts {
+	i, err := strconv.Atoi(req.Header.Get(tiedConfigHeader))
+	if err != nil || i < 0 || i >= len(tiedConfigs) {
+		i = len(tiedConfigs)
+	}
+	return &r.counts[i]
 }
 
 func (r *tiedReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.fleet.enter()
 	defer r.fleet.exit()
-	r.arrived.Add(1)
-	r.h.ServeHTTP(&tiedGone{ResponseWriter: &refusals{ResponseWriter: w, n: &r.refused}, n: &r.gone}, req)
+	c := r.countsOf(req)
+	c.arrived.Add(1)
+	r.h.ServeHTTP(&tiedGone{ResponseWriter: &refusals{ResponseWriter: w, n: &c.refused}, n: &c.gone}, req)
 }
 
 // queue is the plain replica: it waits, in order, for one of the
@@ -565,7 +638,7 @@ func (r *tiedReplica) queue(w http.ResponseWriter, req *http.Request) {
 			if i < 0 {
 				r.release() // granted as it gave up
 			}
-			r.gone.Add(1)
+			r.countsOf(req).gone.Add(1)
 			return
 		}
 	}
@@ -587,7 +660,8 @@ func (r *tiedReplica) release() {
 // work is a handler execution: it holds its worker for a service time,
 // and lets it go when its caller goes away.
 func (r *tiedReplica) work(w http.ResponseWriter, req *http.Request) {
-	r.executed.Add(1)
+	c := r.countsOf(req)
+	c.executed.Add(1)
 	r.mu.Lock()
 	service := time.Duration(float64(tiedService) * math.Exp(tiedSigma*r.rng.NormFloat64()-tiedSigma*tiedSigma/2))
 	r.mu.Unlock()
@@ -596,10 +670,10 @@ func (r *tiedReplica) work(w http.ResponseWriter, req *http.Request) {
 	defer timer.Stop()
 	select {
 	case <-timer.C:
-		r.held.Add(int64(time.Since(began)))
+		c.held.Add(int64(time.Since(began)))
 		io.WriteString(w, "ok")
 	case <-req.Context().Done():
-		r.cut.Add(1)
+		c.cut.Add(1)
 	}
 }
 
@@ -624,9 +698,6 @@ type tiedSummary struct {
 	p50, p99, p999                         time.Duration
 	failed, gone, refused, discarded       int64
 	wire, exec, hedged, won, arrived, held float64 // per call; held: ms per execution not cut
-	// Per call of the run, its warm-up included: hedges suppressed for
-	// the budget and while warming.
-	budget, warming float64
 }
 
 func (f *tiedFigures) summary() tiedSummary {
@@ -634,15 +705,12 @@ func (f *tiedFigures) summary() tiedSummary {
 	slices.Sort(lat)
 	n := max(f.calls, 1)
 	per := func(v int64) float64 { return float64(v) / float64(n) }
-	all := max(f.calls+f.warmCalls, 1)
 	return tiedSummary{
 		calls: f.calls,
 		p50:   fbQuantile(lat, 0.5), p99: fbQuantile(lat, 0.99), p999: fbQuantile(lat, 0.999),
 		failed: f.failed, gone: f.srv.gone, refused: f.srv.refused, discarded: f.discarded,
 		wire: per(f.wire), exec: per(f.srv.executed), hedged: per(f.hedges), won: per(f.won), arrived: per(f.srv.arrived),
-		held:    float64(f.srv.held) / float64(max(f.srv.executed-f.srv.cut, 1)) / 1e6,
-		budget:  float64(f.budget) / float64(all),
-		warming: float64(f.warming) / float64(all),
+		held: float64(f.srv.held) / float64(max(f.srv.executed-f.srv.cut, 1)) / 1e6,
 	}
 }
 
@@ -682,18 +750,18 @@ func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Durat
 	}
 	var perRun []string
 	for i, run := range runs {
-		h, d := run[tiedHedge].summary(), run[tiedTied].summary()
-		perRun = append(perRun, fmt.Sprintf("run %d: tied/hedging p99 %.2f, p99.9 %.2f", i+1, tiedRatio(d.p99, h.p99), tiedRatio(d.p999, h.p999)))
+		h, d, a := run[tiedHedge].summary(), run[tiedTied].summary(), run[tiedAgain].summary()
+		perRun = append(perRun, fmt.Sprintf("run %d: tied/hedging p99 %.2f, p99.9 %.2f (hedging again/hedging %.2f, %.2f)", i+1,
+			tiedRatio(d.p99, h.p99), tiedRatio(d.p999, h.p999), tiedRatio(a.p99, h.p99), tiedRatio(a.p999, h.p999)))
 	}
 	tb.note(strings.Join(perRun, "; "))
 	for i, c := range tiedConfigs {
 		s := sums[i]
-		tb.note(fmt.Sprintf("%s: a call's hedges %.3f, won %.3f, suppressed for the budget %.3f and warming %.3f (warm-up included); requests at the servers a call %.3f; legs the clients discarded %d; a served request held its worker %.1fms (%v meant; a busy machine stretches it), so the fleet was %.0f%% busy",
+		tb.note(fmt.Sprintf("%s: a call's hedges %.3f, won %.3f; hedges suppressed a call, all runs, warm-ups included: %s; requests at the servers a call %.3f; legs the clients discarded %d; a served request held its worker %.1fms (%v meant; a busy machine stretches it), so the fleet was %.0f%% busy",
 			c.name,
 			tiedMedian(s, func(s tiedSummary) float64 { return s.hedged }),
 			tiedMedian(s, func(s tiedSummary) float64 { return s.won }),
-			tiedMedian(s, func(s tiedSummary) float64 { return s.budget }),
-			tiedMedian(s, func(s tiedSummary) float64 { return s.warming }),
+			tiedSuppressed(runs, i),
 			tiedMedian(s, func(s tiedSummary) float64 { return s.arrived }),
 			tiedMedian(s, func(s tiedSummary) int64 { return s.discarded }),
 			tiedMedian(s, func(s tiedSummary) float64 { return s.held }),
@@ -701,21 +769,32 @@ func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Durat
 			tiedMedian(s, func(s tiedSummary) float64 { return 100 * s.exec * rate * s.held / 1e3 / (tiedReplicas * tiedWorkers) })))
 	}
 
-	ratios := func(q func(tiedSummary) time.Duration) float64 {
+	// ratios returns the median over the runs of configuration i's
+	// quantile q over hedging's; spread, that of the larger over the
+	// smaller.
+	ratios := func(i int, q func(tiedSummary) time.Duration, spread bool) float64 {
 		var rs []float64
 		for _, run := range runs {
-			rs = append(rs, tiedRatio(q(run[tiedTied].summary()), q(run[tiedHedge].summary())))
+			r := tiedRatio(q(run[i].summary()), q(run[tiedHedge].summary()))
+			if spread && r < 1 {
+				r = 1 / r
+			}
+			rs = append(rs, r)
 		}
 		slices.Sort(rs)
 		return rs[len(rs)/2]
 	}
-	p99r := ratios(func(s tiedSummary) time.Duration { return s.p99 })
-	p999r := ratios(func(s tiedSummary) time.Duration { return s.p999 })
+	p99 := func(s tiedSummary) time.Duration { return s.p99 }
+	p999 := func(s tiedSummary) time.Duration { return s.p999 }
+	p99r, p999r := ratios(tiedTied, p99, false), ratios(tiedTied, p999, false)
+	noise := max(ratios(tiedAgain, p99, true), ratios(tiedAgain, p999, true))
 	wire := func(i int) float64 { return tiedMedian(sums[i], func(s tiedSummary) float64 { return s.wire }) }
 	tiedExec := tiedMedian(sums[tiedTied], func(s tiedSummary) float64 { return s.exec })
 	tb.note(fmt.Sprintf("tied's wire calls a call: %.3f against hedging's %.3f, %+.3f (%+.0f%% of hedging's extra calls)",
 		wire(tiedTied), wire(tiedHedge), wire(tiedTied)-wire(tiedHedge), 100*tiedRatioF(wire(tiedTied)-1, wire(tiedHedge)-1)-100))
 	tb.note(fmt.Sprintf("load average: %s before, %s after", loadBefore, loadAverage()))
+	tb.check(noise <= 1/tiedTailTarget, "%s at %.0f%%: the same chain's p99 or p99.9 twice (hedging, hedging again) %.2f× apart (median of runs): beyond %.2f×, the machine's noise is larger than the tail targets' margin, and they cannot be judged",
+		proto, 100*load, noise, 1/tiedTailTarget)
 	tb.check(p99r <= tiedTailTarget, "%s at %.0f%%: tied p99 %.2f× hedging's (median of runs), target <= %.1f×", proto, 100*load, p99r, tiedTailTarget)
 	tb.check(p999r <= tiedTailTarget, "%s at %.0f%%: tied p99.9 %.2f× hedging's (median of runs), target <= %.1f×", proto, 100*load, p999r, tiedTailTarget)
 	tb.check(tiedExec <= tiedExecTarget, "%s at %.0f%%: tied handler executions a call %.3f, target <= %.2f", proto, 100*load, tiedExec, tiedExecTarget)
@@ -734,6 +813,29 @@ func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Durat
 		proto, 100*load, extra(tiedPlainTied), extra(tiedPlainHedge), tiedLearnFactor, tiedLearnSlack)
 	tb.log(t, fmt.Sprintf("tied requests, %s, %d replicas of %d workers (lognormal service, mean %v), %.0f calls/s (%.0f%% of %.0f; 1.5× and 0.5× in turns of %v), %d slices of %v a configuration a run, interleaved",
 		proto, tiedReplicas, tiedWorkers, tiedService, rate, 100*load, tiedCapacity(), tiedPhase, tiedSlices, slice))
+}
+
+// tiedSuppressed returns configuration i's hedges suppressed a call, by
+// reason, over every run's calls, warm-ups included.
+func tiedSuppressed(runs [][]tiedFigures, i int) string {
+	var calls int64
+	by := map[policy.SuppressReason]int64{}
+	for _, run := range runs {
+		calls += run[i].calls + run[i].warmCalls
+		for r, n := range run[i].suppressed {
+			by[r] += n
+		}
+	}
+	var out []string
+	for r := policy.HedgeWarming; r <= policy.HedgeBodyTooLarge; r++ {
+		if by[r] > 0 {
+			out = append(out, fmt.Sprintf("%v %.3f", r, tiedRatioF(float64(by[r]), float64(calls))))
+		}
+	}
+	if out == nil {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 func tiedRatio(a, b time.Duration) float64 { return tiedRatioF(float64(a), float64(b)) }
