@@ -790,8 +790,11 @@ func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Durat
 	noise := max(ratios(tiedAgain, p99, true), ratios(tiedAgain, p999, true))
 	wire := func(i int) float64 { return tiedMedian(sums[i], func(s tiedSummary) float64 { return s.wire }) }
 	tiedExec := tiedMedian(sums[tiedTied], func(s tiedSummary) float64 { return s.exec })
-	tb.note(fmt.Sprintf("tied's wire calls a call: %.3f against hedging's %.3f, %+.3f (%+.0f%% of hedging's extra calls)",
-		wire(tiedTied), wire(tiedHedge), wire(tiedTied)-wire(tiedHedge), 100*tiedRatioF(wire(tiedTied)-1, wire(tiedHedge)-1)-100))
+	more := fmt.Sprintf("tied's wire calls a call: %.3f against hedging's %.3f, %+.3f", wire(tiedTied), wire(tiedHedge), wire(tiedTied)-wire(tiedHedge))
+	if wire(tiedHedge) > 1 {
+		more += fmt.Sprintf(" (tied's extra calls %.1f× hedging's)", (wire(tiedTied)-1)/(wire(tiedHedge)-1))
+	}
+	tb.note(more)
 	tb.note(fmt.Sprintf("load average: %s before, %s after", loadBefore, loadAverage()))
 	tb.check(noise <= 1/tiedTailTarget, "%s at %.0f%%: the same chain's p99 or p99.9 twice (hedging, hedging again) %.2f× apart (median of runs): beyond %.2f×, the machine's noise is larger than the tail targets' margin, and they cannot be judged",
 		proto, 100*load, noise, 1/tiedTailTarget)
