@@ -201,14 +201,11 @@ func tiedRun(t *testing.T, proto string, fleets [2]*tiedFleet, seed uint64, rate
 	for i, c := range tiedConfigs {
 		clients[i] = newTiedClients(t, proto, c, fleets[b2i(c.plain)])
 	}
-	var (
-		calls sync.WaitGroup
-		mu    sync.Mutex
-	)
+	var calls tiedCalls
 	// settle waits for the calls and the fleets, and returns what the
 	// servers counted for each configuration so far.
 	settle := func() []tiedTally {
-		calls.Wait()
+		calls.wg.Wait()
 		for _, f := range fleets {
 			if !f.waitIdle(tiedDrain) {
 				t.Errorf("run %d: a fleet was still busy %v after its calls returned", seed, tiedDrain)
@@ -224,14 +221,14 @@ func tiedRun(t *testing.T, proto string, fleets [2]*tiedFleet, seed uint64, rate
 	warm := make([]tiedFigures, len(tiedConfigs))
 	for i, c := range tiedConfigs {
 		arrivals := rand.New(rand.NewPCG(seed, 0))
-		tiedSend(clients[i], i, fleets[b2i(c.plain)], arrivals, rate, tiedWarm, &calls, &mu, &warm[i])
+		calls.send(clients[i], i, fleets[b2i(c.plain)], arrivals, rate, tiedWarm, &warm[i])
 	}
 	before := settle()
 	for k := range tiedSlices {
 		order := rand.New(rand.NewPCG(seed, uint64(1000+k))).Perm(len(tiedConfigs))
 		for _, i := range order {
 			arrivals := rand.New(rand.NewPCG(seed, uint64(k+1)))
-			tiedSend(clients[i], i, fleets[b2i(tiedConfigs[i].plain)], arrivals, rate, slice, &calls, &mu, &figs[i])
+			calls.send(clients[i], i, fleets[b2i(tiedConfigs[i].plain)], arrivals, rate, slice, &figs[i])
 		}
 	}
 	after := settle()
@@ -258,10 +255,17 @@ func b2i(b bool) int {
 // counts; the transports send it on every leg.
 const tiedConfigHeader = "Tied-Config"
 
-// tiedSend starts one slice of configuration i's calls through c,
-// Poisson arrivals drawn from arrivals, each in a goroutine of calls that
-// adds its figures to fig under mu, and returns after the last arrival.
-func tiedSend(c *tiedClientSet, i int, f *tiedFleet, arrivals *rand.Rand, rate float64, d time.Duration, calls *sync.WaitGroup, mu *sync.Mutex, fig *tiedFigures) {
+// tiedCalls are a run's calls in flight, and the lock of the figures
+// they add to.
+type tiedCalls struct {
+	wg sync.WaitGroup
+	mu sync.Mutex
+}
+
+// send starts one slice of configuration i's calls through c, Poisson
+// arrivals drawn from arrivals, each in a goroutine that adds its figures
+// to fig, and returns after the last arrival.
+func (calls *tiedCalls) send(c *tiedClientSet, i int, f *tiedFleet, arrivals *rand.Rand, rate float64, d time.Duration, fig *tiedFigures) {
 	start := time.Now()
 	url := "http://" + f.addrs[0] + "/"
 	config := strconv.Itoa(i)
@@ -273,15 +277,15 @@ func tiedSend(c *tiedClientSet, i int, f *tiedFleet, arrivals *rand.Rand, rate f
 		}
 		time.Sleep(time.Until(start.Add(next)))
 		cl := c.clients[n%len(c.clients)]
-		calls.Go(func() {
+		calls.wg.Go(func() {
 			rep := &transport.Report{}
 			ctx, cancel := context.WithTimeout(transport.WithReport(context.Background(), rep), tiedDeadline)
 			defer cancel()
 			began := time.Now()
 			ok := tiedCall(ctx, cl, url, config)
 			took := time.Since(began)
-			mu.Lock()
-			defer mu.Unlock()
+			calls.mu.Lock()
+			defer calls.mu.Unlock()
 			fig.lat = append(fig.lat, took)
 			fig.calls++
 			if !ok {
