@@ -39,8 +39,9 @@ import (
 // wait rather than be refused. A request holds its worker for a timed
 // wait, lognormal with a mean of tiedService, and lets it go when its
 // caller goes away. Each configuration has its own tiedClients client
-// transports with Replicas over the four addresses (Endpoints), Attempts
-// 2 and Retry, so that a call's second leg goes to another replica; calls
+// transports with Replicas over the four addresses (Endpoints), so that
+// a call's second leg goes to another replica, Retry and Attempts 2, so
+// that a call has at most one hedge, its twin when tied; calls
 // arrive open loop, Poisson at a rate that alternates between 1.5× and
 // 0.5× of the mean every tiedPhase, the mean at 70% and 85% of the
 // fleet's capacity, each call with a tiedDeadline. Over HTTP/1.1 and h2c.
@@ -58,9 +59,9 @@ import (
 // of their own, no admission, so no start signal), check that a key that
 // learns its upstream does not speak ties costs no more wire calls than
 // hedging. Clients are new each run, so what they learn is in the
-// figures. Every request the harness sends a replica first, marked as
-// tied, must be told it started at admission's replicas, and not at the
-// plain ones.
+// figures. Before the runs each replica gets one request marked as tied,
+// from net/http alone: admission's replicas must tell it that it started,
+// through the harness's wrappers, and the plain ones must not.
 //
 // A table per protocol and load gives, as the median of tiedRuns runs:
 // p50, p99 and p99.9 of the calls, failed calls (an error, or a status
@@ -68,11 +69,10 @@ import (
 // executions per call (counted at the servers), requests that left a
 // queue because their caller went away (admission answers them 499 to
 // nobody; twins cancelled while queued) and refusals. Targets, each on
-// the median of the runs: tied p99 and p99.9 at most tiedTailTarget ×
-// hedging's, with hedging's two configurations within 1/tiedTailTarget ×
-// of each other; tied handler executions per call at most
-// tiedExecTarget.
-// Against the plain fleet, over all the runs' calls, warm-ups included:
+// the median of the runs (of each run's ratio, for a ratio): tied p99 and
+// p99.9 at most tiedTailTarget × hedging's, with hedging's two
+// configurations within 1/tiedTailTarget × of each other; tied handler
+// executions per call at most tiedExecTarget. Against the plain fleet, over all the runs' calls, warm-ups included:
 // tied's extra wire calls per call (those above one) at most
 // tiedLearnFactor × hedging's + tiedLearnSlack. Tied's extra wire calls
 // over hedging's against admission are reported, not judged.
