@@ -100,21 +100,24 @@ const (
 	// tiedService is the mean service time: long beside the few
 	// milliseconds a busy machine adds to a timer's wait.
 	tiedService = 40 * time.Millisecond
-	tiedSigma   = 0.5 // of the service time's logarithm
+	// tiedSigma is of the service time's logarithm: a p99 of 1.7 times
+	// the mean, so that the tail is the queue's, which ties act on, more
+	// than the service's, which only hedging a started request can cut.
+	tiedSigma = 0.25
 	// tiedQueueFactor sizes admission's queue at 128 places a replica:
-	// a 1.5× phase at 85% leaves about 45 requests queued in the fleet,
-	// a dozen a replica, twice that with every call's twin, and a machine
-	// that stretches the service times for a while adds its own.
+	// a 1.5× phase at 85% leaves about 90 requests queued in the fleet,
+	// two dozen a replica, twice that with every call's twin, and a
+	// machine that stretches the service times for a while adds its own.
 	tiedQueueFactor = 16
 	tiedClients     = 2
 	tiedDeadline    = 2 * time.Second
 	// tiedPhase is how long the arrival rate stays at 1.5× or 0.5× of
 	// its mean: several service times, so that a burst builds a queue.
-	tiedPhase = 200 * time.Millisecond
+	tiedPhase = 400 * time.Millisecond
 	// tiedSlice is two phases of the arrival rate, whose queue the low
 	// phase drains: short, so that a stall of the machine falls on
 	// several configurations' slices.
-	tiedSlice = 400 * time.Millisecond
+	tiedSlice = 800 * time.Millisecond
 	// tiedWarm is the slice each configuration gets at the start of a
 	// run, left out of the figures but for the wire calls of learning:
 	// hedging needs MinSamples answers a client before it hedges.
