@@ -181,6 +181,28 @@ LOAD_PICKING ?= 1
 load-picking:
 	RESILIX_LOAD_PICKING=$(LOAD_PICKING) $(GO) test -count=1 -run '^TestLoadPicking$$' -v -timeout 10m ./transport/
 
+## tied: tied requests (Hedge.Tied) beside hedging at the p95 and no
+## hedging, over loopback: four replicas behind admission.Handler, 8
+## workers each with the limiter fixed at them and a deep queue (lognormal
+## service, mean 40ms, sigma 0.25), reached through Replicas' Endpoints;
+## bursty open loop (Poisson at 1.5x and 0.5x of the mean in turns of
+## 400ms) at 70%
+## and 85% of the fleet's capacity; HTTP/1.1 and h2c; hedging twice (the
+## spread between the two is the machine's noise), and hedging and tied
+## against plain servers too (no admission, no start signal). The
+## configurations take turns in short slices of one run, 3 runs; a table
+## per protocol and load (p50, p99, p99.9, failed calls, wire calls and
+## handler executions per call, twins cancelled while queued, refusals),
+## checked against the targets in TestTied's doc on the median of the
+## runs. About 6 minutes. TIED is 1, or a duration for each slice (default
+## 800ms). No -race, for the reason given at flaky. make test builds it
+## under -race and skips it. Not piped through grep, so that a missed
+## target fails make.
+TIED ?= 1
+.PHONY: tied
+tied:
+	RESILIX_TIED=$(TIED) $(GO) test -count=1 -run '^TestTied$$' -v -timeout 15m ./transport/
+
 ## metastable: the metastability experiment of benchmarks/ (about 7
 ## min): a server of 8 workers at 10ms behind an unbounded FIFO that works
 ## on requests whose callers have gone, offered 640 calls/s open loop with

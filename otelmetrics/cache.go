@@ -47,10 +47,12 @@ const (
 const (
 	hedgeStarted = iota
 	hedgeWon
+	hedgeTieCancelled
+	hedgeTieRanTwice
 	numHedgeOutcomes
 )
 
-var hedgeOutcomeNames = [numHedgeOutcomes]string{"started", "won"}
+var hedgeOutcomeNames = [numHedgeOutcomes]string{"started", "won", "tie_cancelled", "tie_ran_twice"}
 
 // The values of the lanes gauge's state attribute.
 const (

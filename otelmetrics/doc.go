@@ -53,10 +53,12 @@
 //   - kind and outcome on attempts: first, retry or hedge
 //     (policy.AttemptKind); success, failure, canceled, discarded (the
 //     loser of a hedge race, counted when it is cancelled) or invalid;
-//   - outcome on hedges: started, won or suppressed, and, only on
-//     suppressed, reason: warming, deadline, concurrency, priority,
-//     health, value, budget, rejected, body_error, body_pending or
-//     body_too_large
+//   - outcome on hedges: started, won, suppressed, tie_cancelled (a leg
+//     of a tied round cancelled because another said it started first)
+//     or tie_ran_twice (a second leg of a tied round said it started:
+//     duplicate work), and, only on suppressed, reason: warming,
+//     deadline, concurrency, priority, health, value, budget, rejected,
+//     body_error, body_pending or body_too_large
 //     (policy.SuppressReason). The hedge win rate is
 //     hedges{outcome="won"} / hedges{outcome="started"};
 //   - gate and priority on shed: every refusal of an attempt by an

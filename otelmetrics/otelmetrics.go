@@ -135,7 +135,7 @@ func newRecorder(mp metric.MeterProvider, o Options) (*recorder, error) {
 	check(err)
 	r.hedges, err = m.Int64Counter("resilix.hedges",
 		metric.WithUnit("{hedge}"),
-		metric.WithDescription("Hedges started, won, and suppressed (with the reason); the win rate is won / started."))
+		metric.WithDescription("Hedges started, won, and suppressed (with the reason), and tied legs cancelled before they started or run twice; the win rate is won / started."))
 	check(err)
 	r.shed, err = m.Int64Counter("resilix.shed",
 		metric.WithUnit("{attempt}"),
@@ -230,6 +230,8 @@ func (r *recorder) observer() *policy.Observer {
 		RetrySkipped:    r.retrySkipped,
 		HedgeStarted:    r.hedgeStarted,
 		HedgeWon:        r.hedgeWon,
+		TieCancelled:    r.tieCancelled,
+		TieRanTwice:     r.tieRanTwice,
 		HedgeSuppressed: r.hedgeSuppressed,
 		Attach:          r.attach,
 		Pushback:        r.pushback,
@@ -303,6 +305,16 @@ func (r *recorder) hedgeStarted(h policy.HedgeInfo) {
 
 func (r *recorder) hedgeWon(h policy.HedgeInfo) {
 	a := r.attrs.get(h.Key).hedge(hedgeWon)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
+}
+
+func (r *recorder) tieCancelled(h policy.HedgeInfo) {
+	a := r.attrs.get(h.Key).hedge(hedgeTieCancelled)
+	r.hedges.Add(orBackground(h.Context), 1, a.add...)
+}
+
+func (r *recorder) tieRanTwice(h policy.HedgeInfo) {
+	a := r.attrs.get(h.Key).hedge(hedgeTieRanTwice)
 	r.hedges.Add(orBackground(h.Context), 1, a.add...)
 }
 

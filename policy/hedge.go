@@ -100,6 +100,20 @@ type Hedge struct {
 
 	// WinRate, when set, backs hedging off while hedges rarely win.
 	WinRate *WinRate
+
+	// Tied, when true, ties a call's first leg and its hedge where the
+	// upstream's servers say when a request starts (package admission
+	// does): both legs are marked, the hedge, its twin, goes out as soon
+	// as the first leg could have said it started (twice the quickest
+	// such signal lately), not after the quantile, and the first leg to
+	// say it started has the other cancelled while it still waits in its
+	// server's queue. A hedge then costs the servers a queue slot, not the
+	// work, and the calls it rescues are those that queue, not only the
+	// slowest 1 − Quantile. A key learns whether its upstream speaks ties
+	// from its first legs, which it marks until a signal comes, and
+	// hedges as usual where none comes. See the package doc of transport,
+	// "Tied requests".
+	Tied bool
 }
 
 // WinRate backs hedging off when hedges stop paying: an allowance of hedges

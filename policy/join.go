@@ -25,6 +25,8 @@ func JoinObservers(observers ...*Observer) *Observer {
 		RetrySkipped:      join(os, func(o *Observer) func(RetrySkip) { return o.RetrySkipped }),
 		HedgeStarted:      join(os, func(o *Observer) func(HedgeInfo) { return o.HedgeStarted }),
 		HedgeWon:          join(os, func(o *Observer) func(HedgeInfo) { return o.HedgeWon }),
+		TieCancelled:      join(os, func(o *Observer) func(HedgeInfo) { return o.TieCancelled }),
+		TieRanTwice:       join(os, func(o *Observer) func(HedgeInfo) { return o.TieRanTwice }),
 		HedgeSuppressed:   join(os, func(o *Observer) func(HedgeSuppression) { return o.HedgeSuppressed }),
 		BreakerTransition: join(os, func(o *Observer) func(BreakerTransition) { return o.BreakerTransition }),
 		MalformedHeader:   join(os, func(o *Observer) func(MalformedHeader) { return o.MalformedHeader }),

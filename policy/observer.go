@@ -46,6 +46,16 @@ type Observer struct {
 	HedgeStarted func(HedgeInfo)
 	HedgeWon     func(HedgeInfo)
 
+	// With Hedge.Tied, TieCancelled is called when a leg of a tied round
+	// is cancelled because another leg said it started first (the leg
+	// was then, as far as the client knows, still waiting in its
+	// server's queue), and TieRanTwice when a second leg of a round says
+	// it started: both legs reached a handler before either signal
+	// reached the client, the duplicate work ties cost. A tied hedge leg
+	// is reported to HedgeStarted with HedgeInfo.Tied.
+	TieCancelled func(HedgeInfo)
+	TieRanTwice  func(HedgeInfo)
+
 	// HedgeSuppressed is called when a hedge was due but a hedging gate
 	// stopped it, with the gate's reason.
 	HedgeSuppressed func(HedgeSuppression)
@@ -356,6 +366,9 @@ type HedgeInfo struct {
 	Attempt int
 	// Threshold is the latency after which the hedge was sent.
 	Threshold time.Duration
+	// Tied: the leg is a tied round's (see Hedge.Tied), a twin sent
+	// after the round's delay for ties rather than after Threshold.
+	Tied bool
 }
 
 // HedgeSuppression describes a hedge that a gate stopped.

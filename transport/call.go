@@ -490,6 +490,7 @@ func (c *call) done(resp *http.Response, err error) {
 // out; a window still warming is counted.
 func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool) {
 	h := c.s.hedge
+	c.tie = tieOff
 	if !c.mayHedge || !c.replayable() {
 		return 0, 0, false
 	}
@@ -499,8 +500,18 @@ func (c *call) hedgeAfter(now time.Time) (threshold, wait time.Duration, ok bool
 		return 0, 0, false
 	}
 	wait = threshold
+	if h.Tied() {
+		c.tie = tieLearn
+		if d, ok := h.Ties().Delay(now); ok {
+			c.tie, wait = tieRound, min(wait, d)
+		}
+	}
 	if dl, has := c.ctx.Deadline(); has {
 		wait = min(wait, dl.Sub(now))
 	}
-	return threshold, wait, wait > 0
+	if wait <= 0 {
+		c.tie = tieOff
+		return 0, 0, false
+	}
+	return threshold, wait, true
 }

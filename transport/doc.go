@@ -250,6 +250,44 @@
 // hedge the rule leaves out; Measured counts the calls it narrowed, on
 // keys that retry or hedge, in RepeatsSentOnce.
 //
+// # Tied requests
+//
+// With policy.Hedge.Tied, a hedged round is tied where the key's servers
+// say when a request starts (package admission does; see its "Tied
+// requests"): each leg carries Resilix-Tie: 1, and its server answers it
+// with a 103 carrying Resilix-Tie: started the moment a worker takes it,
+// before the final answer. The round sends its twin (the hedge) after a
+// short delay rather than after the quantile: twice the quickest signal
+// seen over the last 10 to 20 s, the time the first leg would have taken
+// to say it started had it not waited, and at least 1 ms. The first leg
+// to say it started has every other leg of its round that has not said so
+// cancelled, which its server then drops from its queue without running
+// it; the round sends no more legs, and the leg that started is left to
+// finish, as the one the call waits for. A twin is then a queue slot, not
+// the work: its budget token is given back when it is cancelled. Over
+// HTTP/2 the cancellation resets the twin's stream; over HTTP/1.1 it
+// closes the twin's connection, which costs the next request there a
+// dial.
+//
+// A key learns whether its servers speak ties: until it has seen a
+// signal, its rounds are hedged as usual and only their first legs are
+// marked, so that learning costs no extra call; once three tied legs in a
+// row are answered with a success but no signal (a server of another
+// version took the upstream's place, or a proxy drops 1xx answers), it
+// goes back to learning. Only a request that may be sent twice is ever
+// marked, as only such a request is hedged. A leg accepts at most 5
+// informational answers (a server sending more fails it, as net/http
+// does when nobody reads them), and only a 103 whose one Resilix-Tie
+// value is exactly "started" is a signal.
+//
+// Two legs that both start before either signal reaches the client run
+// twice: Observer.TieRanTwice hears it when the second signal comes before
+// the round is decided, and a leg cancelled after it started but before
+// its signal arrived is seen only by its server (as a request whose
+// caller went away while its handler ran). Observer.TieCancelled hears each
+// leg cancelled because its twin started first, and HedgeStarted reports
+// each twin with HedgeInfo.Tied.
+//
 // # Isolating a key
 //
 // Isolate, Release and ResetBreaker let an operator overrule a key's

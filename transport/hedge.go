@@ -54,6 +54,8 @@ type round struct {
 	live    int    // legs sent and not yet ended
 	winner  *leg
 	failed  *leg // the last leg that failed; earlier ones are discarded
+	starter *leg // the first leg of a tied round that said it started
+	twice   *leg // a later leg of that round that said so too
 	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
 	// timer is the round's one timer: it fires for the next hedge, due,
 	// and for the inline leg's per-attempt timeout, expires, whichever
@@ -407,14 +409,15 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	defer func() { go r.run(l) }()
 	r.h.Started(now)
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
-		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold})
+		o.HedgeStarted(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Threshold: r.threshold, Tied: c.tie == tieRound})
 	}
 }
 
 // ended reports whether the round can send no more legs: it is over, or
-// at MaxConcurrent legs, or the call's Attempts are spent. r.mu is held.
+// at MaxConcurrent legs, or the call's Attempts are spent, or a leg of a
+// tied round said it started. r.mu is held.
 func (r *round) ended() bool {
-	return r.over() || r.live >= r.max || r.c.spent() >= r.c.attempts
+	return r.over() || r.live >= r.max || r.c.spent() >= r.c.attempts || r.starter != nil
 }
 
 // budgetRefusedLocked ends a hedge's decision for a budget with no token,
@@ -617,6 +620,9 @@ func (r *round) report(l *leg) {
 		return
 	}
 	r.winner = l
+	if l.tie != nil && l.outcome == policy.Success {
+		r.h.Ties().Served(l.tie.signalled)
+	}
 	losers := r.decideLocked(true)
 	r.mu.Unlock()
 
@@ -722,7 +728,7 @@ func (r *round) collect() (*http.Response, error) {
 		r.cond.Wait()
 	}
 	r.state = roundDecided // whatever ends now is thrown away
-	w, failed, p := r.winner, r.failed, r.panic
+	w, failed, p, twice := r.winner, r.failed, r.panic, r.twice
 	r.failed = nil
 	// Over: no more legs start (see hedge), and what the caller's Report
 	// needs is read here, under the lock, so that a loser still on the
@@ -740,6 +746,9 @@ func (r *round) collect() (*http.Response, error) {
 		}
 	}
 	r.mu.Unlock()
+	if twice != nil {
+		r.c.tellRanTwice(twice, r.threshold)
+	}
 	if p != nil {
 		panic(p)
 	}

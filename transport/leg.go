@@ -80,6 +80,11 @@ type leg struct {
 	// grace, on a hedge leg that lost, cancels it when its time to bring
 	// its headers runs out (see round.decideLocked); set as it is lost.
 	grace *time.Timer
+	// tie reads the 1xx answers of a leg marked as tied; nil when it is
+	// not. unstarted: the leg was cancelled, before it said it started,
+	// because another leg of its tied round did (see round.started).
+	tie       *tieWatch
+	unstarted bool
 }
 
 // legState is where a hedged round's leg is. Its transitions:
@@ -157,6 +162,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	}
 	if c.s.set.propagate {
 		c.stamp(l)
+	}
+	l.tie, l.unstarted = nil, false
+	if c.tie != tieOff && c.marksTie(l) {
+		c.markTie(l)
 	}
 	timed := c.s.set.timed || timesAttemptsOf(c.t.obs)
 	if !timed && d == 0 {
@@ -362,7 +371,7 @@ func (c *call) end(l *leg, e ending, x exit) {
 		// Its time on the wire is a lower bound of the lane's latency,
 		// and no evidence of its health; with no headers, the lane is
 		// silent until it answers (see lane.TakeOnce).
-		silent := resp == nil && !httpx.Undialed(err)
+		silent := resp == nil && !httpx.Undialed(err) && !l.unstarted
 		// A hedge leg whose headers came within its grace has its body
 		// drained, here on its own goroutine, so that its connection is
 		// kept; any other answer is closed.
@@ -377,6 +386,9 @@ func (c *call) end(l *leg, e ending, x exit) {
 		c.finish(&l.permits, x.r, false)
 		free(l.cancel, nil)
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
+		if l.unstarted {
+			c.endUnstarted(l, x.r.now)
+		}
 		return
 	case endPanicked:
 		if l.lane != nil {

@@ -42,6 +42,7 @@ type callPlan struct {
 	timeout  time.Duration // per attempt; 0: none
 	mayRetry bool
 	mayHedge bool
+	tie      tieMode        // of the round about to start (see hedgeAfter)
 	repeat   bool           // made for a request that is itself a repeat: no deposit
 	deposit  gate.Deposited // what the call's Deposit added to the budget
 

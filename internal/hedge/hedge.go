@@ -34,6 +34,8 @@ type State struct {
 	judged    time.Time // when the allowance was last judged
 	started   uint64    // hedges started since judged
 	won       uint64    // of which won
+
+	ties Ties // with Hedge.Tied
 }
 
 // New returns the runtime of h, whose windows start at now.
@@ -48,6 +50,12 @@ func New(h policy.Hedge, now time.Time) *State {
 		judged:    now,
 	}
 }
+
+// Tied reports whether the scope ties its hedged rounds (Hedge.Tied).
+func (h *State) Tied() bool { return h.cfg.Tied }
+
+// Ties returns what the scope knows of its upstream's tied requests.
+func (h *State) Ties() *Ties { return &h.ties }
 
 // Config returns the Hedge with its defaults applied.
 func (h *State) Config() policy.Hedge { return h.cfg }

@@ -26,7 +26,8 @@ type Ties struct {
 // quick is the least time to a signal over one half of the window.
 type quick struct {
 	start time.Time
-	least time.Duration // 0: none yet
+	least time.Duration
+	seen  bool // a signal came in this half: least is its least
 }
 
 const (
@@ -47,6 +48,11 @@ const (
 	// The Tail at Scale (Dean and Barroso, 2013) delays its tied
 	// requests by about two network message delays, the same margin.
 	tieDelayFactor = 2
+	// minTieDelay is the least delay before a twin: below it, the time
+	// a signal takes is the client's own scheduling (a timer's and a
+	// goroutine's wake-up on a busy host), not the network's. The Tail
+	// at Scale's tied requests, within a data centre, used 1ms.
+	minTieDelay = time.Millisecond
 )
 
 // Speaks reports whether the upstream sends the start signal of tied
@@ -64,8 +70,8 @@ func (t *Ties) Signalled(now time.Time, d time.Duration) {
 	defer t.mu.Unlock()
 	t.speaks, t.silent = true, 0
 	q := t.roll(now)
-	if d > 0 && (q.least == 0 || d < q.least) {
-		q.least = d
+	if !q.seen || d < q.least {
+		q.least, q.seen = max(d, 0), true
 	}
 }
 
@@ -86,7 +92,7 @@ func (t *Ties) Served(signalled bool) {
 }
 
 // Delay returns how long a tied round waits for its first leg's signal
-// before it sends a twin, and false when it cannot tell: the upstream
+// before it sends a twin, at least minTieDelay, and false when it cannot tell: the upstream
 // does not speak ties, or no signal came within the window.
 func (t *Ties) Delay(now time.Time) (time.Duration, bool) {
 	t.mu.Lock()
@@ -95,14 +101,14 @@ func (t *Ties) Delay(now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	t.roll(now)
-	least := t.quickest[0].least
-	if p := t.quickest[1].least; p > 0 && (least == 0 || p < least) {
-		least = p
-	}
-	if least == 0 {
+	cur, prev := t.quickest[0], t.quickest[1]
+	switch {
+	case prev.seen && (!cur.seen || prev.least < cur.least):
+		cur = prev
+	case !cur.seen:
 		return 0, false
 	}
-	return tieDelayFactor * least, true
+	return max(tieDelayFactor*cur.least, minTieDelay), true
 }
 
 // roll returns the current half-window as of now, starting a new one

@@ -56,4 +56,6 @@ func TestTies(t *testing.T) {
 	check("three silent in a row", at(50*time.Second), want{})
 	ties.Signalled(at(51*time.Second), 3*time.Millisecond)
 	check("a signal again", at(51*time.Second), want{true, 6 * time.Millisecond})
+	ties.Signalled(at(52*time.Second), 0)
+	check("a signal in no time", at(52*time.Second), want{true, minTieDelay})
 }
