@@ -48,7 +48,7 @@ func TestLoadPicking(t *testing.T) {
 				}
 			}
 			tb := lpTable(load, pickers, res)
-			lpCheck(tb, load, pickers, res, lpSlack)
+			lpCheck(tb, load, pickers, res, lpSlack, lpP99At90)
 			tb.log(t, fmt.Sprintf("load picking, in memory, virtual time: %s, %d seeds of %v", lpFleet(load), lpSeeds, d))
 		})
 	}
@@ -68,17 +68,21 @@ const (
 	lpWeak     = 2                    // the index of the replica with half the workers
 	// What is checked, against peak-EWMA's figures: the quantiles no
 	// worse, within lpSlack (the noise of lpSeeds seeds: a few percent
-	// from run to run, the lanes' random source being unseeded; the
-	// loopback harness's is wider), p99.9 within lpSlack999; admission's
-	// refusals no more; the weak replica above 1.5 × its workers for at
-	// most lpOver at a stretch; at 70%, refusals at most lpRefused70 (the
-	// issue asks 0.1%: the weak replica's queue of four overflows in
-	// bursts).
+	// from run to run, the lanes' random source being unseeded), p99.9
+	// within lpSlack999; at 90%, p99 at most lpP99At90 × peak-EWMA's;
+	// admission's refusals no more; the weak replica above 1.5 × its
+	// workers for at most lpOver at a stretch; at 70%, refusals at most
+	// lpRefused70.
 	lpSlack     = 1.05
 	lpSlack999  = 1.10
-	lpRefused70 = 0.003
+	lpRefused70 = 0.001
 	lpOver      = time.Second
-	lpP99Target = 0.75 // the issue's target at 90%, p99 against peak-EWMA's, reported
+	// lpP99At90: the simulation's load reports reach 0.91 × peak-EWMA's
+	// p99 at 90%. lpP99Issue, the issue's 0.75 ×, is out of this fleet's
+	// reach: the least-loaded oracle, which reads every replica's
+	// requests at each call, gets 0.78 ×; it is reported, not checked.
+	lpP99At90  = 0.95
+	lpP99Issue = 0.75
 )
 
 // lpWorkers are the replicas' workers; the last one's service times
@@ -152,7 +156,7 @@ type lpResult struct {
 	longest time.Duration   // the weak replica's longest stretch above 1.5 × its workers, in any run
 	share   [4]int64        // requests served by each replica
 	shed    [4]int64        // refused by each replica
-	service []time.Duration // of the requests served: what the calls would take with no queueing
+	service []time.Duration // the time each request served held its worker: what the calls would take with no queueing
 }
 
 func (r *lpResult) add(o lpResult) {
@@ -225,7 +229,7 @@ func lpTable(load float64, pickers []lpPicker, res []lpResult) *figureTable {
 	for i, p := range pickers {
 		sv := res[i].service
 		slices.Sort(sv)
-		tb.note(fmt.Sprintf("service times alone, %s: p50 %s, p99 %s, p99.9 %s", p.name, replMS(fbQuantile(sv, 0.5)), replMS(fbQuantile(sv, 0.99)), replMS(fbQuantile(sv, 0.999))))
+		tb.note(fmt.Sprintf("service times alone (the time a request held its worker), %s: p50 %s, p99 %s, p99.9 %s", p.name, replMS(fbQuantile(sv, 0.5)), replMS(fbQuantile(sv, 0.99)), replMS(fbQuantile(sv, 0.999))))
 	}
 	for i, p := range pickers {
 		tb.note(fmt.Sprintf("refused by each replica, %s: %v", p.name, res[i].shed))
@@ -235,9 +239,9 @@ func lpTable(load float64, pickers []lpPicker, res []lpResult) *figureTable {
 	return tb
 }
 
-// lpCheck checks load reports' figures at load against peak-EWMA's, its
-// quantiles within slack.
-func lpCheck(tb *figureTable, load float64, pickers []lpPicker, res []lpResult, slack float64) {
+// lpCheck checks load reports' figures at load against peak-EWMA's: its
+// quantiles within slack, and at 90% its p99 at most p99At90 × theirs.
+func lpCheck(tb *figureTable, load float64, pickers []lpPicker, res []lpResult, slack, p99At90 float64) {
 	at := func(name string) *lpResult {
 		return &res[slices.IndexFunc(pickers, func(p lpPicker) bool { return p.name == name })]
 	}
@@ -250,9 +254,9 @@ func lpCheck(tb *figureTable, load float64, pickers []lpPicker, res []lpResult, 
 		tb.check(rep.refusedRate() <= lpRefused70, "admission refused %.2f%%, want <= %.1f%%", 100*rep.refusedRate(), 100*lpRefused70)
 		return
 	}
-	tb.check(float64(rep.quantile(1)) <= slack*float64(ewma.quantile(1)), "p99 %v, peak-EWMA's %v", replMS(rep.quantile(1)), replMS(ewma.quantile(1)))
+	tb.check(float64(rep.quantile(1)) <= p99At90*float64(ewma.quantile(1)), "p99 %v, peak-EWMA's %v: want <= %.2f ×", replMS(rep.quantile(1)), replMS(ewma.quantile(1)), p99At90)
 	tb.check(float64(rep.quantile(2)) <= lpSlack999*float64(ewma.quantile(2)), "p99.9 %v, peak-EWMA's %v", replMS(rep.quantile(2)), replMS(ewma.quantile(2)))
-	tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (the issue's target: %.2f ×)", float64(rep.quantile(1))/float64(ewma.quantile(1)), lpP99Target))
+	tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (the issue asks %.2f ×: see docs/replicas.md)", float64(rep.quantile(1))/float64(ewma.quantile(1)), lpP99Issue))
 }
 
 // lpRun runs one seed of the fleet on net at load, its clients picking
@@ -367,7 +371,7 @@ type lpReplica struct {
 
 	mu      sync.Mutex
 	rng     *rand.Rand
-	service []time.Duration // of each request served
+	service []time.Duration // the time each request served held its worker
 }
 
 func newLPReplica(t *testing.T, workers int, dips bool, start time.Time, rng *rand.Rand) *lpReplica {
@@ -409,7 +413,8 @@ func (r *lpReplica) work(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	service := time.Duration(float64(lpService) * math.Exp(lpSigma*r.rng.NormFloat64()-lpSigma*lpSigma/2))
 	r.mu.Unlock()
-	if r.dipping(time.Now()) {
+	began := time.Now()
+	if r.dipping(began) {
 		service *= 2
 	}
 	timer := time.NewTimer(service)
@@ -417,8 +422,9 @@ func (r *lpReplica) work(w http.ResponseWriter, req *http.Request) {
 	select {
 	case <-timer.C:
 		r.served.Add(1)
+		held := time.Since(began) // service, in virtual time; over loopback, as late as the machine's timers ran
 		r.mu.Lock()
-		r.service = append(r.service, service)
+		r.service = append(r.service, held)
 		r.mu.Unlock()
 		w.Write([]byte("ok"))
 	case <-req.Context().Done():
