@@ -228,8 +228,9 @@ func TestAQueueFoundWidensThePick(t *testing.T) {
 }
 
 // TestALaneQueuesWhenItsReportSaysSo: an attempt would queue when the
-// server's utilization, drained and compensated (see util), and the
-// attempt's own share come to more than 1, by a fresh report only.
+// server's utilization, drained down to the limit and compensated (see
+// util), and the attempt's own share come to more than 1, by a fresh
+// report only.
 func TestALaneQueuesWhenItsReportSaysSo(t *testing.T) {
 	const ms = time.Millisecond
 	for _, tc := range []struct {
@@ -244,7 +245,10 @@ func TestALaneQueuesWhenItsReportSaysSo(t *testing.T) {
 		{name: "its own attempt fills the limit", load: Load{Util: 0.75, Per: 0.25}},
 		{name: "its own attempt would wait", load: Load{Util: 1, Per: 0.25}, want: true},
 		{name: "one sent since", load: Load{Util: 0.75, Per: 0.25}, since: 1, want: true},
-		{name: "drained below", load: Load{Util: 1.5, Per: 0.25}, readAt: 8 * ms},
+		{name: "drained to the limit", load: Load{Util: 1.5, Per: 0.25}, readAt: 8 * ms, want: true},
+		{name: "drained to the limit, no limit said", load: Load{Util: 1.5}, readAt: 8 * ms},
+		{name: "at the limit, long after", load: Load{Util: 1, Per: 0.25}, readAt: time.Second, want: true},
+		{name: "under the limit, long after", load: Load{Util: 0.5, Per: 0.25}, readAt: time.Second},
 		{name: "no limit said, at 1", load: Load{Util: 1}},
 		{name: "no limit said, above 1", load: Load{Util: 1.25}, want: true},
 		{name: "stale", load: Load{Util: 3, Per: 0.25}, readAt: 2*time.Second + 1},

@@ -113,8 +113,9 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 // util is l's server's utilization at t (1 at its limit) as its last
 // load report tells it, with o attempts outstanding on l and est its
 // latency estimate: the reported utilization less the time since the
-// report over est, plus Per for each attempt outstanding beyond those
-// when it came; ok false when the report is older than age ns, or there
+// report over est, down to the limit and no further (a report at or
+// under the limit is taken as it stands), plus Per for each attempt
+// outstanding beyond those when it came; ok false when the report is older than age ns, or there
 // is none (age 0: none read). A failure since the report needs no rule
 // of its own here: a cost's factor is at least 1, and the failure's
 // penalty is in the client's own cost.
@@ -132,8 +133,12 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 // service time: an overestimate while it queues, so the drain is
 // underestimated), or a lane that every client avoids for the queue it
 // reported would stay avoided, unasked and idle, until its report grew
-// stale; the client's own attempts sent since the report are added back
-// (Prequal's client-side compensation: see Per).
+// stale; but only down to the limit: what keeps a server's workers busy
+// is the fleet's other clients, whose sends a client does not see, so a
+// server at its limit is taken to stay there, and an attempt sent to it
+// to queue (see queues), until a newer report says otherwise. The
+// client's own attempts sent since the report are added back (Prequal's
+// client-side compensation: see Per).
 func (l *Lane[P]) util(t, age, o int64, est float64) (u float64, ok bool) {
 	if age == 0 {
 		return 0, false
@@ -143,7 +148,7 @@ func (l *Lane[P]) util(t, age, o int64, est float64) (u float64, ok bool) {
 		return 0, false
 	}
 	u = math.Float64frombits(l.repLoad.Load())
-	u -= float64(max(t-at, 0)) / est
+	u = max(u-float64(max(t-at, 0))/est, min(u, 1))
 	if n := o - l.repOut.Load(); n > 0 {
 		u += float64(n) * math.Float64frombits(l.repPer.Load())
 	}

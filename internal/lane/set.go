@@ -31,7 +31,8 @@ type view[P any] struct {
 // seconds (see failurePenalty). Where a lane's server reported its load
 // on an answer (see Answer.Load) at most LoadReportAge ago, the cost is
 // multiplied by max(1, u): u is the reported utilization less the queue
-// drained since, plus the lane's attempts sent since the report
+// drained since (down to the limit), plus the lane's attempts sent since
+// the report
 // (Prequal's client-side compensation); see util. When the lane the two
 // choices pick would queue the attempt by its report (see queues), the
 // pick is the cheapest of every lane it may take: two draws among four
