@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -77,12 +78,13 @@ const (
 	lpSlack999  = 1.10
 	lpRefused70 = 0.001
 	lpOver      = time.Second
-	// lpP99At90: the simulation's load reports reach 0.91 × peak-EWMA's
-	// p99 at 90%. lpP99Issue, the issue's 0.75 ×, is out of this fleet's
-	// reach: the least-loaded oracle, which reads every replica's
-	// requests at each call, gets 0.78 ×; it is reported, not checked.
+	// lpP99At90: the simulation's load reports reach 0.89 to 0.92 ×
+	// peak-EWMA's p99 at 90%. lpP99Asked, 0.75 ×, is out of this fleet's
+	// reach for a client: the least-loaded oracle, which reads every
+	// replica's requests at each call, gets 0.75 to 0.77 ×; it is
+	// reported, not checked.
 	lpP99At90  = 0.95
-	lpP99Issue = 0.75
+	lpP99Asked = 0.75
 )
 
 // lpWorkers are the replicas' workers; the last one's service times
@@ -232,7 +234,11 @@ func lpTable(load float64, pickers []lpPicker, res []lpResult) *figureTable {
 		tb.note(fmt.Sprintf("service times alone (the time a request held its worker), %s: p50 %s, p99 %s, p99.9 %s", p.name, replMS(fbQuantile(sv, 0.5)), replMS(fbQuantile(sv, 0.99)), replMS(fbQuantile(sv, 0.999))))
 	}
 	for i, p := range pickers {
-		tb.note(fmt.Sprintf("refused by each replica, %s: %v", p.name, res[i].shed))
+		var runs []string
+		for _, f := range res[i].runs {
+			runs = append(runs, fmt.Sprintf("%s (%s refused)", replMS(f.q[1]), pct(f.refused, f.calls)))
+		}
+		tb.note(fmt.Sprintf("refused by each replica, %s: %v; p99 of each run: %s", p.name, res[i].shed, strings.Join(runs, ", ")))
 	}
 	tb.note(fmt.Sprintf("the median of %d runs; p99 ok: of the calls that succeeded (a refusal is a fast answer, and counts in the others); weak>1.5x: the longest stretch, in any run, the replica with %d workers held more than 1.5 × them (its queue included); share: %% of the requests each replica served",
 		len(res[0].runs), lpWorkers[lpWeak]))
@@ -256,7 +262,7 @@ func lpCheck(tb *figureTable, load float64, pickers []lpPicker, res []lpResult, 
 	}
 	tb.check(float64(rep.quantile(1)) <= p99At90*float64(ewma.quantile(1)), "p99 %v, peak-EWMA's %v: want <= %.2f ×", replMS(rep.quantile(1)), replMS(ewma.quantile(1)), p99At90)
 	tb.check(float64(rep.quantile(2)) <= lpSlack999*float64(ewma.quantile(2)), "p99.9 %v, peak-EWMA's %v", replMS(rep.quantile(2)), replMS(ewma.quantile(2)))
-	tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (the issue asks %.2f ×: see docs/replicas.md)", float64(rep.quantile(1))/float64(ewma.quantile(1)), lpP99Issue))
+	tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (%.2f × was asked: see docs/replicas.md)", float64(rep.quantile(1))/float64(ewma.quantile(1)), lpP99Asked))
 }
 
 // lpRun runs one seed of the fleet on net at load, its clients picking
