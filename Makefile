@@ -167,14 +167,15 @@ fleet-pushback:
 	RESILIX_FLEET_PUSHBACK=$(FLEET_PUSHBACK) $(GO) test -count=1 -run '^TestFleetPushback$$' -v -timeout 10m ./transport/
 
 ## load-picking: picking by the servers' load reports against peak-EWMA
-## alone, on an in-memory network in virtual time: four replicas behind
-## admission.Handler limited at their workers (4, 4, 2, and 4 whose service
-## times double for 2s of every 6s; lognormal service, mean 10ms), eight
-## clients with Replicas, open loop at 70% and 90% of the fleet's mean
-## capacity, 3 seeds of 12s each per picker; a table per load (p50, p99,
-## p99.9, refusals, the weak replica's longest time above 1.5x its
-## workers, each replica's share), checked against the targets in
-## docs/replicas.md. About a minute. LOAD_PICKING is 1, or a duration for
+## alone, round robin and a least-loaded oracle (the last two the test's
+## own pickers), on an in-memory network in virtual time: four replicas
+## behind admission.Handler limited at their workers (4, 4, 2, and 4 whose
+## service times double for 2s of every 6s; lognormal service, mean 10ms),
+## eight clients, open loop at 70% and 90% of the fleet's mean capacity, 3
+## seeds of 12s each per picker; a table per load (the median of the
+## seeds' p50, p99, p99.9 and refusals, the weak replica's longest time
+## above 1.5x its workers, each replica's share), checked against the
+## targets in docs/replicas.md. About 30s. LOAD_PICKING is 1, or a duration for
 ## each seed. No -race, for the reason given at flaky.
 LOAD_PICKING ?= 1
 .PHONY: load-picking
