@@ -115,10 +115,10 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 // latency estimate: the reported utilization less the time since the
 // report over est, down to the limit and no further (a report at or
 // under the limit is taken as it stands), plus Per for each attempt
-// outstanding beyond those when it came; ok false when the report is older than age ns, or there
-// is none (age 0: none read). A failure since the report needs no rule
-// of its own here: a cost's factor is at least 1, and the failure's
-// penalty is in the client's own cost.
+// outstanding beyond those when it came; ok false when the report is
+// older than age ns, or there is none (age 0: none read). A failure
+// since the report needs no rule of its own here: a cost's factor is at
+// least 1, and the failure's penalty is in the client's own cost.
 //
 // max(1, u) is the time a new request would take at that server as a
 // multiple of its service time, when its limit is its workers and its
