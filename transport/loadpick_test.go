@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,33 +20,37 @@ import (
 )
 
 // TestLoadPicking measures picking by the servers' load reports against
-// picking by the client's own peak-EWMA alone, on an in-memory network in
-// virtual time (testing/synctest): four replicas behind admission.Handler
-// whose limiter is fixed at the replica's workers (4, 4, 2, and 4 whose
-// service times double for 2 s of every 6 s), with a queue of lpQueue ×
-// its workers, service times lognormal with a mean of 10 ms; eight client
-// transports with Replicas over a static list of the four, one attempt a
-// call, calls arriving open loop (Poisson) at 70% and 90% of the fleet's
-// mean capacity, 2 s deadlines, lpSeeds seeds of lpLength each, the same
-// arrivals for both pickers. It prints a table per load
-// (p50, p99, p99.9 of the calls over every seed, admission's refusals,
-// the longest time the weak replica's requests, its queue included, were
-// above 1.5 × its workers, each replica's share, and the service times
-// alone, what the calls would take with no queueing) and checks what it
-// reaches (see lpSlack). It
-// runs only when RESILIX_LOAD_PICKING is set, to 1 or a Go duration
-// replacing lpLength (`make load-picking` sets it).
+// picking by the client's own peak-EWMA alone, round robin, and a
+// least-loaded oracle, on an in-memory network in virtual time
+// (testing/synctest): four replicas behind admission.Handler whose
+// limiter is fixed at the replica's workers (4, 4, 2, and 4 whose service
+// times double for 2 s of every 6 s), with a queue of lpQueue × its
+// workers, service times lognormal with a mean of 10 ms; eight clients,
+// each with its own connections, calls arriving open loop (Poisson) at
+// 70% and 90% of the fleet's mean capacity, 2 s deadlines, lpSeeds seeds
+// of lpLength each, the same arrivals and service times for every
+// picker. It prints a table per load (the median over the seeds of p50,
+// p99, p99.9, p99 of the calls served and admission's refusals; the
+// longest time the weak replica's requests, its queue included, were
+// above 1.5 × its workers; each replica's share; and the service times
+// alone, what the calls would take with no queueing) and checks what load
+// reports reach against peak-EWMA (see lpSlack). It runs only when
+// RESILIX_LOAD_PICKING is set, to 1 or a Go duration replacing lpLength
+// (`make load-picking` sets it).
 func TestLoadPicking(t *testing.T) {
 	d := optIn(t, "RESILIX_LOAD_PICKING", lpLength, "a measurement of picking by load reports; set RESILIX_LOAD_PICKING=1 (or a duration for each seed) to run it, as make load-picking does")
+	pickers := []lpPicker{lpRoundRobin, lpPeakEWMA, lpReports, lpOracle}
 	for _, load := range []float64{0.7, 0.9} {
 		t.Run(fmt.Sprintf("load-%.0f%%", 100*load), func(t *testing.T) {
-			var res [2]lpResult
-			for i, age := range []time.Duration{-1, 0} {
+			res := make([]lpResult, len(pickers))
+			for i, p := range pickers {
 				for seed := uint64(1); seed <= lpSeeds; seed++ {
-					synctest.Test(t, func(t *testing.T) { res[i].add(lpRun(t, load, age, seed, d)) })
+					synctest.Test(t, func(t *testing.T) { res[i].add(lpRun(t, &fbMemory{}, p, load, seed, d)) })
 				}
 			}
-			lpReport(t, load, d, res)
+			tb := lpTable(load, pickers, res)
+			lpCheck(tb, load, pickers, res, lpSlack, lpP99At90)
+			tb.log(t, fmt.Sprintf("load picking, in memory, virtual time: %s, %d seeds of %v", lpFleet(load), lpSeeds, d))
 		})
 	}
 }
@@ -63,16 +68,23 @@ const (
 	lpDip      = 2 * time.Second      // for lpDip of every lpPeriod
 	lpWeak     = 2                    // the index of the replica with half the workers
 	// What is checked, against peak-EWMA's figures: the quantiles no
-	// worse, within the noise of lpSeeds seeds (a few percent from run to
-	// run: the lanes' random source is not seeded); admission's refusals
-	// no more; the weak replica above 1.5 × its workers for at most lpOver
-	// at a stretch; at 70%, refusals at most lpRefused70 (the issue asks
-	// 0.1%: the weak replica's queue of four overflows in bursts).
+	// worse, within lpSlack (the noise of lpSeeds seeds: a few percent
+	// from run to run, the lanes' random source being unseeded), p99.9
+	// within lpSlack999; at 90%, p99 at most lpP99At90 × peak-EWMA's;
+	// admission's refusals no more; the weak replica above 1.5 × its
+	// workers for at most lpOver at a stretch; at 70%, refusals at most
+	// lpRefused70.
 	lpSlack     = 1.05
 	lpSlack999  = 1.10
-	lpRefused70 = 0.003
+	lpRefused70 = 0.001
 	lpOver      = time.Second
-	lpP99Target = 0.75 // the issue's target at 90%, p99 against peak-EWMA's, reported
+	// lpP99At90: the simulation's load reports reach 0.89 to 0.92 ×
+	// peak-EWMA's p99 at 90%. lpP99Asked, 0.75 ×, is out of this fleet's
+	// reach for a client: the least-loaded oracle, which reads every
+	// replica's requests at each call, gets 0.75 to 0.77 ×; it is
+	// reported, not checked.
+	lpP99At90  = 0.95
+	lpP99Asked = 0.75
 )
 
 // lpWorkers are the replicas' workers; the last one's service times
@@ -93,41 +105,115 @@ func lpCapacity() float64 {
 	return c
 }
 
+// lpFleet describes the fleet at load, for a table's title.
+func lpFleet(load float64) string {
+	return fmt.Sprintf("replicas with %v workers behind admission limited at them (queue %v×), the last's service doubled for %v of every %v, lognormal service of mean %v, %d clients, %.0f calls/s (%.0f%% of %.0f)",
+		lpWorkers, lpQueue, lpDip, lpPeriod, lpService, lpClients, load*lpCapacity(), 100*load, lpCapacity())
+}
+
+// lpPicker is how the clients pick a replica for each call: through the
+// transport's lanes (Replicas over a static list of the replicas, with
+// LoadReportAge age), or, where pick is set, by the test itself, each
+// client sending to the replica pick names over its own plain
+// http.Transport (for comparison only).
+type lpPicker struct {
+	name string
+	age  time.Duration
+	// pick returns the index of the replica for a client's n-th call
+	// (from 0), at now.
+	pick func(reps []*lpReplica, n uint64, now time.Time) int
+}
+
+var (
+	lpRoundRobin = lpPicker{name: "round robin", pick: func(reps []*lpReplica, n uint64, _ time.Time) int { return int(n % uint64(len(reps))) }}
+	lpPeakEWMA   = lpPicker{name: "peak-EWMA", age: -1}
+	lpReports    = lpPicker{name: "load reports"}
+	// lpOracle sends each call to the replica with the fewest requests
+	// (its queue included) for its capacity at that instant, read from
+	// the replicas themselves: a bound that no client picker, which
+	// learns a replica's load only from its own answers, can be expected
+	// to beat.
+	lpOracle = lpPicker{name: "least loaded (oracle)", pick: func(reps []*lpReplica, n uint64, now time.Time) int {
+		best, bestCost := 0, math.Inf(1)
+		for k := range reps {
+			i := (int(n) + k) % len(reps) // ties go round
+			if c := float64(reps[i].inFlight.Load()+1) / reps[i].capacity(now); c < bestCost {
+				best, bestCost = i, c
+			}
+		}
+		return best
+	}}
+)
+
+// lpFigures are one run's figures for one picker.
+type lpFigures struct {
+	calls, failed, refused int64
+	q                      [3]time.Duration // p50, p99, p99.9 of every call
+	served99               time.Duration    // p99 of the calls that succeeded
+}
+
 // lpResult is what one picker's runs measured.
 type lpResult struct {
-	lat      []time.Duration
-	failed   int64
-	refused  int64
-	longest  time.Duration   // the weak replica's longest stretch above 1.5 × its workers
-	share    [4]int64        // requests served by each replica
-	shed     [4]int64        // refused by each replica
-	service  []time.Duration // of the requests served: what the calls would take with no queueing
-	runs     int
-	overWeak time.Duration // in all
+	runs    []lpFigures
+	longest time.Duration   // the weak replica's longest stretch above 1.5 × its workers, in any run
+	share   [4]int64        // requests served by each replica
+	shed    [4]int64        // refused by each replica
+	service []time.Duration // the time each request served held its worker: what the calls would take with no queueing
 }
 
 func (r *lpResult) add(o lpResult) {
-	r.lat = append(r.lat, o.lat...)
+	r.runs = append(r.runs, o.runs...)
 	r.service = append(r.service, o.service...)
-	r.failed += o.failed
-	r.refused += o.refused
 	r.longest = max(r.longest, o.longest)
-	r.overWeak += o.overWeak
 	for i := range r.share {
 		r.share[i] += o.share[i]
 		r.shed[i] += o.shed[i]
 	}
-	r.runs++
 }
 
-func lpReport(t *testing.T, load float64, d time.Duration, res [2]lpResult) {
-	tb := &figureTable{name: 22, cell: 10, cols: []string{fmt.Sprintf("%.0f%% load", 100*load), "calls", "p50", "p99", "p99.9", "failed", "refused", "weak>1.5x", "share"}}
-	var q [2][3]time.Duration
-	for i, name := range []string{"peak-EWMA", "load reports"} {
+// median returns the median over r's runs of what f reads (the higher
+// middle one of an even count).
+func (r *lpResult) median(f func(lpFigures) float64) float64 {
+	v := make([]float64, len(r.runs))
+	for i, fg := range r.runs {
+		v[i] = f(fg)
+	}
+	slices.Sort(v)
+	if len(v) == 0 {
+		return 0
+	}
+	return v[len(v)/2]
+}
+
+func (r *lpResult) quantile(k int) time.Duration {
+	return time.Duration(r.median(func(f lpFigures) float64 { return float64(f.q[k]) }))
+}
+
+func (r *lpResult) served99() time.Duration {
+	return time.Duration(r.median(func(f lpFigures) float64 { return float64(f.served99) }))
+}
+
+func (r *lpResult) refusedRate() float64 {
+	return r.median(func(f lpFigures) float64 { return ratio(f.refused, f.calls) })
+}
+
+func (r *lpResult) failedRate() float64 {
+	return r.median(func(f lpFigures) float64 { return ratio(f.failed, f.calls) })
+}
+
+func (r *lpResult) calls() int64 {
+	var n int64
+	for _, f := range r.runs {
+		n += f.calls
+	}
+	return n
+}
+
+// lpTable tabulates each picker's result at load.
+func lpTable(load float64, pickers []lpPicker, res []lpResult) *figureTable {
+	tb := &figureTable{name: 22, cell: 10, cols: []string{fmt.Sprintf("%.0f%% load", 100*load), "calls", "p50", "p99", "p99.9", "p99 ok", "failed", "refused", "weak>1.5x", "share"}}
+	for i, p := range pickers {
 		r := &res[i]
-		slices.Sort(r.lat)
-		n := int64(len(r.lat))
-		q[i] = [3]time.Duration{fbQuantile(r.lat, 0.5), fbQuantile(r.lat, 0.99), fbQuantile(r.lat, 0.999)}
 		var all int64
 		for _, s := range r.share {
 			all += s
@@ -139,37 +225,49 @@ func lpReport(t *testing.T, load float64, d time.Duration, res [2]lpResult) {
 			}
 			share += fmt.Sprintf("%.0f", 100*float64(s)/float64(max(all, 1)))
 		}
-		tb.row(name, fmt.Sprint(n), replMS(q[i][0]), replMS(q[i][1]), replMS(q[i][2]),
-			pct(r.failed, n), pct(r.refused, n), fmt.Sprintf("%.2fs", r.longest.Seconds()), share)
+		tb.row(p.name, fmt.Sprint(r.calls()), replMS(r.quantile(0)), replMS(r.quantile(1)), replMS(r.quantile(2)), replMS(r.served99()),
+			fmt.Sprintf("%.2f%%", 100*r.failedRate()), fmt.Sprintf("%.2f%%", 100*r.refusedRate()), fmt.Sprintf("%.2fs", r.longest.Seconds()), share)
 	}
-	for i, name := range []string{"peak-EWMA", "load reports"} {
+	for i, p := range pickers {
 		sv := res[i].service
 		slices.Sort(sv)
-		tb.note(fmt.Sprintf("service times alone, %s: p50 %s, p99 %s, p99.9 %s (what the calls would take with no queueing, on the replicas they went to)", name, replMS(fbQuantile(sv, 0.5)), replMS(fbQuantile(sv, 0.99)), replMS(fbQuantile(sv, 0.999))))
+		tb.note(fmt.Sprintf("service times alone (the time a request held its worker), %s: p50 %s, p99 %s, p99.9 %s", p.name, replMS(fbQuantile(sv, 0.5)), replMS(fbQuantile(sv, 0.99)), replMS(fbQuantile(sv, 0.999))))
 	}
-	tb.note(fmt.Sprintf("refused by each replica: peak-EWMA %v, load reports %v", res[0].shed, res[1].shed))
-	tb.note(fmt.Sprintf("weak>1.5x: the longest stretch the replica with %d workers held more than 1.5 × them (its queue included); share: %% of the requests each replica served", lpWorkers[lpWeak]))
-	rep, ewma := res[1], res[0]
-	n := int64(len(rep.lat))
-	tb.check(rep.longest <= lpOver, "the weak replica above 1.5 × its workers for %v at a stretch, target <= %v", rep.longest, lpOver)
-	tb.check(rep.refused <= ewma.refused, "admission refused %d with load reports, %d with peak-EWMA", rep.refused, ewma.refused)
-	if load < 0.8 {
-		tb.check(float64(q[1][0]) <= lpSlack*float64(q[0][0]), "p50 %v, peak-EWMA's %v", replMS(q[1][0]), replMS(q[0][0]))
-		tb.check(float64(q[1][1]) <= lpSlack*float64(q[0][1]), "p99 %v, peak-EWMA's %v", replMS(q[1][1]), replMS(q[0][1]))
-		tb.check(float64(rep.refused) <= lpRefused70*float64(n), "admission refused %d of %d (%s), want <= %.1f%%", rep.refused, n, pct(rep.refused, n), 100*lpRefused70)
-	} else {
-		tb.check(float64(q[1][1]) <= lpSlack*float64(q[0][1]), "p99 %v, peak-EWMA's %v", replMS(q[1][1]), replMS(q[0][1]))
-		tb.check(float64(q[1][2]) <= lpSlack999*float64(q[0][2]), "p99.9 %v, peak-EWMA's %v", replMS(q[1][2]), replMS(q[0][2]))
-		tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (the issue's target, %.2f ×, is not reached: see docs/replicas.md)", float64(q[1][1])/float64(q[0][1]), lpP99Target))
+	for i, p := range pickers {
+		var runs []string
+		for _, f := range res[i].runs {
+			runs = append(runs, fmt.Sprintf("%s (%s refused)", replMS(f.q[1]), pct(f.refused, f.calls)))
+		}
+		tb.note(fmt.Sprintf("refused by each replica, %s: %v; p99 of each run: %s", p.name, res[i].shed, strings.Join(runs, ", ")))
 	}
-	tb.log(t, fmt.Sprintf("load picking, in memory, virtual time: replicas with %v workers behind admission limited at them (queue %v×), the last's service doubled for %v of every %v, lognormal service of mean %v, %d clients, %.0f calls/s (%.0f%% of %.0f), %d seeds of %v",
-		lpWorkers, lpQueue, lpDip, lpPeriod, lpService, lpClients, load*lpCapacity(), 100*load, lpCapacity(), lpSeeds, d))
+	tb.note(fmt.Sprintf("the median of %d runs; p99 ok: of the calls that succeeded (a refusal is a fast answer, and counts in the others); weak>1.5x: the longest stretch, in any run, the replica with %d workers held more than 1.5 × them (its queue included); share: %% of the requests each replica served",
+		len(res[0].runs), lpWorkers[lpWeak]))
+	return tb
 }
 
-// lpRun runs one seed of the fleet at load with clients whose Replicas
-// have LoadReportAge age.
-func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Duration) lpResult {
-	net := &fbMemory{}
+// lpCheck checks load reports' figures at load against peak-EWMA's: its
+// quantiles within slack, and at 90% its p99 at most p99At90 × theirs.
+func lpCheck(tb *figureTable, load float64, pickers []lpPicker, res []lpResult, slack, p99At90 float64) {
+	at := func(name string) *lpResult {
+		return &res[slices.IndexFunc(pickers, func(p lpPicker) bool { return p.name == name })]
+	}
+	rep, ewma := at(lpReports.name), at(lpPeakEWMA.name)
+	tb.check(rep.longest <= lpOver, "the weak replica above 1.5 × its workers for %v at a stretch, target <= %v", rep.longest, lpOver)
+	tb.check(rep.refusedRate() <= ewma.refusedRate(), "admission refused %.2f%% with load reports, %.2f%% with peak-EWMA", 100*rep.refusedRate(), 100*ewma.refusedRate())
+	if load < 0.8 {
+		tb.check(float64(rep.quantile(0)) <= slack*float64(ewma.quantile(0)), "p50 %v, peak-EWMA's %v", replMS(rep.quantile(0)), replMS(ewma.quantile(0)))
+		tb.check(float64(rep.quantile(1)) <= slack*float64(ewma.quantile(1)), "p99 %v, peak-EWMA's %v", replMS(rep.quantile(1)), replMS(ewma.quantile(1)))
+		tb.check(rep.refusedRate() <= lpRefused70, "admission refused %.2f%%, want <= %.1f%%", 100*rep.refusedRate(), 100*lpRefused70)
+		return
+	}
+	tb.check(float64(rep.quantile(1)) <= p99At90*float64(ewma.quantile(1)), "p99 %v, peak-EWMA's %v: want <= %.2f ×", replMS(rep.quantile(1)), replMS(ewma.quantile(1)), p99At90)
+	tb.check(float64(rep.quantile(2)) <= lpSlack999*float64(ewma.quantile(2)), "p99.9 %v, peak-EWMA's %v", replMS(rep.quantile(2)), replMS(ewma.quantile(2)))
+	tb.note(fmt.Sprintf("p99 with load reports %.2f × peak-EWMA's (%.2f × was asked: see docs/replicas.md)", float64(rep.quantile(1))/float64(ewma.quantile(1)), lpP99Asked))
+}
+
+// lpRun runs one seed of the fleet on net at load, its clients picking
+// by p.
+func lpRun(t *testing.T, net fbNet, p lpPicker, load float64, seed uint64, d time.Duration) lpResult {
 	start := time.Now()
 	reps := make([]*lpReplica, len(lpWorkers))
 	addrs := make([]string, len(reps))
@@ -177,18 +275,31 @@ func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Du
 		reps[i] = newLPReplica(t, w, i == len(lpWorkers)-1, start, rand.New(rand.NewPCG(seed, uint64(i+1))))
 		addrs[i] = net.serve(t, reps[i])
 	}
-	url := "http://" + addrs[0] + "/"
-	var clients []*http.Client
-	var trs []*transport.Transport
+	var (
+		clients []func(ctx context.Context) bool
+		idle    []func()
+	)
 	for range lpClients {
+		if p.pick != nil {
+			base := net.base()
+			cl := &http.Client{Transport: base}
+			var n atomic.Uint64
+			clients = append(clients, func(ctx context.Context) bool {
+				i := p.pick(reps, n.Add(1)-1, time.Now())
+				return fbCall(ctx, cl, "http://"+addrs[i]+"/")
+			})
+			idle = append(idle, base.CloseIdleConnections)
+			continue
+		}
 		tr, err := transport.New(transport.Config{Base: net.base(), Policies: policy.Set{
-			Replicas: &policy.Replicas{Endpoints: transport.Static(addrs...), LoadReportAge: age},
+			Replicas: &policy.Replicas{Endpoints: transport.Static(addrs...), LoadReportAge: p.age},
 		}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		trs = append(trs, tr)
-		clients = append(clients, &http.Client{Transport: tr})
+		cl := &http.Client{Transport: tr}
+		clients = append(clients, func(ctx context.Context) bool { return fbCall(ctx, cl, "http://"+addrs[0]+"/") })
+		idle = append(idle, tr.CloseIdleConnections)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	var samplers sync.WaitGroup
@@ -198,9 +309,10 @@ func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Du
 	rate := load * lpCapacity()
 	rng := rand.New(rand.NewPCG(seed, 0))
 	var (
-		calls sync.WaitGroup
-		mu    sync.Mutex
-		res   lpResult
+		calls   sync.WaitGroup
+		mu      sync.Mutex
+		lat, ok []time.Duration
+		failed  int64
 	)
 	next := start
 	for i := 0; ; i++ {
@@ -209,17 +321,19 @@ func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Du
 			break
 		}
 		time.Sleep(time.Until(next))
-		cl := clients[i%len(clients)]
+		call := clients[i%len(clients)]
 		calls.Go(func() {
 			cctx, ccancel := context.WithTimeout(ctx, lpDeadline)
 			defer ccancel()
 			began := time.Now()
-			ok := fbCall(cctx, cl, url)
+			good := call(cctx)
 			took := time.Since(began)
 			mu.Lock()
-			res.lat = append(res.lat, took)
-			if !ok {
-				res.failed++
+			lat = append(lat, took)
+			if good {
+				ok = append(ok, took)
+			} else {
+				failed++
 			}
 			mu.Unlock()
 		})
@@ -227,23 +341,29 @@ func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Du
 	calls.Wait()
 	cancel()
 	samplers.Wait()
-	for _, tr := range trs {
-		tr.CloseIdleConnections()
+	for _, f := range idle {
+		f()
 	}
 	net.close()
+	slices.Sort(lat)
+	slices.Sort(ok)
+	fg := lpFigures{calls: int64(len(lat)), failed: failed, served99: fbQuantile(ok, 0.99),
+		q: [3]time.Duration{fbQuantile(lat, 0.5), fbQuantile(lat, 0.99), fbQuantile(lat, 0.999)}}
+	var res lpResult
 	for i, r := range reps {
-		res.refused += r.refused.Load()
+		fg.refused += r.refused.Load()
 		res.share[i] = r.served.Load()
 		res.shed[i] = r.refused.Load()
 		res.service = append(res.service, r.service...)
 	}
-	res.longest, res.overWeak = reps[lpWeak].longest, reps[lpWeak].over
+	res.runs = []lpFigures{fg}
+	res.longest = reps[lpWeak].longest
 	return res
 }
 
 // lpReplica is a replica: admission.Handler with its limit fixed at the
 // replica's workers, reporting its load to every caller, in front of a
-// handler that takes a lognormal service time (doubled in a dip).
+// handler that waits a lognormal service time (doubled in a dip).
 type lpReplica struct {
 	h        http.Handler
 	workers  int
@@ -257,7 +377,7 @@ type lpReplica struct {
 
 	mu      sync.Mutex
 	rng     *rand.Rand
-	service []time.Duration // of each request served
+	service []time.Duration // the time each request served held its worker
 }
 
 func newLPReplica(t *testing.T, workers int, dips bool, start time.Time, rng *rand.Rand) *lpReplica {
@@ -280,12 +400,27 @@ func (r *lpReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.h.ServeHTTP(&refusals{ResponseWriter: w, n: &r.refused}, req)
 }
 
+// dipping reports whether r's service times are doubled at now.
+func (r *lpReplica) dipping(now time.Time) bool {
+	return r.dips && now.Sub(r.start)%lpPeriod >= lpPeriod-lpDip
+}
+
+// capacity is r's workers at now, halved in a dip (each takes twice as
+// long).
+func (r *lpReplica) capacity(now time.Time) float64 {
+	if r.dipping(now) {
+		return float64(r.workers) / 2
+	}
+	return float64(r.workers)
+}
+
 // work waits a service time: lognormal, doubled in a dip.
 func (r *lpReplica) work(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	service := time.Duration(float64(lpService) * math.Exp(lpSigma*r.rng.NormFloat64()-lpSigma*lpSigma/2))
 	r.mu.Unlock()
-	if r.dips && time.Since(r.start)%lpPeriod >= lpPeriod-lpDip {
+	began := time.Now()
+	if r.dipping(began) {
 		service *= 2
 	}
 	timer := time.NewTimer(service)
@@ -293,8 +428,9 @@ func (r *lpReplica) work(w http.ResponseWriter, req *http.Request) {
 	select {
 	case <-timer.C:
 		r.served.Add(1)
+		held := time.Since(began) // service, in virtual time; over loopback, as late as the machine's timers ran
 		r.mu.Lock()
-		r.service = append(r.service, service)
+		r.service = append(r.service, held)
 		r.mu.Unlock()
 		w.Write([]byte("ok"))
 	case <-req.Context().Done():

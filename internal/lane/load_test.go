@@ -179,3 +179,93 @@ func TestALaneOverItsLimitIsAvoided(t *testing.T) {
 		t.Errorf("with its last report stale, the lane got %d of 4000 picks, want about a quarter", hot)
 	}
 }
+
+// TestAQueueFoundWidensThePick: when the lane the two choices pick would
+// queue the attempt (its fresh report says so), the pick is the cheapest
+// of every lane it may take; the two choices alone would leave the lane
+// that does not queue the half of the picks in which it is drawn. The
+// lanes the call used are still passed over, and with LoadReportAge
+// negative the two choices rule.
+func TestAQueueFoundWidensThePick(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		age       time.Duration
+		hot, cold Load // lanes 0 to 2's reports, and lane 3's
+		used      uint64
+		min, max  int // lane 3's picks of 1000
+	}{
+		{name: "one lane under its limit", hot: Load{Util: 2, Per: 0.25}, cold: Load{Util: 0.5, Per: 0.25}, min: 1000, max: 1000},
+		{name: "one lane with the shortest queue", hot: Load{Util: 3, Per: 0.25}, cold: Load{Util: 1.5, Per: 0.25}, min: 1000, max: 1000},
+		{name: "the cheapest used", hot: Load{Util: 2, Per: 0.25}, cold: Load{Util: 0.5, Per: 0.25}, used: 1 << 3, min: 0, max: 0},
+		{name: "off", age: -1, hot: Load{Util: 2, Per: 0.25}, cold: Load{Util: 0.5, Per: 0.25}, min: 150, max: 350},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSet(policy.Replicas{LoadReportAge: tc.age})
+			s.rand = rand.New(rand.NewPCG(5, 6)).Uint64
+			report := func(l *Lane[pool]) Answer {
+				if l.Index == 3 {
+					return Answer{Load: tc.cold, Reported: true}
+				}
+				return Answer{Load: tc.hot, Reported: true}
+			}
+			for range 400 { // every lane warm, with its report
+				l := s.Take(t0, 0)
+				s.Done(l, t0, 10*time.Millisecond, policy.Success, report(l))
+			}
+			got := 0
+			for range 1000 { // at the reports' instant: nothing drained
+				l := s.Take(t0, tc.used)
+				if l.Index == 3 {
+					got++
+				}
+				s.Done(l, t0, 10*time.Millisecond, policy.Success, Answer{})
+			}
+			if got < tc.min || got > tc.max {
+				t.Errorf("lane 3 got %d of 1000 picks, want %d to %d", got, tc.min, tc.max)
+			}
+		})
+	}
+}
+
+// TestALaneQueuesWhenItsReportSaysSo: an attempt would queue when the
+// server's utilization, drained down to the limit and compensated (see
+// util), and the attempt's own share come to more than 1, by a fresh
+// report only.
+func TestALaneQueuesWhenItsReportSaysSo(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		age    time.Duration // LoadReportAge
+		load   Load
+		since  int           // attempts taken after the report, outstanding
+		readAt time.Duration // after the report
+		want   bool
+	}{
+		{name: "none"},
+		{name: "its own attempt fills the limit", load: Load{Util: 0.75, Per: 0.25}},
+		{name: "its own attempt would wait", load: Load{Util: 1, Per: 0.25}, want: true},
+		{name: "one sent since", load: Load{Util: 0.75, Per: 0.25}, since: 1, want: true},
+		{name: "drained to the limit", load: Load{Util: 1.5, Per: 0.25}, readAt: 8 * ms, want: true},
+		{name: "drained to the limit, no limit said", load: Load{Util: 1.5}, readAt: 8 * ms},
+		{name: "at the limit, long after", load: Load{Util: 1, Per: 0.25}, readAt: time.Second, want: true},
+		{name: "under the limit, long after", load: Load{Util: 0.5, Per: 0.25}, readAt: time.Second},
+		{name: "no limit said, at 1", load: Load{Util: 1}},
+		{name: "no limit said, above 1", load: Load{Util: 1.25}, want: true},
+		{name: "stale", load: Load{Util: 3, Per: 0.25}, readAt: 2*time.Second + 1},
+		{name: "off", age: -1, load: Load{Util: 3, Per: 0.25}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSet(policy.Replicas{Connections: 1, LoadReportAge: tc.age})
+			l := s.Take(t0, 0)
+			s.Done(l, t0, 10*ms, policy.Success, Answer{})
+			l = s.Take(t0, 0)
+			s.Done(l, t0, 10*ms, policy.Success, Answer{Load: tc.load, Reported: tc.load != Load{}})
+			for range tc.since {
+				s.Take(t0, 0)
+			}
+			if got := l.queues(s.nanos(t0.Add(tc.readAt)), s.reportAge); got != tc.want {
+				t.Errorf("queues %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

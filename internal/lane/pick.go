@@ -96,10 +96,10 @@ func cheaper[P any](a, b *Lane[P], t, age, ends int64) bool {
 }
 
 // cost is l's picking cost at t, with ends attempts of the key ended by
-// then: its own cost (see ownCost) times its load factor (see loaded)
-// when its server's last load report is at most age ns old. The estimate
-// of a lane hushed long enough (see staleAfter) with none outstanding is
-// read as minEstimate.
+// then: its own cost (see ownCost) times max(1, u), u its server's
+// utilization (see util) when its last load report is at most age ns
+// old. The estimate of a lane hushed long enough (see staleAfter) with
+// none outstanding is read as minEstimate.
 func (l *Lane[P]) cost(t, age, ends int64) float64 {
 	o := l.outstanding.Load()
 	est := max(l.estimate(t), minEstimate)
@@ -108,12 +108,20 @@ func (l *Lane[P]) cost(t, age, ends int64) float64 {
 		own = minEstimate
 	}
 	c := l.ownCost(t, float64(o), own)
-	if age != 0 {
-		if at := l.repAt.Load(); at != 0 && t-at <= age {
-			c *= l.loaded(t, at, o, est)
-		}
+	if u, ok := l.util(t, age, o, est); ok {
+		c *= max(u, 1)
 	}
 	return c
+}
+
+// queues reports whether an attempt sent on l at t would wait in its
+// server's queue, as its last load report, at most age ns old, tells:
+// whether the server's utilization (see util) and the attempt's own
+// share of it (Per) come to more than 1. A lane with no such report, or
+// whose server did not say its limit and reports 1 or less, does not.
+func (l *Lane[P]) queues(t, age int64) bool {
+	u, ok := l.util(t, age, l.outstanding.Load(), max(l.estimate(t), minEstimate))
+	return ok && u+math.Float64frombits(l.repPer.Load()) > 1
 }
 
 // ownCost is l's picking cost at t by the client's own evidence, with o
@@ -132,19 +140,21 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 	return c
 }
 
-// loaded is the factor by which l's load report, which came at at,
-// raises its cost at t, with o attempts outstanding on it and est its
-// latency estimate: max(1, u), u being the reported utilization (1 at
-// the server's limit) less the time since the report over est, plus Per
-// for each attempt outstanding beyond those when it came. A failure
-// since the report needs no rule of its own here: the factor is at
+// util is l's server's utilization at t (1 at its limit) as its last
+// load report tells it, with o attempts outstanding on l and est its
+// latency estimate: the reported utilization less the time since the
+// report over est, down to the limit and no further (a report at or
+// under the limit is taken as it stands), plus Per for each attempt
+// outstanding beyond those when it came; ok false when the report is
+// older than age ns, or there is none (age 0: none read). A failure
+// since the report needs no rule of its own here: a cost's factor is at
 // least 1, and the failure's penalty is in the client's own cost.
 //
 // max(1, u) is the time a new request would take at that server as a
 // multiple of its service time, when its limit is its workers and its
 // queue is served in order: under the limit, one service time; above,
 // the queue's u − 1 limits' worth drained at one a service time, then
-// its own. So under the limit a report changes nothing, and the client's
+// its own. So under the limit a report changes no cost, and the client's
 // own peak-EWMA rules (the lanes' latency and failures, which a report
 // can never lower); above it, the lane costs more in proportion to the
 // wait its queue adds, which the client's own outstanding count, its
@@ -153,15 +163,26 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 // service time: an overestimate while it queues, so the drain is
 // underestimated), or a lane that every client avoids for the queue it
 // reported would stay avoided, unasked and idle, until its report grew
-// stale; the client's own attempts sent since the report are added back
-// (Prequal's client-side compensation: see Per).
-func (l *Lane[P]) loaded(t, at, o int64, est float64) float64 {
-	u := math.Float64frombits(l.repLoad.Load())
-	u -= float64(max(t-at, 0)) / est
+// stale; but only down to the limit: what keeps a server's workers busy
+// is the fleet's other clients, whose sends a client does not see, so a
+// server at its limit is taken to stay there, and an attempt sent to it
+// to queue (see queues), until a newer report says otherwise. The
+// client's own attempts sent since the report are added back (Prequal's
+// client-side compensation: see Per).
+func (l *Lane[P]) util(t, age, o int64, est float64) (u float64, ok bool) {
+	if age == 0 {
+		return 0, false
+	}
+	at := l.repAt.Load()
+	if at == 0 || t-at > age {
+		return 0, false
+	}
+	u = math.Float64frombits(l.repLoad.Load())
+	u = max(u-float64(max(t-at, 0))/est, min(u, 1))
 	if n := o - l.repOut.Load(); n > 0 {
 		u += float64(n) * math.Float64frombits(l.repPer.Load())
 	}
-	return max(u, 1)
+	return u, true
 }
 
 // report is l's last load report at t, and its age: its utilization,
@@ -281,10 +302,27 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 		if o := v.lanes[b]; cheaper(o, l, t, s.reportAge, s.ends.Load()) {
 			l = o
 		}
+		if s.reportAge != 0 && l.queues(t, s.reportAge) {
+			l = cheapest(v, cand, t, s.reportAge, s.ends.Load(), l)
+		}
 	}
 	l.outstanding.Add(1)
 	if t-s.lastSent.Load() >= sentGrain {
 		s.lastSent.Store(t) // within sentGrain: parallel picks seldom write the Set's line
+	}
+	return l
+}
+
+// cheapest returns the lane of v in cand whose cost at t is the lowest,
+// l if none is below its cost (see Set: a queue found widens the pick).
+func cheapest[P any](v *view[P], cand uint64, t, age, ends int64, l *Lane[P]) *Lane[P] {
+	c := l.cost(t, age, ends)
+	for m := cand; m != 0; m &= m - 1 {
+		if o := v.lanes[bits.TrailingZeros64(m)]; o != l {
+			if oc := o.cost(t, age, ends); oc < c {
+				l, c = o, oc
+			}
+		}
 	}
 	return l
 }

@@ -31,10 +31,18 @@ type view[P any] struct {
 // seconds (see failurePenalty). Where a lane's server reported its load
 // on an answer (see Answer.Load) at most LoadReportAge ago, the cost is
 // multiplied by max(1, u): u is the reported utilization less the queue
-// drained since, plus the lane's attempts sent since the report
-// (Prequal's client-side compensation); see loaded. A replica whose queue
-// grows is then avoided before it refuses; under its limit, a report
-// changes nothing, and it never lowers a cost. A lane nothing is known of (new in the
+// drained since (down to the limit), plus the lane's attempts sent since
+// the report
+// (Prequal's client-side compensation); see util. When the lane the two
+// choices pick would queue the attempt by its report (see queues), the
+// pick is the cheapest of every lane it may take: two draws among four
+// lanes miss the one lane with room half the time, and a queued attempt
+// waits a service time for each limit's worth ahead of it; below a
+// queue, the two choices' randomness keeps clients that act on the same
+// reports from moving together. A replica whose queue grows is then
+// avoided before it refuses;
+// under its limit, a report changes nothing (the same random draws give
+// the same lanes), and it never lowers a cost. A lane nothing is known of (new in the
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
 // at a time until it answers, then ramps up to its share over slowStart.
