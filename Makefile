@@ -185,7 +185,7 @@ load-picking:
 ## (about 25s): a loopback handler that answers at once, 16 closed-loop
 ## callers, bare net/http against the Limiter alone, every policy but
 ## Hedge, and the Limiter with refused callers calling again at once, in
-## alternating 50ms turns; best of three tries checked against 0.97x,
+## 50ms turns in a shuffled order; best of three tries checked against 0.97x,
 ## 0.90x and 0.90x bare's calls a second with < 0.1% failed; prints the
 ## limit over time. No -race, for the reason given at flaky.
 .PHONY: limiter-throughput

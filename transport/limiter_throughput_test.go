@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,9 +26,9 @@ const (
 	// ltSlice is one configuration's turn: short, so that the machine's
 	// other load falls on every configuration alike.
 	ltSlice = 50 * time.Millisecond
-	// ltRounds is the turns of each configuration in one try, in the
-	// order forward, then backward, so that each sits as often early in
-	// a round as late.
+	// ltRounds is the turns of each configuration in one try, in an
+	// order shuffled each round, so that each follows every other alike
+	// (a turn after one of its own finds its connections and caches warm).
 	ltRounds = 24
 	ltTries  = 3
 	// ltSample is how often the limit and the in-flight count are read
@@ -41,15 +42,15 @@ const (
 // TestLimiterThroughput measures what the adaptive limiter costs an
 // upstream that is never overloaded: a loopback handler that answers at
 // once, ltCallers closed-loop callers, bare net/http against resilix with
-// the Limiter alone (target 0.97× bare's calls a second), with every
-// policy but Hedge (0.90×), and with the Limiter alone and callers that
-// call again at once when refused (0.90×; the others wait 1 ms), each with
-// fewer than ltMaxFailed of its calls failed or refused. A second bare
-// net/http client, with no target, shows the method's own spread. Each
-// configuration has its own *http.Transport to the same server. They take
-// turns of ltSlice, ltRounds each per try, and each one's calls a second
-// are divided by bare's of the same try; the best of ltTries tries is
-// checked against the target. For each limiter it prints the mean limit,
+// the Limiter alone (target 0.97× bare's calls a second), with every policy
+// but Hedge (0.90×), and with the Limiter alone and callers that call again
+// at once when refused (0.90×; the others wait 1 ms), each with fewer than
+// ltMaxFailed of its calls failed or refused. A second bare net/http
+// client, with no target, shows the method's own spread. Each configuration
+// has its own *http.Transport to the same server. They take turns of
+// ltSlice, ltRounds each per try in a shuffled order, and each one's calls
+// a second are divided by bare's of the same try; the best of ltTries tries
+// is checked against the target. For each limiter it prints the mean limit,
 // how often the calls in flight stood at it, its shrinks and growths, and
 // the limit at the end of each turn; for every configuration the process's
 // CPU a call over bare's. It runs only when RESILIX_LIMITER_THROUGHPUT is
@@ -95,15 +96,13 @@ func TestLimiterThroughput(t *testing.T) {
 	}
 	t.Logf("load average before: %s", ltLoadAvg())
 	ratios := make([][]float64, len(cfgs))
+	rng := rand.New(rand.NewPCG(46, 1)) // the turns' order
 	for try := range ltTries {
 		for _, c := range cfgs {
 			c.reset()
 		}
-		for r := range ltRounds {
-			for i := range cfgs {
-				if r%2 == 1 {
-					i = len(cfgs) - 1 - i
-				}
+		for range ltRounds {
+			for _, i := range rng.Perm(len(cfgs)) {
 				cfgs[i].turn(srv.URL, key)
 			}
 		}
