@@ -51,9 +51,9 @@ const (
 // ltSlice, ltRounds each per try in a shuffled order, and each one's calls
 // a second are divided by bare's of the same try; the best of ltTries tries
 // is checked against the target. For each limiter it prints the mean limit,
-// how often the calls in flight stood at it, its shrinks and growths, and
-// the limit at the end of each turn; for every configuration the process's
-// CPU a call over bare's. It runs only when RESILIX_LIMITER_THROUGHPUT is
+// how often the calls in flight stood at it and how often a call waited
+// for a slot, its shrinks and growths, and the limit at the end of each
+// turn; for every configuration the process's CPU a call over bare's. It runs only when RESILIX_LIMITER_THROUGHPUT is
 // set (make limiter-throughput), without -race, whose slowdown would be
 // what it measures.
 func TestLimiterThroughput(t *testing.T) {
@@ -107,14 +107,14 @@ func TestLimiterThroughput(t *testing.T) {
 			}
 		}
 		t.Logf("try %d: bare net/http %.1fk calls/s, %.1f µs of CPU a call; load average %s", try+1, cfgs[0].run.rate()/1000, cfgs[0].cpuPerCall(), ltLoadAvg())
-		t.Logf("| configuration | calls/s | × bare | CPU µs a call over bare's | failed or refused | mean limit (range) | in flight at the limit | shrinks, growths |")
+		t.Logf("| configuration | calls/s | × bare | CPU µs a call over bare's | failed or refused | mean limit (range) | in flight at the limit | a call waiting | shrinks, growths |")
 		for i, c := range cfgs[1:] {
 			ratio := c.run.rate() / cfgs[0].run.rate()
 			ratios[i+1] = append(ratios[i+1], ratio)
 			row := fmt.Sprintf("| %s | %.1fk | %.3f | %+.1f | %.3g%% |", c.name, c.run.rate()/1000, ratio, c.cpuPerCall()-cfgs[0].cpuPerCall(), 100*c.run.failedShare())
 			if c.tr != nil {
-				row += fmt.Sprintf(" %.1f (%d–%d) | %.1f%% | %d, %d |", c.limits.mean(), c.limits.lo, c.limits.hi,
-					100*c.limits.atLimitShare(), c.shrinks.Load(), c.growths.Load())
+				row += fmt.Sprintf(" %.1f (%d–%d) | %.1f%% | %.1f%% | %d, %d |", c.limits.mean(), c.limits.lo, c.limits.hi,
+					100*c.limits.atLimitShare(), 100*c.limits.queuedShare(), c.shrinks.Load(), c.growths.Load())
 			}
 			t.Log(row)
 			if c.run.failedShare() > ltMaxFailed {
@@ -185,7 +185,7 @@ func (c *ltConfig) turn(url, key string) {
 	if c.tr != nil {
 		read = func() {
 			m := c.tr.Measured(key)
-			c.limits.add(m.LimiterLimit, m.LimiterInFlight)
+			c.limits.add(m.LimiterLimit, m.LimiterInFlight, m.LimiterQueued)
 		}
 	}
 	cpu := cpuTime()
@@ -198,12 +198,12 @@ func (c *ltConfig) turn(url, key string) {
 
 // ltLimits sums the limit as read during a configuration's turns.
 type ltLimits struct {
-	n, sum, atLimit int
-	lo, hi          int
-	ends            []int // the limit at the end of each turn
+	n, sum, atLimit, queued int
+	lo, hi                  int
+	ends                    []int // the limit at the end of each turn
 }
 
-func (l *ltLimits) add(limit, inFlight int) {
+func (l *ltLimits) add(limit, inFlight, queued int) {
 	if l.n == 0 || limit < l.lo {
 		l.lo = limit
 	}
@@ -213,6 +213,9 @@ func (l *ltLimits) add(limit, inFlight int) {
 	if inFlight >= limit {
 		l.atLimit++
 	}
+	if queued > 0 {
+		l.queued++
+	}
 }
 
 func (l *ltLimits) mean() float64 { return float64(l.sum) / float64(max(l.n, 1)) }
@@ -220,6 +223,10 @@ func (l *ltLimits) mean() float64 { return float64(l.sum) / float64(max(l.n, 1))
 // atLimitShare is the share of readings with the calls in flight at the
 // limit.
 func (l *ltLimits) atLimitShare() float64 { return float64(l.atLimit) / float64(max(l.n, 1)) }
+
+// queuedShare is the share of readings with a call waiting for a slot:
+// the limit holding calls back.
+func (l *ltLimits) queuedShare() float64 { return float64(l.queued) / float64(max(l.n, 1)) }
 
 // ltResult is what ltLoop counted.
 type ltResult struct {
