@@ -142,6 +142,7 @@ func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, n
 	l := &r.first
 	l.round = r
 	r.c.prepare(l, kind, body, true, now)
+	r.c.markTie(l)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
 	r.mu.Lock()
@@ -392,6 +393,7 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	// Not over: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
 	c.prepare(l, policy.AttemptHedge, tk.body, true, now)
+	c.markTie(l)
 	*tk = hedgeTake{} // spent: the leg holds it all now
 	l.round, l.drewToken = r, true
 	r.legs = append(r.legs, l)

@@ -23,6 +23,7 @@ var layers = []string{
 	"call.go",
 	"isolate.go",
 	"hedge.go",
+	"tie.go",
 	"leg.go",
 	"gates.go",
 	"propagate.go",

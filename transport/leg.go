@@ -163,10 +163,7 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	if c.s.set.propagate {
 		c.stamp(l)
 	}
-	l.tie, l.unstarted = nil, false
-	if c.tie != tieOff && c.marksTie(l) {
-		c.markTie(l)
-	}
+	l.tie, l.unstarted = nil, false // marked by its round (see markTie)
 	timed := c.s.set.timed || timesAttemptsOf(c.t.obs)
 	if !timed && d == 0 {
 		return
@@ -432,6 +429,27 @@ func (c *call) end(l *leg, e ending, x exit) {
 	}
 	l.resp, l.err = resp, err
 	c.attemptDone(l, l.sent, r.outcome, l.latency, resp, err)
+}
+
+// endUnstarted ends a tied leg that was cancelled because its twin
+// started first, as its wire call returns: the observer hears it
+// discarded (and TieCancelled), and a hedge leg gives its budget token
+// back, since it cost its server a place in the queue, not the work.
+func (c *call) endUnstarted(l *leg, now time.Time) {
+	if now.IsZero() {
+		now = timing.Since(c.start)
+	}
+	var latency time.Duration
+	if !l.dispatch.IsZero() {
+		latency = now.Sub(l.dispatch)
+	}
+	if l.drewToken {
+		c.refund(now, l.kind)
+	}
+	c.attemptDone(l, l.sent, policy.Discarded, latency, nil, nil)
+	if o := c.t.obs; o != nil && o.TieCancelled != nil {
+		o.TieCancelled(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Tied: true})
+	}
 }
 
 // bodyAtFault reports whether err, leg l's error, is the caller's body's

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/resilix/resilix/internal/httpx"
-	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -53,9 +52,15 @@ func (c *call) marksTie(l *leg) bool {
 	return false
 }
 
-// markTie marks leg l's request as tied (the tie header, on a header of
-// the leg's own) and hooks its 1xx answers (see tieWatch).
+// markTie marks leg l of a hedged round, prepared, as tied when the
+// round marks it (see marksTie): the tie header, on a header of the
+// leg's own, and a hook on its 1xx answers (see tieWatch). Only a round's
+// legs are marked, which live on the heap: a leg of a round that does
+// not hedge stays on its caller's stack.
 func (c *call) markTie(l *leg) {
+	if !c.marksTie(l) {
+		return
+	}
 	if l.kind != policy.AttemptHedge && !c.s.set.propagate {
 		// The leg's request shares the caller's header (stamp gives it
 		// one of its own).
@@ -149,26 +154,5 @@ func (r *round) started(l *leg, now time.Time) {
 	r.mu.Unlock()
 	for _, o := range unstarted {
 		o.cancel(errTwinStarted)
-	}
-}
-
-// endUnstarted ends a tied leg that was cancelled because its twin
-// started first, as its wire call returns: the observer hears it
-// discarded (and TieCancelled), and a hedge leg gives its budget token
-// back, since it cost its server a place in the queue, not the work.
-func (c *call) endUnstarted(l *leg, now time.Time) {
-	if now.IsZero() {
-		now = timing.Since(c.start)
-	}
-	var latency time.Duration
-	if !l.dispatch.IsZero() {
-		latency = now.Sub(l.dispatch)
-	}
-	if l.drewToken {
-		c.refund(now, l.kind)
-	}
-	c.attemptDone(l, l.sent, policy.Discarded, latency, nil, nil)
-	if o := c.t.obs; o != nil && o.TieCancelled != nil {
-		o.TieCancelled(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Tied: true})
 	}
 }
