@@ -214,8 +214,9 @@ func lpRun(t *testing.T, load float64, age time.Duration, seed uint64, d time.Du
 			cctx, ccancel := context.WithTimeout(ctx, lpDeadline)
 			defer ccancel()
 			began := time.Now()
-			ok := fbCall(cctx, cl, url)
+			status, err := fbCall(cctx, cl, url)
 			took := time.Since(began)
+			ok := err == nil && status == http.StatusOK
 			mu.Lock()
 			res.lat = append(res.lat, took)
 			if !ok {
