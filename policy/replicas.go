@@ -36,7 +36,7 @@ import (
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
 // then one probe; a 503 or 429 with Retry-After holds back its lane, not
-// the key. A connection lane that fails while another lane does not is
+// the key, and counts towards no ejection. A connection lane that fails while another lane does not is
 // dialed anew, so that a balancer places it again.
 //
 // The key's Breaker judges the host, not a replica: a failure its lane
@@ -104,7 +104,9 @@ type Replicas struct {
 
 	// ConsecutiveFailures ejects a lane on which that many attempts in a
 	// row failed; a refused or timed-out dial is not counted (it takes
-	// the lane out for a second). If zero, 5 is used. If negative, only the failure rate
+	// the lane out for a second), nor a 503 or 429 whose Retry-After held
+	// the lane back (the hold is its penalty: the server's pushback says
+	// how busy it is, not that it fails). If zero, 5 is used. If negative, only the failure rate
 	// ejects. With connection lanes keep it on: a connection lane failing
 	// alone starts over on a new connection, with a new lane's record,
 	// until it succeeds, and its failures in a row are what ejects it
