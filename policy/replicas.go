@@ -31,7 +31,10 @@ import (
 // at once (Envoy's outlier detection): after ConsecutiveFailures failures
 // in a row; for a failure rate far above the other lanes' (the Breaker's
 // relative rule, the other lanes as the baseline); or for answers far
-// slower than the other lanes' at the same moments (EjectLatency). The
+// slower than the other lanes' at the same moments (EjectLatency; a lane
+// of Endpoints is first taken out for 1 s and probed, since a replica may
+// be slow only for a queue that drains once the clients send elsewhere,
+// and ejected when it is slow again with no fast answer between). The
 // client's own stalls (a GC pause, CPU throttling) are taken out of every
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
@@ -184,7 +187,9 @@ const (
 	// the other lanes'.
 	EjectRate
 	// EjectLatency: the lane's answers in a row were each far slower
-	// than the other lanes' latency estimates.
+	// than the other lanes' latency estimates; on a lane of Endpoints,
+	// the second such run with no fast answer between (the first takes
+	// it out for a second, as LaneDown).
 	EjectLatency
 )
 
@@ -210,8 +215,10 @@ const (
 	// LaneHeld: a 503 or 429 with Retry-After from the lane holds it
 	// back; it is picked only when no other lane is left.
 	LaneHeld
-	// LaneDown: the lane's dial was refused or timed out, or its
-	// attempt's own timeout met no answer: it is out for a second, then
+	// LaneDown: the lane's dial was refused or timed out, its
+	// attempt's own timeout met no answer, or, on a lane of Endpoints,
+	// its answers were far slower than the other lanes' for the first
+	// time since it last answered fast: it is out for a second, then
 	// probed.
 	LaneDown
 	// LaneEjected: the lane is ejected (see EjectionReason), and picked
