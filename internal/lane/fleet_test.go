@@ -506,6 +506,52 @@ func TestAReplicaSlowOnlyForItsQueueIsOutForAMoment(t *testing.T) {
 	}
 }
 
+// TestAReplicasQueueInFlightIsOneSlowRun: the answers of a burst sent to
+// a replica at once come back slow one after the other, its queue; those
+// after the first slowRun, sent before its out ended, make no second run.
+func TestAReplicasQueueInFlightIsOneSlowRun(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+	now := t0
+	var d *Lane[pool]
+	for k := range 400 { // every lane answers in 2ms
+		now = now.Add(time.Millisecond)
+		l := s.Take(now, 0b1111&^(1<<(k%4)))
+		if l.Addr == "d" {
+			d = l
+		}
+		s.Done(l, now, 2*time.Millisecond, policy.Success, Answer{})
+	}
+	dBit := uint64(1) << d.Index
+	sent := now
+	var burst []*Lane[pool]
+	for range 3 * slowRun {
+		if l := s.Take(sent, 0b1111&^dBit); l == d {
+			burst = append(burst, l)
+		}
+	}
+	if len(burst) < 2*slowRun {
+		t.Fatalf("%d of the burst went to d, want at least %d", len(burst), 2*slowRun)
+	}
+	// The other lanes answer in 2ms, one a millisecond, while d's queue
+	// answers its burst from 40ms on, one a millisecond.
+	var ejected []Ejection[pool]
+	for k := 1; k < 40+len(burst); k++ {
+		now = sent.Add(time.Duration(k) * time.Millisecond)
+		o := s.Take(now.Add(-2*time.Millisecond), dBit)
+		s.Done(o, now, 2*time.Millisecond, policy.Success, Answer{})
+		if i := k - 40; i >= 0 {
+			ejected = append(ejected, s.Done(burst[i], now, now.Sub(sent), policy.Success, Answer{}).Ejected...)
+		}
+	}
+	if len(ejected) != 0 {
+		t.Errorf("ejected %+v, want none: %d answers of one queue", ejected, len(burst))
+	}
+	var states [policy.MaxLanes]policy.LaneSnapshot
+	if s.States(now, &states); states[d.Index].State != policy.LaneDown {
+		t.Errorf("d is %v, want down: out for its slow run", states[d.Index].State)
+	}
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

@@ -195,7 +195,8 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 // ends the run, and one over it that the other lanes do not confirm
 // leaves the run as it is. A run of slowRun ejects l for its latency,
 // reported in rep; on an address lane, only when the run came with no fast
-// answer since a run before it took l out (slowOutLocked). An address
+// answer since a run before it took l out (slowOutLocked), and of answers
+// to attempts sent after that out ended. An address
 // lane is its replica, which a slow run may be slow for its queue alone
 // (its workers cut for a moment while every client sends to it): all the
 // clients would eject it at once, for EjectFor, far longer than its queue
@@ -220,7 +221,10 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	}
 	switch {
 	case n >= latencyFactor*least:
-		if s.overtakenLocked(l, t, x, n/latencyFactor) {
+		// Sent before its out ended, an answer of a lane a slow run
+		// took out was queued behind that run: no evidence of the
+		// next.
+		if s.overtakenLocked(l, t, x, n/latencyFactor) && !(l.slowedOut && t-int64(x) < l.outEnd) {
 			l.slow++
 		}
 	case answered:
@@ -255,9 +259,9 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 // time until it answers. Its health stays what its answers showed. s.mu
 // is held.
 func (s *Set[P]) slowOutLocked(l *Lane[P], t int64) {
-	l.slowedOut = true
+	l.slowedOut, l.outEnd = true, t+int64(downFor)
 	l.forget(t)
-	if l.blockLocked(down, t+int64(downFor)) {
+	if l.blockLocked(down, l.outEnd) {
 		s.reblockLocked(t)
 	}
 }
