@@ -34,7 +34,8 @@ import (
 // slower than the other lanes' at the same moments (EjectLatency; a lane
 // of Endpoints is first taken out for 1 s and probed, since a replica may
 // be slow only for a queue that drains once the clients send elsewhere,
-// and ejected when it is slow again with no fast answer between). The
+// and ejected when it is slow again, to attempts sent after that, with no
+// fast answer between). The
 // client's own stalls (a GC pause, CPU throttling) are taken out of every
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
