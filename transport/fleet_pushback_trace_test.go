@@ -183,7 +183,7 @@ func (tr *fbTrace) notes(tb *figureTable, reps []*fbReplica) {
 // fbLimitTrace is a replica's admission limiter as sampled.
 type fbLimitTrace struct {
 	src     policy.StateSource
-	codes   map[int]int   // refusals by status
+	codes   map[int]int   // answers other than 200, by status
 	limit   [][2]int      // per fbBucket: the sum of the limit's samples, and their count
 	queued  [][2]int      // per fbBucket: the sum of queued's samples, and their count
 	minimum int           // the lowest limit sampled
@@ -248,6 +248,6 @@ func (r *fbReplica) traceNotes(tb *figureTable, i int) {
 	for _, c := range lt.codes {
 		n += c
 	}
-	tb.note(fmt.Sprintf("r%d admission: refusals %v, mean Retry-After-Ms %.0fms, lowest limit %d; limit by %v:%s", i+1, lt.codes, float64(lt.waits)/float64(max(n, 1))/1e6, lt.minimum, fbBucket, mean(lt.limit)))
+	tb.note(fmt.Sprintf("r%d admission: answers other than 200 by status %v, their mean Resilix-Retry-After-Ms %.0fms, lowest limit %d; limit by %v:%s", i+1, lt.codes, float64(lt.waits)/float64(max(n, 1))/1e6, lt.minimum, fbBucket, mean(lt.limit)))
 	tb.note(fmt.Sprintf("r%d admission: queued by %v:%s", i+1, fbBucket, mean(lt.queued)))
 }
