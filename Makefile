@@ -156,11 +156,14 @@ fleet-ops:
 ## replica's time above 1.5x its workers), checked against p99 <= 250ms and
 ## failed calls <= 0.5% in every seed. Each seed runs on an in-memory
 ## network in virtual time (testing/synctest: the fleet's dynamics alone,
-## about 10s in all), then over loopback (about 75s), whose notes give the
-## service times the machine delivered: a machine too busy to serve the
-## fleet on time stretches them, and the loopback run then measures it.
-## FLEET_PUSHBACK is 1, or a duration for each seed. No -race, for the
-## reason given at flaky. make test builds it under -race and skips it.
+## about 10s in all), then over loopback (about 75s), whose notes say how
+## late the machine started calls and answered them: the replicas' workers
+## keep their schedule, but a machine too busy to keep up makes the
+## loopback run measure it. FLEET_PUSHBACK is 1, or a duration for each
+## seed; RESILIX_FLEET_PUSHBACK_TRACE=1 in the environment adds notes on
+## how and when calls failed, lanes ejected, and each replica's latency and
+## admission limit over time. No -race, for the reason given at flaky.
+## make test builds it under -race and skips it.
 FLEET_PUSHBACK ?= 1
 .PHONY: fleet-pushback
 fleet-pushback:

@@ -33,12 +33,16 @@ import (
 // at once (Envoy's outlier detection): after ConsecutiveFailures failures
 // in a row; for a failure rate far above the other lanes' (the Breaker's
 // relative rule, the other lanes as the baseline); or for answers far
-// slower than the other lanes' at the same moments (EjectLatency). The
+// slower than the other lanes' at the same moments (EjectLatency; a lane
+// of Endpoints is first taken out for 1 s and probed, since a replica may
+// be slow only for a queue that drains once the clients send elsewhere,
+// and ejected when it is slow again, to attempts sent after that, with no
+// fast answer between). The
 // client's own stalls (a GC pause, CPU throttling) are taken out of every
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
 // then one probe; a 503 or 429 with Retry-After holds back its lane, not
-// the key. A connection lane that fails while another lane does not is
+// the key, and counts towards no ejection. A connection lane that fails while another lane does not is
 // dialed anew, so that a balancer places it again.
 //
 // The key's Breaker judges the host, not a replica: a failure its lane
@@ -107,7 +111,9 @@ type Replicas struct {
 
 	// ConsecutiveFailures ejects a lane on which that many attempts in a
 	// row failed; a refused or timed-out dial is not counted (it takes
-	// the lane out for a second). If zero, 5 is used. If negative, only the failure rate
+	// the lane out for a second), nor a 503 or 429 whose Retry-After held
+	// the lane back (the hold is its penalty: the server's pushback says
+	// how busy it is, not that it fails). If zero, 5 is used. If negative, only the failure rate
 	// ejects. With connection lanes keep it on: a connection lane failing
 	// alone starts over on a new connection, with a new lane's record,
 	// until it succeeds, and its failures in a row are what ejects it
@@ -187,7 +193,9 @@ const (
 	// the other lanes'.
 	EjectRate
 	// EjectLatency: the lane's answers in a row were each far slower
-	// than the other lanes' latency estimates.
+	// than the other lanes' latency estimates; on a lane of Endpoints,
+	// the second such run with no fast answer between (the first takes
+	// it out for a second, as LaneDown).
 	EjectLatency
 )
 
@@ -213,8 +221,10 @@ const (
 	// LaneHeld: a 503 or 429 with Retry-After from the lane holds it
 	// back; it is picked only when no other lane is left.
 	LaneHeld
-	// LaneDown: the lane's dial was refused or timed out, or its
-	// attempt's own timeout met no answer: it is out for a second, then
+	// LaneDown: the lane's dial was refused or timed out, its
+	// attempt's own timeout met no answer, or, on a lane of Endpoints,
+	// its answers were far slower than the other lanes' for the first
+	// time since it last answered fast: it is out for a second, then
 	// probed.
 	LaneDown
 	// LaneEjected: the lane is ejected (see EjectionReason), and picked

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,15 +41,25 @@ import (
 // <= 0.5%.
 //
 // It runs each seed twice: over real loopback, and on an in-memory network
-// (httptestutil.Network) in a synctest bubble, where time is virtual: a
-// machine too busy to serve the fleet on time (its service times, which
-// the notes report, stretched well past 10 ms) makes the loopback run
-// measure the machine, while the in-memory run measures the fleet's
-// dynamics alone. Both are checked against the targets. It runs only when
+// (httptestutil.Network) in a synctest bubble, where time is virtual and
+// the in-memory run measures the fleet's dynamics alone. The replicas'
+// workers keep their schedule on both (see fbReplica.work), so that a
+// machine slow to wake goroutines does not take capacity from the fleet;
+// the notes say how late the machine was (calls started late, answers
+// given late), and a machine too busy to keep up makes the loopback run
+// measure it. Both are checked against the targets. During the fourth
+// replica's dip the fleet's workers serve 1200 calls a second, the load
+// offered: the fleet has no spare capacity then. It runs only when
 // RESILIX_FLEET_PUSHBACK is set, to 1 or a Go duration replacing fbLength
-// (`make fleet-pushback` sets it).
+// (`make fleet-pushback` sets it). RESILIX_FLEET_PUSHBACK_TRACE=1 adds
+// notes on how the calls failed, when, on which replica, the lanes the
+// clients ejected, each replica's latency and admission limit over time;
+// RESILIX_FLEET_PUSHBACK_STRETCH multiplies the service times and
+// RESILIX_FLEET_PUSHBACK_EJECT=off turns the clients' ejections off, for
+// experiments.
 func TestFleetPushback(t *testing.T) {
 	d := optIn(t, "RESILIX_FLEET_PUSHBACK", fbLength, "a measurement of a fleet whose replicas push back; set RESILIX_FLEET_PUSHBACK=1 (or a duration for each seed) to run it, as make fleet-pushback does")
+	fbTraceOn = os.Getenv("RESILIX_FLEET_PUSHBACK_TRACE") != ""
 	for _, mode := range []string{"in-memory", "loopback"} {
 		for seed := uint64(1); seed <= fbSeeds; seed++ {
 			t.Run(fmt.Sprintf("%s/seed-%d", mode, seed), func(t *testing.T) {
@@ -166,12 +177,16 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 	url := "http://" + addrs[0] + "/"
 	var clients []*http.Client
 	var trs []*transport.Transport
+	var tr0 *fbTrace
+	if fbTraceOn {
+		tr0 = newFBTrace(start, addrs)
+	}
 	for range fbClients {
-		tr, err := transport.New(transport.Config{Base: net.base(), Policies: policy.Set{
+		tr, err := transport.New(transport.Config{Base: net.base(), Observer: tr0.observer(), Policies: policy.Set{
 			Attempts: 2,
 			Retry:    &policy.Retry{},
 			Timeout:  &policy.Timeout{PerAttempt: 250 * time.Millisecond},
-			Replicas: &policy.Replicas{Endpoints: transport.Static(addrs...)},
+			Replicas: &policy.Replicas{Endpoints: transport.Static(addrs...), MaxEjected: fbMaxEjected},
 		}})
 		if err != nil {
 			t.Fatal(err)
@@ -193,6 +208,7 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 		lat     []time.Duration
 		failed  int
 		retries atomic.Int64
+		behind  []time.Duration // how late each call started
 	)
 	next := start
 	for i := 0; ; i++ {
@@ -201,15 +217,18 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 			break
 		}
 		time.Sleep(time.Until(next))
+		behind = append(behind, time.Since(next))
 		cl := clients[i%len(clients)]
 		calls.Go(func() {
 			rep := &transport.Report{}
 			cctx, ccancel := context.WithTimeout(transport.WithReport(ctx, rep), fbDeadline)
 			defer ccancel()
 			began := time.Now()
-			ok := fbCall(cctx, cl, url)
+			status, err := fbCall(cctx, cl, url)
 			took := time.Since(began)
+			ok := err == nil && status == http.StatusOK
 			retries.Add(int64(rep.Retries))
+			tr0.call(began, ok, status, err, rep)
 			mu.Lock()
 			lat = append(lat, took)
 			if !ok {
@@ -238,32 +257,36 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 		cells = append(cells, fmt.Sprintf("%.1fs", r.over.Seconds()))
 	}
 	tb.row(cells...)
-	var shed, held []string
+	var shed, late []string
 	for i, r := range reps {
 		shed = append(shed, fmt.Sprintf("r%d %d", i+1, r.refused.Load()))
-		held = append(held, fmt.Sprintf("r%d %.1fms", i+1, float64(r.held.Load())/float64(max(r.served.Load(), 1))/1e6))
+		late = append(late, fmt.Sprintf("r%d %.2fms", i+1, float64(r.late.Load())/float64(max(r.served.Load(), 1))/1e6))
 	}
+	slices.Sort(behind)
 	tb.note(fmt.Sprintf("refusals answered by admission: %v", shed))
-	tb.note(fmt.Sprintf("mean time a served request held its worker (%v meant; a busy machine stretches it): %v", fbService, held))
+	tb.note(fmt.Sprintf("the machine's lag (none in virtual time): calls started late by %s at the median, %s at p99; served requests answered late by, on average, %v",
+		replMS(fbQuantile(behind, 0.5)), replMS(fbQuantile(behind, 0.99)), late))
+	tr0.notes(tb, reps)
 	tb.check(p99 <= fbP99Target, "seed %d: p99 %v, target <= %v", seed, replMS(p99), replMS(fbP99Target))
 	tb.check(float64(failed) <= fbFailed*float64(n), "seed %d: %d of %d calls failed (%s), target <= %.1f%%", seed, failed, n, pct(int64(failed), n), 100*fbFailed)
 	tb.log(t, fmt.Sprintf("fleet pushback, %s, seed %d: replicas with %v workers (the last drops to %d for %v of every %v), lognormal service of mean %v, %d clients, %.0f calls/s (%.0f%% of %.0f)",
 		net.name(), seed, fbWorkers, fbWorkers[len(fbWorkers)-1]/2, fbDip, fbPeriod, fbService, fbClients, rate, 100*fbLoad, fbCapacity()))
 }
 
-// fbCall makes one GET and reports whether it got a 200, its body read.
-func fbCall(ctx context.Context, cl *http.Client, url string) bool {
+// fbCall makes one GET and returns its status, once its body is read, or
+// the error that ended it.
+func fbCall(ctx context.Context, cl *http.Client, url string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return false
+		return 0, err
 	}
 	resp, err := cl.Do(req)
 	if err != nil {
-		return false
+		return 0, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return err == nil && resp.StatusCode == http.StatusOK
+	return resp.StatusCode, err
 }
 
 // fbQuantile returns the q-quantile of sorted (nearest rank).
@@ -286,19 +309,25 @@ type fbReplica struct {
 	inFlight atomic.Int64 // requests in the server, admission's queue included
 	refused  atomic.Int64 // answered 503 or 429 by admission
 	served   atomic.Int64 // requests that held a worker for their whole service time
-	held     atomic.Int64 // ns: the time they held it, which a busy machine stretches
+	late     atomic.Int64 // ns: how much later than scheduled they were answered
 	over     time.Duration
+	trace    *fbLimitTrace // with fbTraceOn
 
 	mu    sync.Mutex
 	rng   *rand.Rand
 	busy  int
 	limit int
-	wait  []chan struct{}
+	wait  []chan time.Time // each is given the time its worker came free
 }
 
 func newFBReplica(t *testing.T, workers int, dips bool, start time.Time, rng *rand.Rand) *fbReplica {
 	r := &fbReplica{workers: workers, dips: dips, start: start, rng: rng, limit: workers}
-	h, err := admission.Handler(http.HandlerFunc(r.work), admission.Config{Name: "replica"})
+	cfg := admission.Config{Name: "replica"}
+	if fbTraceOn {
+		r.trace = &fbLimitTrace{codes: map[int]int{}}
+		cfg.Observer = &policy.Observer{Attach: func(s policy.StateSource) { r.trace.src = s }}
+	}
+	h, err := admission.Handler(http.HandlerFunc(r.work), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +338,7 @@ func newFBReplica(t *testing.T, workers int, dips bool, start time.Time, rng *ra
 func (r *fbReplica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
-	r.h.ServeHTTP(&refusals{ResponseWriter: w, n: &r.refused}, req)
+	r.h.ServeHTTP(&refusals{ResponseWriter: w, n: &r.refused, r: r}, req)
 }
 
 // workersAt returns the replica's workers at now.
@@ -321,21 +350,33 @@ func (r *fbReplica) workersAt(now time.Time) int {
 }
 
 // work holds a worker for a service time, waiting its turn for one.
+//
+// A worker keeps its schedule: a request it takes from the queue starts
+// when the worker came free (the end its last request was scheduled for),
+// not when the machine wakes the request's goroutine, and its service ends
+// at its start plus its service time, however late its timer fires. So a
+// machine slow to wake goroutines delays answers (late counts by how
+// much) but takes no capacity from the replica, as a server whose own CPU
+// is not the one the harness shares would not lose it; the in-memory run,
+// whose timers fire on time, is the same either way.
 func (r *fbReplica) work(w http.ResponseWriter, req *http.Request) {
+	arrived := time.Now()
 	r.mu.Lock()
-	r.setLimitLocked(r.workersAt(time.Now()))
-	service := time.Duration(float64(fbService) * math.Exp(fbSigma*r.rng.NormFloat64()-fbSigma*fbSigma/2))
-	var turn chan struct{}
+	r.setLimitLocked(r.workersAt(arrived), arrived)
+	service := time.Duration(fbStretch * float64(fbService) * math.Exp(fbSigma*r.rng.NormFloat64()-fbSigma*fbSigma/2))
+	start := arrived
+	var turn chan time.Time
 	if r.busy < r.limit {
 		r.busy++
 	} else {
-		turn = make(chan struct{})
+		turn = make(chan time.Time, 1)
 		r.wait = append(r.wait, turn)
 	}
 	r.mu.Unlock()
 	if turn != nil {
 		select {
-		case <-turn:
+		case free := <-turn:
+			start = later(free, arrived)
 		case <-req.Context().Done():
 			r.mu.Lock()
 			if i := slices.Index(r.wait, turn); i >= 0 {
@@ -344,42 +385,53 @@ func (r *fbReplica) work(w http.ResponseWriter, req *http.Request) {
 				return
 			}
 			r.mu.Unlock()
-			r.release() // granted as it gave up
+			r.release(<-turn) // granted as it gave up: free since then
 			return
 		}
 	}
-	defer r.release()
-	began := time.Now()
-	timer := time.NewTimer(service)
+	end := start.Add(service)
+	timer := time.NewTimer(time.Until(end))
 	defer timer.Stop()
 	select {
 	case <-timer.C:
 		r.served.Add(1)
-		r.held.Add(int64(time.Since(began)))
+		r.late.Add(int64(time.Since(end)))
 		io.WriteString(w, "ok")
+		r.release(end)
 	case <-req.Context().Done():
+		r.release(time.Now())
 	}
 }
 
-func (r *fbReplica) release() {
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// release frees a worker, free since at.
+func (r *fbReplica) release(at time.Time) {
 	r.mu.Lock()
 	r.busy--
-	r.grantLocked()
+	r.grantLocked(at)
 	r.mu.Unlock()
 }
 
-// setLimitLocked sets the workers to n; r.mu is held.
-func (r *fbReplica) setLimitLocked(n int) {
+// setLimitLocked sets the workers to n at now; r.mu is held.
+func (r *fbReplica) setLimitLocked(n int, now time.Time) {
 	if n != r.limit {
 		r.limit = n
-		r.grantLocked()
+		r.grantLocked(now)
 	}
 }
 
-// grantLocked hands free workers to the requests waiting, in order.
-func (r *fbReplica) grantLocked() {
+// grantLocked hands free workers, free since at, to the requests waiting,
+// in order.
+func (r *fbReplica) grantLocked(at time.Time) {
 	for r.busy < r.limit && len(r.wait) > 0 {
-		close(r.wait[0])
+		r.wait[0] <- at
 		r.wait = r.wait[1:]
 		r.busy++
 	}
@@ -399,8 +451,9 @@ func (r *fbReplica) sample(ctx context.Context, start time.Time) {
 		case now := <-tick.C:
 			w := r.workersAt(now)
 			r.mu.Lock()
-			r.setLimitLocked(w)
+			r.setLimitLocked(w, now)
 			r.mu.Unlock()
+			r.traceSample(now)
 			if float64(r.inFlight.Load()) > 1.5*float64(w) {
 				r.over += now.Sub(last)
 			}
@@ -413,11 +466,15 @@ func (r *fbReplica) sample(ctx context.Context, start time.Time) {
 type refusals struct {
 	http.ResponseWriter
 	n *atomic.Int64
+	r *fbReplica // to trace them, or nil
 }
 
 func (s *refusals) WriteHeader(code int) {
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
 		s.n.Add(1)
+	}
+	if s.r != nil && code != http.StatusOK {
+		s.r.traceRefusal(code, s.Header())
 	}
 	s.ResponseWriter.WriteHeader(code)
 }

@@ -286,7 +286,7 @@ func lpRun(t *testing.T, net fbNet, p lpPicker, load float64, seed uint64, d tim
 			var n atomic.Uint64
 			clients = append(clients, func(ctx context.Context) bool {
 				i := p.pick(reps, n.Add(1)-1, time.Now())
-				return fbCall(ctx, cl, "http://"+addrs[i]+"/")
+				return fbOK(fbCall(ctx, cl, "http://"+addrs[i]+"/"))
 			})
 			idle = append(idle, base.CloseIdleConnections)
 			continue
@@ -298,7 +298,7 @@ func lpRun(t *testing.T, net fbNet, p lpPicker, load float64, seed uint64, d tim
 			t.Fatal(err)
 		}
 		cl := &http.Client{Transport: tr}
-		clients = append(clients, func(ctx context.Context) bool { return fbCall(ctx, cl, "http://"+addrs[0]+"/") })
+		clients = append(clients, func(ctx context.Context) bool { return fbOK(fbCall(ctx, cl, "http://"+addrs[0]+"/")) })
 		idle = append(idle, tr.CloseIdleConnections)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -460,3 +460,6 @@ func (r *lpReplica) sample(ctx context.Context, start time.Time) {
 		}
 	}
 }
+
+// fbOK reports whether a call fbCall made was answered 200.
+func fbOK(status int, err error) bool { return err == nil && status == http.StatusOK }

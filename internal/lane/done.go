@@ -104,7 +104,9 @@ type Report[P any] struct {
 // A Failure whose dial was refused or timed out (Unreached) takes the
 // lane out for downFor, not through an ejection, and asks Endpoints
 // again early. A Failure with a.Hold (a Retry-After) holds the lane back
-// when it is still in the set and another lane is left, and no penalty: the hold is its penalty; the
+// when it is still in the set and another lane is left, and no penalty:
+// the hold is its penalty, and the failure counts neither towards
+// ConsecutiveFailures nor in the lane's failure rate; the
 // lane is tried again by one probe as soon as the hold could be shorter
 // than it says: after a.Hint when the server gave one shorter than Hold,
 // else after Hold less a second (Retry-After counts whole seconds), at
@@ -211,11 +213,12 @@ func (s *Set[P]) successLocked(l *Lane[P], t int64, latency time.Duration, stale
 }
 
 // failureLocked learns from a Failure of l at t that took latency, and
-// what its answer told: a refused dial takes the lane out; else the
-// failure counts in its run and its interval, and it is held back by a
-// Retry-After, taken out when mute, or else penalized; a run of
-// ConsecutiveFailures ejects it; and the report says whether the lane
-// explains the failure, a connection lane that does being placed anew.
+// what its answer told: a refused dial takes the lane out; a Retry-After
+// holds it back, and counts no further; else the failure counts in its
+// run and its interval, and it is taken out when mute, or else
+// penalized; a run of ConsecutiveFailures ejects it; and the report says
+// whether the lane explains the failure, a connection lane that does
+// being placed anew.
 // s.mu is held.
 func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Answer, rep *Report[P]) {
 	l.failed()
@@ -227,15 +230,27 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 		return
 	}
 	// A lane held back by its answer's Retry-After is out until then,
-	// which is its penalty. A lane that left the set is held by nothing:
+	// which is its penalty: the answer is the server's pushback, which
+	// says how busy it is, not that it fails, and counts neither in its
+	// failures in a row nor in its failure rate. Counted, a replica
+	// pushing back at every client in a moment of overload would be
+	// ejected by all of them for EjectFor, and the replicas left would
+	// refuse what it served. A lane that left the set is held by nothing:
 	// the Retry-After is the key's.
 	rep.Held = a.Hold > 0 && !l.draining && !l.ejectedAt(t) && s.otherOpenLocked(l, t, false)
+	if rep.Held {
+		if s.evidenceLocked(l, t, rep) {
+			s.holdLocked(l, t, a)
+			rep.Explained = s.otherOpenLocked(l, t, true)
+		}
+		return
+	}
 	l.consecutive++
 	// A lane that said nothing before the attempt's timeout is out for
 	// downFor, then probed, as one whose dial was refused: what it will
 	// do next is unknown, not 2^k times its timeout.
-	mute := a.Kind == Mute && !rep.Held
-	if !rep.Held && !mute {
+	mute := a.Kind == Mute
+	if !mute {
 		x := max(float64(latency), minPenalty, s.slowestLocked(l, t))
 		p := min(maxPenalty, x*math.Pow(failurePenalty, float64(min(l.consecutive, maxPenaltyPower))))
 		l.pen.Store(math.Float64bits(max(p, l.penalty(t))))
@@ -251,14 +266,11 @@ func (s *Set[P]) failureLocked(l *Lane[P], t int64, latency time.Duration, a Ans
 			rep.Ejected = append(rep.Ejected, e)
 		}
 	}
-	if rep.Held {
-		s.holdLocked(l, t, a)
-	}
 	if mute && !l.ejectedAt(t) {
 		s.outLocked(l, t)
 	}
-	rep.Explained = (l.ejectedAt(t) || l.consecutive >= failingRun || rep.Held || mute) && s.otherOpenLocked(l, t, true)
-	if rep.Explained && !rep.Held && s.refresh == 0 && !l.ejectedAt(t) {
+	rep.Explained = (l.ejectedAt(t) || l.consecutive >= failingRun || mute) && s.otherOpenLocked(l, t, true)
+	if rep.Explained && s.refresh == 0 && !l.ejectedAt(t) {
 		s.redialLocked(l, t)
 	}
 }

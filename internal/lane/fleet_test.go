@@ -443,6 +443,117 @@ func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
 	}
 }
 
+// TestAReplicaSlowOnlyForItsQueueIsOutForAMoment: an address lane slow
+// only while its replica's queue lasts (its workers cut for a moment
+// while every client sends to it, as in make fleet-pushback) is taken out
+// for downFor and probed, and has its share back once its probe answers
+// fast; ejected for EjectFor at its first slow run, as every client would
+// eject it at once, the replica would be out of the fleet for 30s, and
+// the replicas left would refuse what it served. A replica still slow
+// when probed is ejected at its next slow run.
+func TestAReplicaSlowOnlyForItsQueueIsOutForAMoment(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		slowTo time.Duration // d answers in 40ms until then, then in 2ms
+		eject  bool
+	}{
+		{"its queue", 200 * time.Millisecond, false},
+		{"slow when probed", 3 * time.Second, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+			now := t0
+			var ejected []Ejection[pool]
+			var states [policy.MaxLanes]policy.LaneSnapshot
+			var outAt time.Time
+			picked := 0 // of d, in the last second
+			for k := range 3000 {
+				now = now.Add(time.Millisecond)
+				// Each lane in turn, as the calls of the other
+				// clients of the fleet would be.
+				l := s.Take(now, 0b1111&^(1<<(k%4)))
+				lat := 2 * time.Millisecond
+				if l.Addr == "d" && now.Before(t0.Add(tt.slowTo)) {
+					lat = 40 * time.Millisecond
+				}
+				if l.Addr == "d" && now.After(t0.Add(2*time.Second)) {
+					picked++
+				}
+				ejected = append(ejected, s.Done(l, now, lat, policy.Success, Answer{}).Ejected...)
+				if s.States(now, &states); outAt.IsZero() && states[l.Index].Addr == "d" && states[l.Index].State == policy.LaneDown {
+					outAt = now
+				}
+			}
+			switch {
+			case outAt.IsZero():
+				t.Error("d never taken out, want out at its first slow run")
+			case outAt.Sub(t0) > 200*time.Millisecond:
+				t.Errorf("d taken out at %v, want at its first slow run, in the first 200ms", outAt.Sub(t0))
+			}
+			if !tt.eject {
+				if len(ejected) != 0 {
+					t.Errorf("ejected %+v, want none: d was slow only for its queue", ejected)
+				}
+				// Over the last second, a quarter of 1000 picks
+				// turn to d.
+				if picked < 200 {
+					t.Errorf("d had %d of about 250 picks in the last second, want its share back", picked)
+				}
+				return
+			}
+			if len(ejected) != 1 || ejected[0].Lane.Addr != "d" || ejected[0].Reason != policy.EjectLatency {
+				t.Errorf("ejected %+v, want d for its latency, once", ejected)
+			}
+		})
+	}
+}
+
+// TestAReplicasQueueInFlightIsOneSlowRun: the answers of a burst sent to
+// a replica at once come back slow one after the other, its queue; those
+// after the first slowRun, sent before its out ended, make no second run.
+func TestAReplicasQueueInFlightIsOneSlowRun(t *testing.T) {
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+	now := t0
+	var d *Lane[pool]
+	for k := range 400 { // every lane answers in 2ms
+		now = now.Add(time.Millisecond)
+		l := s.Take(now, 0b1111&^(1<<(k%4)))
+		if l.Addr == "d" {
+			d = l
+		}
+		s.Done(l, now, 2*time.Millisecond, policy.Success, Answer{})
+	}
+	dBit := uint64(1) << d.Index
+	sent := now
+	var burst []*Lane[pool]
+	for range 3 * slowRun {
+		if l := s.Take(sent, 0b1111&^dBit); l == d {
+			burst = append(burst, l)
+		}
+	}
+	if len(burst) < 2*slowRun {
+		t.Fatalf("%d of the burst went to d, want at least %d", len(burst), 2*slowRun)
+	}
+	// The other lanes answer in 2ms, one a millisecond, while d's queue
+	// answers its burst from 40ms on, one a millisecond.
+	var ejected []Ejection[pool]
+	for k := 1; k < 40+len(burst); k++ {
+		now = sent.Add(time.Duration(k) * time.Millisecond)
+		o := s.Take(now.Add(-2*time.Millisecond), dBit)
+		s.Done(o, now, 2*time.Millisecond, policy.Success, Answer{})
+		if i := k - 40; i >= 0 {
+			ejected = append(ejected, s.Done(burst[i], now, now.Sub(sent), policy.Success, Answer{}).Ejected...)
+		}
+	}
+	if len(ejected) != 0 {
+		t.Errorf("ejected %+v, want none: %d answers of one queue", ejected, len(burst))
+	}
+	var states [policy.MaxLanes]policy.LaneSnapshot
+	if s.States(now, &states); states[d.Index].State != policy.LaneDown {
+		t.Errorf("d is %v, want down: out for its slow run", states[d.Index].State)
+	}
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

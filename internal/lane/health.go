@@ -29,7 +29,10 @@ const (
 
 	// A lane whose answers come slowRun in a row at least latencyFactor
 	// times the lowest typical latency of the other lanes (those not
-	// blocked and with an answer) is ejected for its latency. The picker
+	// blocked and with an answer) is ejected for its latency; an address
+	// lane is first taken out for downFor and probed, and ejected only
+	// when such a run follows with no fast answer between (see
+	// slowLocked). The picker
 	// alone keeps a slow lane's share small only while a faster lane is
 	// drawn beside it: with two slow lanes of four, one pick in six draws
 	// both, with three one in two (behind an L4 balancer, where each
@@ -46,6 +49,7 @@ const (
 	latencyFactor = 5.0
 	slowRun       = 5
 	typical       = time.Second
+
 	// peakFactor: a sample slower than a lane's estimate replaces it at
 	// once (the peak) only when another lane answered at least
 	// peakFactor times faster over the same moments (see sampleLocked).
@@ -104,7 +108,8 @@ func (h health) fails() bool { return h == failing || h == out }
 //	from                    event                                to
 //	unblocked, held, down   ejected (ejectLocked)                ejected
 //	unblocked, held, down   held by a Retry-After, ending later  held
-//	unblocked, held, down   taken out (outLocked), ending later  down
+//	unblocked, held, down   taken out (outLocked or              down
+//	                        slowOutLocked), ending later
 //	ejected                 held or taken out, ending later      ejected, until the later end
 //	ejected                 its time up (reblockLocked)          unblocked, returned (reported by
 //	                                                             the end of its next attempt), its
@@ -191,8 +196,18 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 // counts in l's run of slow answers; if answered, one under that bound
 // ends the run, and one over it that the other lanes do not confirm
 // leaves the run as it is. A run of slowRun ejects l for its latency,
-// reported in rep. An answer's net time is then averaged into l's typical
-// latency. s.mu is held.
+// reported in rep; on an address lane, only when the run came with no fast
+// answer since a run before it took l out (slowOutLocked), and of answers
+// to attempts sent after that out ended. An address
+// lane is its replica, which a slow run may be slow for its queue alone
+// (its workers cut for a moment while every client sends to it): all the
+// clients would eject it at once, for EjectFor, far longer than its queue
+// lasts once they send elsewhere, and take so much of the fleet's
+// capacity that the replicas left refuse the rest. Out for downFor, it is
+// probed, and answers fast if it was its queue; a replica slow for itself
+// is slow again. A connection lane's ejection places it anew, which is
+// what a lane on a slow replica needs. An answer's net time is then
+// averaged into l's typical latency. s.mu is held.
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
 	least, all := math.Inf(1), math.Inf(1)
@@ -208,11 +223,14 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	}
 	switch {
 	case n >= latencyFactor*least:
-		if s.overtakenLocked(l, t, x, n/latencyFactor) {
+		// Sent before its out ended, an answer of a lane a slow run
+		// took out was queued behind that run: no evidence of the
+		// next.
+		if s.overtakenLocked(l, t, x, n/latencyFactor) && !(l.slowedOut && t-int64(x) < l.outEnd) {
 			l.slow++
 		}
 	case answered:
-		l.slow, l.silentSlow = 0, 0
+		l.slow, l.silentSlow, l.slowedOut = 0, 0, false
 	}
 	if answered {
 		w := 0.0
@@ -229,8 +247,24 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 		return
 	}
 	l.slow, l.silentSlow = 0, 0
+	if s.refresh > 0 && !l.slowedOut {
+		s.slowOutLocked(l, t)
+		return
+	}
 	if e, ok := s.ejectLocked(l, t, policy.EjectLatency); ok {
 		rep.Ejected = append(rep.Ejected, e)
+	}
+}
+
+// slowOutLocked takes address lane l out at t for a slow run with a fast
+// answer before it (see slowLocked): for downFor, then one probe at a
+// time until it answers. Its health stays what its answers showed. s.mu
+// is held.
+func (s *Set[P]) slowOutLocked(l *Lane[P], t int64) {
+	l.slowedOut, l.outEnd = true, t+int64(downFor)
+	l.forget(t)
+	if l.blockLocked(down, l.outEnd) {
+		s.reblockLocked(t)
 	}
 }
 

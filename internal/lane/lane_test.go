@@ -595,6 +595,42 @@ func TestARetryAfterOfALaneThatLeftIsTheKeys(t *testing.T) {
 	}
 }
 
+// TestPushbackEjectsNoLane: a replica that pushes back (503 with
+// Retry-After) at every attempt a client sends it in a moment of overload
+// is held, probed when its hold may be over, held again, and never
+// ejected: counted as failures in a row, its pushback would have every
+// client eject it for EjectFor at once, and the replicas left would
+// refuse what it served.
+func TestPushbackEjectsNoLane(t *testing.T) {
+	s := newSet(policy.Replicas{})
+	for _, used := range []uint64{0b1110, 0b1011, 0b0111} { // lanes 0, 2 and 3 answered
+		s.Done(s.Take(t0, used), t0, time.Millisecond, policy.Success, Answer{})
+	}
+	now := t0
+	for i := range 10 {
+		l := s.Take(now, 0b1101)
+		if l.Index != 1 {
+			t.Fatalf("refusal %d: took lane %d once its hold could be over, want a probe on lane 1", i+1, l.Index)
+		}
+		rep := s.Done(l, now, time.Millisecond, policy.Failure, Answer{Hold: time.Second, Hint: 20 * time.Millisecond})
+		if !rep.Held || len(rep.Ejected) != 0 {
+			t.Fatalf("refusal %d: held %v, ejected %+v, want held, none ejected", i+1, rep.Held, rep.Ejected)
+		}
+		now = now.Add(20 * time.Millisecond)
+	}
+	if ej := s.Counts(now).Ejected; ej != 0 {
+		t.Errorf("%d lanes ejected after 10 refusals with Retry-After in a row, want none", ej)
+	}
+	// A failure with no Retry-After still counts: the run goes on from
+	// zero.
+	for i := range 5 {
+		rep := s.Done(s.Take(now, 0b1101), now, time.Millisecond, policy.Failure, Answer{})
+		if got := len(rep.Ejected) == 1; got != (i == 4) {
+			t.Fatalf("failure %d without Retry-After: ejected %+v, want lane 1 at the fifth", i+1, rep.Ejected)
+		}
+	}
+}
+
 func TestRefresh(t *testing.T) {
 	s := newSet(policy.Replicas{Endpoints: stub{}, Refresh: 30 * time.Second})
 	if l := s.Take(t0, 0); l.Addr != "" || l.Index != 0 {
