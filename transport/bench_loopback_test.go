@@ -456,6 +456,12 @@ func (r loopResult) refusedShare() float64 {
 // A caller that is refused waits pause (none when zero) before its next
 // call.
 func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause time.Duration) loopResult {
+	return sampledLoop(c, url, callers, d, pause, 0, nil)
+}
+
+// sampledLoop is closedLoop calling read every sample meanwhile, when
+// read is not nil.
+func sampledLoop(c *http.Client, url string, callers int, d, pause, sample time.Duration, read func()) loopResult {
 	var ok, refused, other atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -483,6 +489,16 @@ func closedLoop(c *http.Client, url string, callers int, d time.Duration, pause 
 				}
 			}
 		})
+	}
+	if read != nil {
+		tick := time.NewTicker(sample)
+		for now := range tick.C {
+			if !now.Before(stop) {
+				break
+			}
+			read()
+		}
+		tick.Stop()
 	}
 	wg.Wait()
 	return loopResult{ok: ok.Load(), refused: refused.Load(), other: other.Load(), elapsed: time.Since(start)}

@@ -1,16 +1,13 @@
 package transport
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,7 +89,7 @@ func TestLimiterThroughput(t *testing.T) {
 			c.tr = tr
 			c.client = &http.Client{Transport: tr}
 		}
-		ltLoop(c.client, srv.URL, ltCallers, 3*ltSlice, c.pause, nil) // warm up
+		closedLoop(c.client, srv.URL, ltCallers, 3*ltSlice, c.pause) // warm up
 	}
 	t.Logf("load average before: %s", ltLoadAvg())
 	ratios := make([][]float64, len(cfgs))
@@ -152,7 +149,7 @@ type ltConfig struct {
 	client *http.Client
 	tr     *Transport
 
-	run              ltResult
+	run              loopResult
 	cpu              time.Duration // the process's, during c's turns
 	limits           ltLimits
 	shrinks, growths atomic.Int64
@@ -173,7 +170,7 @@ func (c *ltConfig) cpuPerCall() float64 {
 }
 
 func (c *ltConfig) reset() {
-	c.run, c.limits, c.cpu = ltResult{}, ltLimits{}, 0
+	c.run, c.limits, c.cpu = loopResult{}, ltLimits{}, 0
 	c.shrinks.Store(0)
 	c.growths.Store(0)
 }
@@ -189,7 +186,7 @@ func (c *ltConfig) turn(url, key string) {
 		}
 	}
 	cpu := cpuTime()
-	c.run.add(ltLoop(c.client, url, ltCallers, ltSlice, c.pause, read))
+	c.run.add(sampledLoop(c.client, url, ltCallers, ltSlice, c.pause, ltSample, read))
 	c.cpu += cpuTime() - cpu
 	if c.tr != nil {
 		c.limits.ends = append(c.limits.ends, c.tr.Measured(key).LimiterLimit)
@@ -228,71 +225,9 @@ func (l *ltLimits) atLimitShare() float64 { return float64(l.atLimit) / float64(
 // the limit holding calls back.
 func (l *ltLimits) queuedShare() float64 { return float64(l.queued) / float64(max(l.n, 1)) }
 
-// ltResult is what ltLoop counted.
-type ltResult struct {
-	ok, refused, other int64
-	elapsed            time.Duration
-}
-
-func (r *ltResult) add(o ltResult) {
-	r.ok += o.ok
-	r.refused += o.refused
-	r.other += o.other
-	r.elapsed += o.elapsed
-}
-
-// rate is the calls answered per second.
-func (r ltResult) rate() float64 { return float64(r.ok) / r.elapsed.Seconds() }
-
 // failedShare is the share of calls that failed or were refused.
-func (r ltResult) failedShare() float64 {
+func (r loopResult) failedShare() float64 {
 	return float64(r.refused+r.other) / float64(max(r.ok+r.refused+r.other, 1))
-}
-
-// ltLoop runs callers that each call url through c back to back for d; a
-// refused caller waits pause (none when zero) before its next call. Every
-// ltSample meanwhile it calls read, if not nil.
-func ltLoop(c *http.Client, url string, callers int, d, pause time.Duration, read func()) ltResult {
-	var ok, refused, other atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	stop := start.Add(d)
-	for range callers {
-		wg.Go(func() {
-			for time.Now().Before(stop) {
-				resp, err := c.Get(url)
-				switch {
-				case err == nil:
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode == http.StatusOK {
-						ok.Add(1)
-					} else {
-						other.Add(1)
-					}
-				case errors.Is(err, policy.ErrRejected):
-					refused.Add(1)
-					if pause > 0 {
-						time.Sleep(pause)
-					}
-				default:
-					other.Add(1)
-				}
-			}
-		})
-	}
-	if read != nil {
-		tick := time.NewTicker(ltSample)
-		for now := range tick.C {
-			if !now.Before(stop) {
-				break
-			}
-			read()
-		}
-		tick.Stop()
-	}
-	wg.Wait()
-	return ltResult{ok: ok.Load(), refused: refused.Load(), other: other.Load(), elapsed: time.Since(start)}
 }
 
 // ltLoadAvg is the machine's load average over 1, 5 and 15 minutes, as

@@ -2,8 +2,6 @@ package transport_test
 
 import (
 	"fmt"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +33,7 @@ func TestLoadReports(t *testing.T) {
 	for _, load := range []float64{0.7, 0.9} {
 		t.Run(fmt.Sprintf("load-%.0f%%", 100*load), func(t *testing.T) {
 			res := make([]lpResult, len(pickers))
-			before := lrLoadAverage()
+			before := loadAverage()
 			for run := range lrRuns {
 				for i, p := range pickers {
 					func() {
@@ -45,7 +43,7 @@ func TestLoadReports(t *testing.T) {
 				}
 			}
 			tb := lpTable(load, pickers, res)
-			tb.note(fmt.Sprintf("the machine's load average (1, 5 and 15 min) before: %s; after: %s", before, lrLoadAverage()))
+			tb.note(fmt.Sprintf("the machine's load average (1, 5 and 15 min) before: %s; after: %s", before, loadAverage()))
 			lpCheck(tb, load, pickers, res, lrSlack, lpP99At90)
 			tb.log(t, fmt.Sprintf("load reports, loopback: %s, %d runs of %v", lpFleet(load), lrRuns, d))
 		})
@@ -60,13 +58,3 @@ const (
 	// follow each other on a machine whose load varies.
 	lrSlack = 1.10
 )
-
-// lrLoadAverage returns the machine's load averages over 1, 5 and 15
-// minutes, where /proc/loadavg gives them, "unknown" elsewhere.
-func lrLoadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
-		return strings.Join(f[:3], " ")
-	}
-	return "unknown"
-}

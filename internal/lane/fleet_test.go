@@ -685,25 +685,7 @@ func TestALanesShareAfterA2sOutage(t *testing.T) {
 // answers within a second and a half of its thaw and has half its fair
 // share 1 to 4 s after.
 func TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw(t *testing.T) {
-	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
-	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)
-	delays := []time.Duration{31, 45, 33, 60, 38, 52, 30, 41}
-	k := 0
-	var answered time.Time // lane a's first answer after its thaw
-	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
-		if l.Addr != "a" || now.Before(from) {
-			return 5 * time.Millisecond, policy.Success, Answer{}
-		}
-		if now.Before(to) {
-			k++
-			return delays[k%len(delays)] * time.Millisecond, policy.Discarded, Answer{Kind: Silent}
-		}
-		if answered.IsZero() {
-			answered = now.Add(5 * time.Millisecond)
-		}
-		return 5 * time.Millisecond, policy.Success, Answer{}
-	}
-	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 15, "a few, then one probe about every second", to, &answered)
+	frozenAndThawed(t, []time.Duration{31, 45, 33, 60, 38, 52, 30, 41}, 15, "a few, then one probe about every second")
 }
 
 // TestAFrozenReplicaWhoseLegsLoseAt3xIsProbedAndBackAtItsThaw: a replica
@@ -719,9 +701,18 @@ func TestAFrozenReplicaWhoseLegsHedgesWinIsOutAndBackAtItsThaw(t *testing.T) {
 // decays (10 s's time constant, from three times the others' latency),
 // the thawed lane would get no call for seconds.
 func TestAFrozenReplicaWhoseLegsLoseAt3xIsProbedAndBackAtItsThaw(t *testing.T) {
+	frozenAndThawed(t, []time.Duration{15, 13, 17, 14, 18, 16, 13, 15}, 8, "about one probe a second")
+}
+
+// frozenAndThawed runs lanes a, b and c answering in 5 ms, but a from 2 s
+// to 7 s: frozen, each attempt there a hedged call's first leg lost with
+// no answer after the next of delays (in ms, in turn). It checks a's
+// thaw (see checkThaw): at most probes attempts while frozen, as want
+// says.
+func frozenAndThawed(t *testing.T, delays []time.Duration, probes float64, want string) {
+	t.Helper()
 	s := addrSet(t, policy.Replicas{}, "a", "b", "c")
 	from, to := t0.Add(2*time.Second), t0.Add(7*time.Second)
-	delays := []time.Duration{15, 13, 17, 14, 18, 16, 13, 15}
 	k := 0
 	var answered time.Time // lane a's first answer after its thaw
 	serve := func(l *Lane[pool], now time.Time) (time.Duration, policy.Outcome, Answer) {
@@ -737,7 +728,7 @@ func TestAFrozenReplicaWhoseLegsLoseAt3xIsProbedAndBackAtItsThaw(t *testing.T) {
 		}
 		return 5 * time.Millisecond, policy.Success, Answer{}
 	}
-	checkThaw(t, newSim(s, 5*time.Millisecond, serve), 8, "about one probe a second", to, &answered)
+	checkThaw(t, newSim(s, 5*time.Millisecond, serve), probes, want, to, &answered)
 }
 
 // TestASlowLaneWhoseLegsAllLoseToHedgesKeepsASmallShare: a replica 3
