@@ -43,9 +43,10 @@ type leg struct {
 	cancel context.CancelCauseFunc
 	timer  *alarm // Timeout.PerAttempt, or the call's Override
 	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
-	// timeout the round's timer keeps (round.expires) instead of a timer
-	// of its own.
+	// timeout the round's timer keeps (expires, set by prepare) instead of
+	// a timer of its own.
 	roundTimed bool
+	expires    time.Time
 
 	permits // what it holds of the admission gates and its lane, until end
 
@@ -70,31 +71,91 @@ type leg struct {
 	latency    time.Duration
 
 	// sent is the lane it was sent on, kept for AttemptDone after lane is
-	// cleared; in a hedged round, guarded by the round's lock, since a leg
-	// that lost is reported by the goroutine that decided the round.
+	// cleared. In a hedged round, where a leg that lost is reported by the
+	// round's owner, it is read there only once legOnLane says it is set.
 	sent *lane.Lane[*lanePool]
 
-	// A hedged round's legs; guarded by the round's lock.
-	round *round
-	state legState
+	// shared: the leg is a hedged round's, whose state word it shares
+	// with the round's owner (see legBack); read and written atomically.
+	shared bool
+	state  uint32
 	// grace, on a hedge leg that lost, cancels it when its time to bring
-	// its headers runs out (see round.decideLocked); set as it is lost.
+	// its headers runs out (see round.decide); set before it is lost.
 	grace *time.Timer
 }
 
-// legState is where a hedged round's leg is. Its transitions:
+// The bits of a hedged round's leg's state word: where the leg (its own
+// goroutine, or the caller's for the inline leg) and the round's owner
+// meet. Each bit is set by one side only, and a bit of the owner's is
+// set only while the leg's that rules it out is not (compare-and-swap),
+// so that each side learns from one atomic step what the other did:
 //
-//	legOnWire → legAnswered  its answer came before the round was decided: evidence (round.settle)
-//	legOnWire → legLost      the round was decided while it was on the wire: discarded (round.decideLocked)
-//	any → legEnded           done with: reported (round.report), or gone in a panic (round.run)
-type legState uint8
-
+//	legBack     the leg's: its wire call returned (comeBack), or it panicked (post)
+//	legPosted   the leg's: its answer is on its way to the owner (post)
+//	legLost     the owner's, before legBack: decided while the leg was on the wire (drop)
+//	legDropped  the owner's, after legBack and before legPosted: decided without its answer (drop)
+//	legExpired  the owner's, before legBack: the inline leg's per-attempt timeout came (expire)
+//	legOnLane   the leg's: sent is set (tookLane)
 const (
-	legOnWire legState = iota
-	legAnswered
+	legBack uint32 = 1 << iota
+	legPosted
 	legLost
-	legEnded
+	legDropped
+	legExpired
+	legOnLane
 )
+
+// comeBack marks leg l back from the wire, and returns its state as it
+// was: whether it was lost, or timed out, while on the wire.
+func (l *leg) comeBack() uint32 { return atomic.OrUint32(&l.state, legBack) }
+
+// post marks l's answer on its way to its round's owner, and l back if
+// it is not (a panic), unless the round was decided without it; it
+// reports whether it did.
+func (l *leg) post() bool {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		if old&(legLost|legDropped) != 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, old|legBack|legPosted) {
+			return true
+		}
+	}
+}
+
+// drop settles l as its round is decided without it: lost when still on
+// the wire, dropped when back but not posted, and left as it is when
+// posted. It returns l's state as it leaves it.
+func (l *leg) drop() uint32 {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		next := old | legDropped
+		switch {
+		case old&legPosted != 0:
+			return old
+		case old&legBack == 0:
+			next = old | legLost
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, next) {
+			return next
+		}
+	}
+}
+
+// expire marks l, a round's inline leg, timed out unless it is back, and
+// reports whether it did: the round's owner then cancels it.
+func (l *leg) expire() bool {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		if old&legBack != 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, old|legExpired) {
+			return true
+		}
+	}
+}
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
 var errDiscarded = errors.New("resilix: hedge leg discarded")
@@ -177,10 +238,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	}
 	switch {
 	case d == 0:
-	case l.round != nil:
-		// The inline leg of a hedged round: the round's one timer keeps
-		// its time, with the hedges'.
-		l.round.expires, l.roundTimed = sent.Add(d), true
+	case l.roundTimed:
+		// The inline leg of a hedged round: the round's timer keeps its
+		// time, with the first hedge's.
+		l.expires = sent.Add(d)
 	default:
 		l.timer = newAlarm(c.start, sent.Add(d), l.cancel)
 	}
@@ -232,12 +293,13 @@ func (c *call) send(l *leg) {
 	}
 	resp, err = sane(resp, err)
 
-	fired := false // the attempt's timer fired before its headers came
-	switch {
-	case l.timer != nil:
+	var st uint32 // a hedged round's leg's state, as it came back
+	if l.shared {
+		st = l.comeBack()
+	}
+	fired := st&legExpired != 0 // the attempt's timer fired before its headers came
+	if l.timer != nil {
 		fired = !l.timer.stop()
-	case l.roundTimed:
-		fired = l.round.headers()
 	}
 	timedOut := false
 	if fired && c.ctx.Err() == nil {
@@ -253,7 +315,7 @@ func (c *call) send(l *leg) {
 		timedOut = true
 	}
 
-	if l.round != nil && !l.round.settle(l) {
+	if st&legLost != 0 {
 		c.end(l, endLostBack, exit{resp: resp, err: err, r: discarded(now)})
 		return
 	}
@@ -351,10 +413,8 @@ func (c *call) end(l *leg, e ending, x exit) {
 			l.cancel(errDiscarded)
 		}
 		var sent *lane.Lane[*lanePool]
-		if c.s.lanes != nil {
-			l.round.mu.Lock() // l may still be taking its lane (see sent)
+		if atomic.LoadUint32(&l.state)&legOnLane != 0 { // l may still be taking its lane (see sent)
 			sent = l.sent
-			l.round.mu.Unlock()
 		}
 		c.attemptDone(l, sent, policy.Discarded, x.r.latency, nil, nil)
 		return
@@ -443,11 +503,10 @@ func (c *call) bodyAtFault(l *leg, err error) bool {
 
 // tookLane keeps the lane leg l was sent on for AttemptDone (see sent).
 func (l *leg) tookLane() {
-	if r := l.round; r != nil {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-	}
 	l.sent = l.lane
+	if l.shared {
+		atomic.OrUint32(&l.state, legOnLane)
+	}
 }
 
 // answered reads the time leg l's answer came back, and sets its latency
