@@ -63,9 +63,11 @@ type round struct {
 
 	// Made by the timer's first fire before it takes the round, so that
 	// the caller, finding it taken, finds them.
-	results  chan legDone  // each leg's answer, posted once (see report)
-	done     chan struct{} // closed once the timer's goroutine is done with the round
-	bodyRead chan struct{} // the body a hedge awaits has been read (see awaitBody)
+	results chan legDone  // each leg's answer, posted once (see report)
+	done    chan struct{} // closed once the timer's goroutine is done with the round
+	// bodyRead says that the body a hedge awaits has been read; made by
+	// the first hedge that awaits it (see awaitBody).
+	bodyRead chan struct{}
 
 	// The rest is the owner's.
 	legs    []*leg // every leg sent, in order; legs[0] runs inline
@@ -201,11 +203,15 @@ func (r *round) next() time.Time {
 }
 
 // fire runs on the round's timer, once. Unless the caller is back first,
-// it takes the round and runs it to its decision (see own).
+// it takes the round and runs it to its decision (see own). An inline leg
+// already back leaves nothing to do: no leg may start, its timeout is
+// moot, and the caller is about to take the round.
 func (r *round) fire() {
+	if atomic.LoadUint32(&r.first.state)&legBack != 0 {
+		return
+	}
 	r.results = make(chan legDone, min(r.max, r.c.attempts))
 	r.done = make(chan struct{})
-	r.bodyRead = make(chan struct{}, 1)
 	if r.owner.CompareAndSwap(roundInline, roundFired) {
 		r.own()
 	}
@@ -477,6 +483,9 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 // (see back).
 func (r *round) awaitBody() bool {
 	rb := r.c.rb
+	if r.bodyRead == nil {
+		r.bodyRead = make(chan struct{}, 1)
+	}
 	switch {
 	case rb.WhenRead(r.wake):
 	case rb.Complete() || rb.TooLarge() || rb.Err() != nil:
