@@ -32,7 +32,7 @@ import (
 //
 // A hedged round's timer, due at the hedge threshold (about the
 // latency's p95), would be in that case on every call, so it is a
-// roundTimer, stopped when the round is over.
+// roundTimer, stopped when the inline leg comes back before it fires.
 //
 // Only a call made outside a testing/synctest bubble takes a timer from
 // a pool: a timer belongs to the bubble it was created in, and one

@@ -439,7 +439,7 @@ func (c *call) narrow(o *Override) {
 // caller's Report and Observer.CallDone share (the outcome, the status,
 // the wire attempts) is read into one policy.CallInfo, from which, with
 // the call's tally, the Report is written. It runs on the caller's
-// goroutine: a hedged round collected, under its lock, what the tally
+// goroutine: a hedged round collected, once decided, what the tally
 // needs (see round.collect). Nothing is built when neither is asked for.
 func (c *call) done(resp *http.Response, err error) {
 	o := c.t.obs

@@ -16,19 +16,34 @@ import (
 )
 
 // round is one hedged logical attempt. The first leg runs inline on the
-// caller's goroutine with one timer armed; only when the timer fires and
-// every gate passes does a hedge leg get a goroutine. The first acceptable
-// answer (a Success that asks for no retry, or a request net/http refused
-// to send, which every leg would get again) wins and the legs still on the
-// wire lose; if no leg's answer is acceptable, the last one goes back to
-// retry, which asks it whether to retry.
+// caller's goroutine with one timer armed, for the first hedge and the
+// leg's per-attempt timeout. The first acceptable answer (a Success that
+// asks for no retry, or a request net/http refused to send, which every
+// leg would get again) wins and the legs still on the wire lose; if no
+// leg's answer is acceptable, the last one goes back to retry, which asks
+// it whether to retry.
 //
-// A leg is settled exactly once, under the round's lock, by whichever comes
-// first: its own answer (the leg is then evidence, taught to the gates
-// with its outcome), or another leg's win while it is still on the wire
-// (it is then lost: cancelled, reported discarded, and it teaches nothing
-// when it comes back). No leg ever sends on anything, so no leg can block
-// once the caller has gone, however many legs the round started.
+// One goroutine at a time owns the round, as owner says: the caller's,
+// while its inline leg runs and after, unless the timer fires first. Then
+// the timer's goroutine takes the round (see fire) and runs it to its
+// decision as a select loop (see own) over the legs' answers, a timer of
+// its own for the next hedge and the inline leg's timeout, and the body a
+// hedge awaits; each hedge leg runs on a goroutine of its own and posts
+// its answer on results; the caller, back from its inline leg, posts its
+// answer there too and waits for the decision (done). Most rounds end
+// with the timer unfired: the caller, back first, takes the round by one
+// compare-and-swap and judges its answer alone, and the round goes back
+// to a pool.
+//
+// Where a leg and the owner meet is the leg's state word (see legBack):
+// as a leg comes back it learns whether it was lost or timed out, and as
+// it posts its answer whether the round was decided without it; the owner
+// deciding the round learns of each leg whether it is still on the wire
+// (lost: cancelled and reported discarded at once; it teaches nothing
+// when it comes back), back but not posted (it disposes of its answer
+// itself), or posted (the owner receives and disposes of it). So no leg
+// ever waits for the owner, and the owner, once decided, waits only for
+// answers already on their way.
 //
 // The caller's request is read only while the round is undecided and the
 // caller is inside RoundTrip: a hedge leg sends a deep copy, so a loser
@@ -43,63 +58,68 @@ type round struct {
 	first  leg     // the inline leg, legs[0]
 	legBuf [3]*leg // legs' storage for the default MaxConcurrent
 
-	mu    sync.Mutex
-	cond  sync.Cond // on mu: signalled when a leg ends or a hedge's decision does
-	state roundState
-	// hedging is where the next hedge stands: none pending, being
-	// decided (the round waits for the decision), or awaiting the body
-	// the first leg is still sending (see awaitBody).
-	hedging hedgeState
+	owner atomic.Uint32 // roundInline, roundCaller or roundFired
+	timer *roundTimer   // the first fire's; fires once at most
+
+	// Made by the timer's first fire before it takes the round, so that
+	// the caller, finding it taken, finds them.
+	results chan legDone  // each leg's answer, posted once (see report)
+	done    chan struct{} // closed once the timer's goroutine is done with the round
+	// bodyRead says that the body a hedge awaits has been read; made by
+	// the first hedge that awaits it (see awaitBody).
+	bodyRead chan struct{}
+	// starts tells the owner of a tied round the leg that said it started
+	// first (see started), made with results.
+	starts chan *leg
+	// Of a tied round, set by a base's goroutine (see started): the first
+	// leg that said it started, and a later one that said so too.
+	starter atomic.Pointer[leg]
+	twice   atomic.Pointer[leg]
+
+	// The rest is the owner's.
 	legs    []*leg // every leg sent, in order; legs[0] runs inline
-	live    int    // legs sent and not yet ended
+	live    int    // legs sent whose answer the owner has not received, and which it still awaits
 	winner  *leg
-	failed  *leg // the last leg that failed; earlier ones are discarded
-	starter *leg // the first leg of a tied round that said it started
-	twice   *leg // a later leg of that round that said so too
-	panic   any  // a hedge leg's panic, to re-raise on the caller's goroutine
-	// timer is the round's one timer: it fires for the next hedge, due,
-	// and for the inline leg's per-attempt timeout, expires, whichever
-	// comes first (a zero time is none); expired says that it cancelled
-	// the inline leg before its headers came.
-	timer   *roundTimer // nil once stopped
-	due     time.Time
-	expires time.Time
-	expired bool
-	refused int // hedges the budget refused in this round: later tries back off
-	// rang: the timer's func has run, or may run, so a fire may still be
-	// using the round after the caller is done with it.
-	rang bool
+	failed  *leg      // the last leg that failed; earlier ones are discarded
+	panic   *legPanic // a hedge leg's panic, or the owner's, to re-raise on the caller's goroutine
+	state   roundState
+	due     time.Time // the next hedge; zero: none pending
+	expires time.Time // the inline leg's per-attempt timeout; zero: none pending
+	refused int       // hedges the budget refused in this round: later tries back off
+	awaits  bool      // a hedge awaits the body the inline leg is sending (see awaitBody)
 }
 
-// roundState is where a round is in its life. Its transitions:
+// The owners of a round, in its owner word. Its transitions:
 //
-//	roundOpen → roundClosed   the inline leg came back (report)
-//	roundOpen → roundDecided  a leg won, a leg panicked (decideLocked)
-//	roundClosed → roundDecided  the same, or the caller collected it
+//	roundInline → roundCaller  the inline leg came back before the timer fired (hedged)
+//	roundInline → roundFired   the timer fired first (fire)
+const (
+	roundInline uint32 = iota // the caller's goroutine runs the inline leg; the timer has not fired
+	roundCaller               // the caller's, to its end: no hedge was started
+	roundFired                // the timer's goroutine's, until the round is decided
+)
+
+// roundState is where a round is in its owner's eyes. Its transitions:
+//
+//	roundOpen → roundClosed     the inline leg came back (back)
+//	roundOpen → roundDecided    a leg won, or the round was abandoned (decide)
+//	roundClosed → roundDecided  the same
 type roundState uint8
 
 const (
 	roundOpen    roundState = iota // the inline leg is on the wire: hedges may start
-	roundClosed                    // no more legs may start; the legs on the wire may still win
-	roundDecided                   // a winner, a panic, or collected: whatever ends now is thrown away
+	roundClosed                    // no more legs start; the legs on the wire may still win
+	roundDecided                   // a winner, or abandoned: whatever comes back now is thrown away
 )
 
-// hedgeState is where a round's next hedge stands. Its transitions:
-//
-//	hedgeIdle → hedgeDeciding          its time came and the hedging gates passed (hedge)
-//	hedgeDeciding → hedgeIdle          sent, or refused (hedge, launch, budgetRefusedLocked)
-//	hedgeDeciding → hedgeAwaitingBody  the first leg is still sending the body (awaitBody)
-//	hedgeAwaitingBody → hedgeIdle      the body is in and the timer fires (hedge), or the inline leg came back (report)
-type hedgeState uint8
-
-const (
-	hedgeIdle hedgeState = iota
-	hedgeDeciding
-	hedgeAwaitingBody
-)
-
-// over reports whether the round can start no more legs. r.mu is held.
-func (r *round) over() bool { return r.state != roundOpen }
+// legDone is a leg's answer, as posted to its round's owner: the leg,
+// back from send, or gone in a panic (a hedge leg's, p, to re-raise; the
+// inline leg's, with p nil, already on its way to the caller).
+type legDone struct {
+	l        *leg
+	panicked bool
+	p        *legPanic
+}
 
 // rounds holds the rounds that ended without their timer ever firing:
 // most rounds, since most calls are not hedged.
@@ -116,167 +136,185 @@ func newRound(start time.Time) *round {
 	return new(round)
 }
 
-// release puts the round back in the pool (outside a synctest bubble)
-// once the caller has its answer, when nothing else can still reach it:
-// its timer never fired. A fire may run on after it has re-armed the
-// timer or after the round was decided, and only a fire sends hedge legs,
-// whose goroutines, grace timers and drains hold the round. The inline
-// leg's request copy and body wrapper, which the caller keeps, are not in
-// the round.
-func (r *round) release() {
-	r.mu.Lock()
-	reusable := !r.rang && !inBubble(r.c.start)
-	r.mu.Unlock()
-	if reusable {
-		*r = round{}
-		rounds.Put(r)
-	}
-}
-
 // hedged runs a round whose first leg has passed the admission gates.
 func (c *call) hedged(first *leg, kind policy.AttemptKind, body io.ReadCloser, now time.Time, threshold, wait time.Duration) (*http.Response, error) {
 	h := c.s.hedge
 	r := newRound(c.start)
 	r.c, r.h, r.max, r.threshold, r.first, r.getBody = *c, h, h.Config().MaxConcurrent, threshold, *first, c.req.GetBody
-	r.cond.L = &r.mu
 	l := &r.first
-	l.round = r
+	l.shared, l.roundTimed = true, true
 	r.c.prepare(l, kind, body, true, now)
-	r.c.markTie(l)
+	r.markTie(l)
 	r.legs = append(r.legBuf[:0], l)
 	r.live = 1
-	r.mu.Lock()
-	r.due = now.Add(wait)
-	r.timer = newRoundTimer(c.start, r.nextLocked().Sub(now), r)
-	r.mu.Unlock()
+	r.due, r.expires = now.Add(wait), l.expires
+	r.timer = newRoundTimer(c.start, r.next().Sub(now), r)
 
-	done := false
+	back := false
 	defer func() {
-		if !done {
-			// The inline leg panicked (the base or a user func): end
-			// the round before the panic reaches the caller.
-			r.abandon(nil)
+		if !back {
+			r.inlinePanicked(l)
 		}
 	}()
 	r.c.send(l)
-	r.report(l)
+	back = true
+	reuse := false
+	if r.owner.CompareAndSwap(roundInline, roundCaller) {
+		// Back before the timer fired: no hedge was started, and the
+		// round is the caller's alone. A timer that could not be
+		// stopped has begun its fire, which finds the round taken; the
+		// round is not reused while that fire may still read it.
+		reuse = r.timer.stop() && !inBubble(c.start)
+		r.back(legDone{l: l})
+	} else {
+		r.report(legDone{l: l})
+		<-r.done
+	}
 	resp, err := r.collect()
-	done = true
 	c.callTally = r.c.callTally
 	c.used = atomic.LoadUint64(&r.c.used) // a loser may still be picking
-	r.release()
+	if reuse {
+		*r = round{}
+		rounds.Put(r)
+	}
 	return resp, err
 }
 
-// nextLocked returns when the round's timer is next needed: the earlier
-// of the next hedge and the inline leg's expiry, or the zero time when
-// neither is pending. r.mu is held.
-func (r *round) nextLocked() time.Time {
+// inlinePanicked ends the round of an inline leg that panicked (the base,
+// or a user func), before the panic reaches the caller: the timer is
+// stopped, or the round's owner is told, which abandons it, and waited
+// for, so that no leg starts once the caller is gone. An answer the round
+// was decided on is thrown away.
+func (r *round) inlinePanicked(l *leg) {
+	if r.owner.CompareAndSwap(roundInline, roundCaller) {
+		r.timer.stop()
+		return
+	}
+	r.report(legDone{l: l, panicked: true})
+	<-r.done
+	if r.winner != nil {
+		httpx.Discard(r.winner.resp)
+	}
+	if r.failed != nil {
+		httpx.Discard(r.failed.resp)
+	}
+}
+
+// next returns when the round's timer is next needed: the earlier of the
+// next hedge and the inline leg's expiry, or the zero time when neither
+// is pending.
+func (r *round) next() time.Time {
 	if r.expires.IsZero() || !r.due.IsZero() && r.due.Before(r.expires) {
 		return r.due
 	}
 	return r.expires
 }
 
-// armLocked sets the round's timer for what is next pending, as of now,
-// unless the round is over. r.mu is held.
-func (r *round) armLocked(now time.Time) {
-	if next := r.nextLocked(); !next.IsZero() && !r.over() {
-		r.timer.t.Reset(next.Sub(now))
-	}
-}
-
-// stopLocked stops the round's timer, once: a stopped timer may be in
-// another round's hands by the next call. A timer that could not be
-// stopped before its func began marks the round rang. A timer that has
-// rung before is not reused even when stopped in time: it was set again
-// after it rang, so a func of an earlier ring may still be reading it.
-// r.mu is held.
-func (r *round) stopLocked() {
-	if r.timer != nil {
-		if !r.timer.stop(!r.rang) {
-			r.rang = true
-		}
-		r.timer = nil
-	}
-}
-
-// headers stops the inline leg's per-attempt timeout as its headers come
-// back, and reports whether the timer had already fired for it.
-func (r *round) headers() (expired bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.expires = time.Time{}
-	return r.expired
-}
-
-// fire runs on the round's timer. It cancels the inline leg if its
-// per-attempt timeout has come, and sends a hedge if one is due (see
-// hedge), re-arming the timer for what is left.
+// fire runs on the round's timer, once. Unless the caller is back first,
+// it takes the round and runs it to its decision (see own). An inline leg
+// already back leaves nothing to do: no leg may start, its timeout is
+// moot, and the caller is about to take the round.
 func (r *round) fire() {
-	now := time.Now()
-	r.mu.Lock()
-	r.rang = true
-	if r.over() {
-		r.mu.Unlock()
+	if atomic.LoadUint32(&r.first.state)&legBack != 0 {
 		return
 	}
-	expire := !r.expires.IsZero() && !now.Before(r.expires)
-	if expire {
-		r.expires, r.expired = time.Time{}, true
+	r.results = make(chan legDone, min(r.max, r.c.attempts))
+	r.done = make(chan struct{})
+	if r.c.tie == tieRound {
+		r.starts = make(chan *leg, 1)
 	}
-	due := !r.due.IsZero() && !now.Before(r.due)
-	if due {
+	if r.owner.CompareAndSwap(roundInline, roundFired) {
+		r.own()
+	}
+}
+
+// own runs the round on the timer's goroutine, from its first fire until
+// it is decided: a select loop over the legs' answers, its timer (the
+// next hedge, the inline leg's timeout) and the body a hedge awaits. The
+// loop ends once the round is decided or every leg has come back, the
+// inline leg among them, after which no leg starts. What was posted and
+// not yet received is then received and thrown away, and the caller,
+// waiting on done, collects the round.
+func (r *round) own() {
+	defer close(r.done)
+	r.loop()
+	for ; r.live > 0; r.live-- {
+		m := <-r.results // posted before the round was decided: on its way
+		if !m.panicked {
+			httpx.Discard(m.l.resp)
+		}
+	}
+}
+
+// loop is own's select loop. A panic in it (GetBody, an observer) would
+// kill the process: it abandons the round, and the panic is handed to the
+// caller.
+func (r *round) loop() {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+		if p := recover(); p != nil {
+			r.abandon(newLegPanic(p))
+		}
+	}()
+	r.tick(time.Now())
+	for r.state != roundDecided && r.live > 0 {
+		var fire <-chan time.Time
+		if next := r.next(); !next.IsZero() && r.state == roundOpen {
+			if d := time.Until(next); t == nil {
+				t = time.NewTimer(d)
+			} else {
+				t.Reset(d)
+			}
+			fire = t.C
+		}
+		select {
+		case m := <-r.results:
+			r.back(m)
+		case now := <-fire:
+			r.tick(now)
+		case <-r.bodyRead:
+			if r.awaits {
+				r.hedge(time.Now())
+			}
+		case s := <-r.starts:
+			r.untie(s)
+		}
+	}
+}
+
+// tick does what the round's timer is due for at now: it cancels the
+// inline leg if its per-attempt timeout has come, and sends a hedge if
+// one is due (see hedge).
+func (r *round) tick(now time.Time) {
+	if !r.expires.IsZero() && !now.Before(r.expires) {
+		r.expires = time.Time{}
+		if r.first.expire() {
+			r.first.cancel(policy.ErrAttemptTimeout)
+		}
+	}
+	if !r.due.IsZero() && !now.Before(r.due) {
 		r.due = time.Time{} // the hedge sets the next one, if it starts
-	}
-	r.armLocked(now)
-	r.mu.Unlock()
-	if expire {
-		r.first.cancel(policy.ErrAttemptTimeout)
-	}
-	if due {
 		r.hedge(now)
 	}
 }
 
-// hedge runs on the round's timer when a hedge is due, and is the one
-// place where a hedge is decided: first the checks, which take nothing
-// (the hedging gates, then whether the first leg is still sending a body
-// the hedge would replay), then what the leg takes (see take), each step
-// given back exactly when a later one refuses, and last the leg is sent
-// (see launch), which alone spends WinRate's credit. A panic here
-// (GetBody, an observer) would kill the process: what the hedge took is
-// given back, and the panic is handed to the caller.
+// hedge runs when a hedge is due, and is the one place where a hedge is
+// decided: first the checks, which take nothing (the hedging gates, then
+// whether the first leg is still sending a body the hedge would replay),
+// then what the leg takes (see take), each step given back exactly when a
+// later one refuses, and last the leg is sent (see launch), which alone
+// spends WinRate's credit. What the hedge took is given back on every
+// path, a panic's included (see loop).
 func (r *round) hedge(now time.Time) {
 	c := &r.c
-	var tk hedgeTake
-	deciding := false // hedgeDeciding is this decision's to end
-	defer func() {
-		p := recover()
-		tk.giveBack(c, now)
-		if deciding {
-			// No leg after all: the round must not wait for one.
-			r.mu.Lock()
-			r.hedging = hedgeIdle
-			r.cond.Broadcast()
-			r.mu.Unlock()
-		}
-		if p != nil {
-			r.abandon(newLegPanic(p))
-		}
-	}()
-	r.mu.Lock()
-	if r.over() {
-		r.mu.Unlock()
+	r.awaits = false // decided now, if it awaited the body
+	if r.over() || r.starter.Load() != nil {
 		return
 	}
-	why := r.gate(now)
-	r.hedging = hedgeIdle // decided now, if it awaited the body
-	if why == 0 {
-		r.hedging, deciding = hedgeDeciding, true
-	}
-	r.mu.Unlock()
-	if why != 0 {
+	if why := r.gate(now); why != 0 {
 		c.suppress(why)
 		return
 	}
@@ -284,25 +322,21 @@ func (r *round) hedge(now time.Time) {
 	// is taken: the hedge is decided again, from the hedging gates, once
 	// the body is in.
 	if r.bodyPending() {
-		waits := r.awaitBody()
-		if waits {
-			deciding = false // awaitBody ended the decision
-		} else {
+		if !r.awaitBody() {
 			c.suppress(policy.HedgeBodyPending)
 		}
 		return
 	}
-	l, why, rearmed := r.take(now, &tk)
-	if rearmed {
-		deciding = false // the budget's refusal ended the decision
-	}
+	var tk hedgeTake
+	defer tk.giveBack(c, now)
+	l, why := r.take(now, &tk)
 	if l == nil {
 		if why != 0 {
 			c.suppress(why)
 		}
 		return
 	}
-	r.launch(l, now, &tk, &deciding)
+	r.launch(l, now, &tk)
 }
 
 // hedgeTake is what a hedge has taken on its way to the wire and not yet
@@ -334,7 +368,7 @@ func (tk *hedgeTake) giveBack(c *call, now time.Time) {
 // given back exactly, then the body, then the admission gates, whose
 // permits are given back as Discarded. (The rate limit's token, which
 // cannot be given back, is taken last, by launch.) It returns the leg,
-// admitted, or nil and why not: 0 when the round can send no more legs.
+// admitted, or nil and why not.
 //
 // Hedges come due in bursts (a hiccup makes every call in flight cross
 // the threshold at once) and a burst can empty the budget, which refills
@@ -342,72 +376,60 @@ func (tk *hedgeTake) giveBack(c *call, now time.Time) {
 // threshold later is very likely a slow one. So a round the budget
 // refused asks again one threshold later, three times, then backing off
 // (two, four, ...), so that the timer work of a round whose budget stays
-// empty is bounded; rearmed says so, the decision being over.
-func (r *round) take(now time.Time, tk *hedgeTake) (l *leg, why policy.SuppressReason, rearmed bool) {
+// empty is bounded.
+func (r *round) take(now time.Time, tk *hedgeTake) (l *leg, why policy.SuppressReason) {
 	c := &r.c
-	r.mu.Lock()
-	if r.ended() {
-		r.mu.Unlock()
-		return nil, 0, false
-	}
 	if !c.s.budget.WithdrawHedge(now) {
-		r.budgetRefusedLocked(now)
-		r.mu.Unlock()
-		return nil, policy.HedgeBudget, true
+		r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
+		r.refused++
+		return nil, policy.HedgeBudget
 	}
 	tk.token = true
-	r.mu.Unlock()
 	if tk.body, why = r.body(); why != 0 {
-		return nil, why, false
+		return nil, why
 	}
 	l = new(leg)
 	if err := c.admit(&l.permits, ask{kind: policy.AttemptHedge, now: now}); err != nil {
-		return nil, policy.HedgeRejected, false
+		return nil, policy.HedgeRejected
 	}
 	tk.leg = l
-	return l, 0, false
+	return l, 0
 }
 
 // launch sends hedge leg l, admitted by take, unless the round can send
 // no more legs or the rate limit has no token for it, in which case tk
-// is left for hedge to give back. Sending l ends the decision (deciding).
-// The token is taken under the round's
-// lock, with the check that the round may still send a leg, since it
-// cannot be given back (a hedge takes one only from a bucket full but for
-// one, and never waits: see gate.RateLimiter.AcquireHedge). Once the leg
-// is in the round, WinRate's credit is spent (hedge.State.Started).
-func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
+// is left for hedge to give back. The token is taken only once the round
+// is known to send the leg, since it cannot be given back (a hedge takes
+// one only from a bucket full but for one, and never waits: see
+// gate.RateLimiter.AcquireHedge). Once the leg is in the round, WinRate's
+// credit is spent (hedge.State.Started).
+func (r *round) launch(l *leg, now time.Time, tk *hedgeTake) {
 	c := &r.c
-	r.mu.Lock()
 	if r.ended() {
-		r.mu.Unlock()
 		return
 	}
 	if ok, retryAfter := c.s.rate.AcquireHedge(c.ctx, now, c.prio); !ok {
-		r.mu.Unlock()
 		c.refuse(policy.AttemptHedge, policy.GateRateLimit, policy.ErrRateLimited, retryAfter, false)
 		c.suppress(policy.HedgeRejected)
 		return
 	}
 
-	// Not over: the caller is still inside RoundTrip, so its request may
+	// Undecided: the caller is still inside RoundTrip, so its request may
 	// be read (and is copied deeply for this leg).
+	l.shared = true
 	c.prepare(l, policy.AttemptHedge, tk.body, true, now)
-	c.markTie(l)
+	r.markTie(l)
 	*tk = hedgeTake{} // spent: the leg holds it all now
-	l.round, l.drewToken = r, true
+	l.drewToken = true
 	r.legs = append(r.legs, l)
 	r.live++
-	r.hedging, *deciding = hedgeIdle, false
 	if r.live < r.max && c.spent() < c.attempts {
 		r.due = now.Add(r.threshold)
-		r.armLocked(now)
 	}
-	r.mu.Unlock()
 
 	// The leg goes on the wire as launch returns, after it was reported
 	// started, and even if an observer panics: it is counted in live, so
-	// the round waits for it (and, abandoned, cancels it).
+	// the round awaits it (and, abandoned, cancels it).
 	defer func() { go r.run(l) }()
 	r.h.Started(now)
 	if o := c.t.obs; o != nil && o.HedgeStarted != nil {
@@ -415,24 +437,17 @@ func (r *round) launch(l *leg, now time.Time, tk *hedgeTake, deciding *bool) {
 	}
 }
 
-// ended reports whether the round can send no more legs: it is over, or
-// at MaxConcurrent legs, or the call's Attempts are spent, or a leg of a
-// tied round said it started. r.mu is held.
-func (r *round) ended() bool {
-	return r.over() || r.live >= r.max || r.c.spent() >= r.c.attempts || r.starter != nil
+// over reports whether the round can start no more legs: it is not
+// open, or the inline leg is back, which the owner has yet to receive.
+func (r *round) over() bool {
+	return r.state != roundOpen || atomic.LoadUint32(&r.first.state)&legBack != 0
 }
 
-// budgetRefusedLocked ends a hedge's decision for a budget with no token,
-// the round not ended: it asks again one threshold later (three times,
-// then backing off), done deciding before the timer can fire again, so
-// that the next fire's decision is the one the round waits for. r.mu is
-// held.
-func (r *round) budgetRefusedLocked(now time.Time) {
-	r.hedging = hedgeIdle
-	r.cond.Broadcast()
-	r.due = now.Add(r.threshold << max(0, min(r.refused-2, 16)))
-	r.refused++
-	r.armLocked(now)
+// ended reports whether the round can send no more legs: it is over, or
+// at MaxConcurrent legs, or the call's Attempts are spent, or a leg of a
+// tied round said it started.
+func (r *round) ended() bool {
+	return r.over() || r.live >= r.max || r.c.spent() >= r.c.attempts || r.starter.Load() != nil
 }
 
 // bodyPending reports whether the first leg is still sending a body
@@ -475,60 +490,39 @@ func (r *round) body() (io.ReadCloser, policy.SuppressReason) {
 // awaitBody has the hedge now due, which found the first leg still
 // sending a body without GetBody, decided again once the body has been
 // read as far as it will be: complete, the hedge replays the copy; failed
-// or too large, it is suppressed for that. It reports whether the hedge
-// waits: not when the round is over. A round whose inline leg comes back
-// first ends with the hedge unsent, reported as HedgeBodyPending (see
-// report). The round cannot go back to the pool meanwhile: its timer has
-// rung. Awaiting ends the hedge's decision: the round does not wait for
-// the body, which the inline leg is sending.
+// or too large, it is suppressed for that. The read's end is told on
+// bodyRead (by the goroutine that read it: the inline leg's), which the
+// owner's loop selects on. It reports whether the hedge awaits: not when
+// no read will end it (the call is over). A round whose inline leg comes
+// back first ends with the hedge unsent, reported as HedgeBodyPending
+// (see back).
 func (r *round) awaitBody() bool {
-	r.mu.Lock()
-	if r.over() {
-		r.mu.Unlock()
+	rb := r.c.rb
+	if r.bodyRead == nil {
+		r.bodyRead = make(chan struct{}, 1)
+	}
+	switch {
+	case rb.WhenRead(r.wake):
+	case rb.Complete() || rb.TooLarge() || rb.Err() != nil:
+		r.wake() // read meanwhile: decided again at once
+	default:
 		return false
 	}
-	r.hedging = hedgeAwaitingBody
-	r.cond.Broadcast()
-	r.mu.Unlock()
-	rb := r.c.rb
-	switch {
-	case rb.WhenRead(r.bodyRead):
-	case rb.Complete() || rb.TooLarge() || rb.Err() != nil:
-		r.bodyRead() // read meanwhile: decided again at once
-	default:
-		// No read will end it (the call is over): nothing to wait for,
-		// unless the inline leg's report took the hedge over already.
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		waited := r.hedging == hedgeAwaitingBody
-		if waited {
-			r.hedging = hedgeIdle
-		}
-		return !waited
-	}
+	r.awaits = true
 	return true
 }
 
-// bodyRead runs once the body a hedge awaits has been read: it sets the
-// round's timer to fire at once, for the hedge, unless the round is over.
-// It runs on the goroutine that read the body (the first leg's) and only
-// takes the round's lock. The hedge still awaits until the timer's fire
-// decides it: a round whose inline leg comes back before then reports it
-// HedgeBodyPending.
-func (r *round) bodyRead() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.hedging != hedgeAwaitingBody || r.over() {
-		return
+// wake tells the round's owner that the body a hedge awaits has been
+// read. It never blocks: one word pending is enough.
+func (r *round) wake() {
+	select {
+	case r.bodyRead <- struct{}{}:
+	default:
 	}
-	now := time.Now()
-	r.due = now
-	r.armLocked(now)
 }
 
 // gate asks the hedging gates, in their order (see hedge.State.Gate),
-// which take nothing; the budget, the last, is asked by hedge. r.mu is
-// held.
+// which take nothing; the budget, the last, is asked by take.
 func (r *round) gate(now time.Time) policy.SuppressReason {
 	c := &r.c
 	dl, _ := c.ctx.Deadline()
@@ -542,91 +536,72 @@ func (r *round) gate(now time.Time) policy.SuppressReason {
 	})
 }
 
-// run sends a hedge leg on its own goroutine. A panic there could not be
-// recovered by anyone, so it is caught and handed to the caller's
-// goroutine, which re-raises it.
+// run sends a hedge leg on its own goroutine and posts its answer. A
+// panic there could not be recovered by anyone, so it is caught and
+// posted, to be re-raised on the caller's goroutine.
 func (r *round) run(l *leg) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.mu.Lock()
-			if l.state != legEnded {
-				l.state = legEnded
-				r.live--
-			}
-			r.mu.Unlock()
-			r.abandon(newLegPanic(p))
+			r.report(legDone{l: l, panicked: true, p: newLegPanic(p)})
 		}
 	}()
 	r.c.send(l)
-	r.report(l)
+	r.report(legDone{l: l})
 }
 
-// settle decides, as leg l's answer comes back from the base, whether l is
-// evidence (true) or was lost to another leg's win while on the wire
-// (false). It is the one place where that is decided.
-func (r *round) settle(l *leg) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if l.state == legLost {
-		return false
+// report posts leg m.l's answer to the round's owner, unless the round
+// was decided without it: lost on the wire, the leg was reported and
+// disposed of as it came back (see send); dropped once back, its answer
+// is thrown away here. It never blocks: results has room for every leg
+// that may be in flight at once.
+func (r *round) report(m legDone) {
+	if m.l.post() {
+		r.results <- m
+		return
 	}
-	l.state = legAnswered
-	return true
+	if !m.panicked && atomic.LoadUint32(&m.l.state)&legDropped != 0 {
+		httpx.Discard(m.l.resp)
+	}
 }
 
-// report gives the round a leg that has been through send, where its
-// attempt ended (see end), and takes it off the round's count of legs
-// sent and not yet ended (live). The first acceptable
-// answer wins: the legs still on the wire lose, are cancelled and reported
-// as discarded at once, so the caller never waits on a loser. An answer
-// that is not acceptable (a Failure, or one that asks for a retry)
-// supersedes the one before it, which is thrown away. Anything that
-// ends after the round was decided is thrown away.
-func (r *round) report(l *leg) {
+// back gives the round's owner a leg's answer, and takes it off the legs
+// it awaits (live). The first acceptable answer wins: the legs still on
+// the wire lose, are cancelled and reported as discarded at once, so the
+// caller never waits on a loser. An answer that is not acceptable (a
+// Failure, or one that asks for a retry) supersedes the one before it,
+// which is thrown away. A panic abandons the round.
+func (r *round) back(m legDone) {
 	c := &r.c
-	r.mu.Lock()
-	lost := l.state == legLost
-	l.state = legEnded
+	l := m.l
 	r.live--
-	defer r.cond.Broadcast()
-	if l == r.legs[0] {
+	if l == &r.first {
 		// The inline leg is back: whatever happens, no more legs start.
+		r.expires = time.Time{}
 		if r.state == roundOpen {
 			r.state = roundClosed
 		}
-		r.stopLocked()
-		if r.hedging == hedgeAwaitingBody {
-			// The hedge waiting for the body will not be sent; reported
-			// once r.mu is let go, as report returns.
-			r.hedging = hedgeIdle
-			defer c.suppress(policy.HedgeBodyPending)
+		if r.awaits {
+			// The hedge awaiting the body will not be sent.
+			r.awaits = false
+			c.suppress(policy.HedgeBodyPending)
 		}
 	}
-	if lost {
-		// Reported discarded when it lost; send closed what it got.
-		r.mu.Unlock()
-		return
-	}
-	if r.state == roundDecided {
-		r.mu.Unlock()
-		httpx.Discard(l.resp)
+	if m.panicked {
+		r.abandon(m.p)
 		return
 	}
 	if l.outcome == policy.Failure || l.retryAsked {
-		superseded := r.failed
-		r.failed = l
-		r.mu.Unlock()
-		if superseded != nil {
-			httpx.Discard(superseded.resp)
+		if r.failed != nil {
+			httpx.Discard(r.failed.resp)
 		}
+		r.failed = l
 		return
 	}
 	r.winner = l
 	if l.tie != nil && l.outcome == policy.Success {
-		r.h.Ties().Served(l.tie.signalled)
+		r.h.Ties().Served(l.tie.signalled.Load())
 	}
-	losers := r.decideLocked(true)
-	r.mu.Unlock()
+	losers := r.decide(l, true)
 
 	won := l.kind == policy.AttemptHedge && l.outcome == policy.Success
 	refunds := l.drewToken && l.outcome == policy.Success
@@ -646,8 +621,11 @@ func (r *round) report(l *leg) {
 	}
 }
 
-// decideLocked marks the round decided: no more legs start, and every leg
-// still on the wire is lost. It returns the losers. r.mu is held.
+// decide marks the round decided, with winner w (nil: abandoned): no
+// more legs start, and every other leg the owner has not received is
+// settled (see leg.drop): lost when still on the wire, dropped when back
+// but not posted, or left awaited (live) when its answer is on its way.
+// It returns the losers.
 //
 // With spare, a round won by a leg, a losing hedge leg is not cancelled at
 // once: over HTTP/1.1 a request cancelled in flight closes its connection,
@@ -660,18 +638,28 @@ func (r *round) report(l *leg) {
 // connection.) The inline leg, which the caller's goroutine is waiting
 // on, is cancelled at once (by discard), as is every leg of an abandoned
 // round.
-func (r *round) decideLocked(spare bool) []*leg {
-	r.stopLocked()
+func (r *round) decide(w *leg, spare bool) []*leg {
 	r.state = roundDecided
 	var losers []*leg
 	for _, o := range r.legs {
-		if o.state == legOnWire {
-			o.state = legLost
+		if o == w || atomic.LoadUint32(&o.state)&(legPosted|legLost) != 0 {
+			continue // received, or on its way, or lost already (see untie)
+		}
+		if spare && o != &r.first && atomic.LoadUint32(&o.state)&legBack == 0 {
+			// Set before the leg can learn it lost (see drop).
+			cancel := o.cancel
+			o.grace = time.AfterFunc(httpx.DrainTime, func() { cancel(errDiscarded) })
+		}
+		st := o.drop()
+		if st&legPosted != 0 {
+			continue // posted meanwhile: on its way
+		}
+		r.live--
+		if st&legLost != 0 {
 			losers = append(losers, o)
-			if spare && o != &r.first {
-				cancel := o.cancel
-				o.grace = time.AfterFunc(httpx.DrainTime, func() { cancel(errDiscarded) })
-			}
+		} else if o.grace != nil {
+			o.grace.Stop() // back meanwhile: dropped, with no grace to run
+			o.grace = nil
 		}
 	}
 	return losers
@@ -699,42 +687,31 @@ func (r *round) discard(losers []*leg, now time.Time) {
 
 // abandon decides the round without a winner: the inline leg panicked
 // (p is nil: the panic is already on its way to the caller), or a hedge
-// leg did (p is kept for the caller to re-raise). The legs on the wire are
-// cancelled and the failure held is thrown away. A panic on a leg that
-// ends after the round was decided has no caller left to reach: it is
-// dropped, its leg's permits already returned.
-func (r *round) abandon(p any) {
-	r.mu.Lock()
+// leg did, or the owner (p is kept for the caller to re-raise). The legs
+// on the wire are cancelled and the failure held is thrown away. A panic
+// once the round is decided has no caller left to reach: it is dropped,
+// its leg's permits already returned.
+func (r *round) abandon(p *legPanic) {
 	if r.state == roundDecided {
-		r.mu.Unlock()
 		return
 	}
 	r.panic = p
-	losers := r.decideLocked(false)
-	failed := r.failed
-	r.failed = nil
-	r.cond.Broadcast()
-	r.mu.Unlock()
-	r.discard(losers, time.Now())
-	if failed != nil {
-		httpx.Discard(failed.resp)
+	losers := r.decide(nil, false)
+	if r.failed != nil {
+		httpx.Discard(r.failed.resp)
+		r.failed = nil
 	}
+	r.discard(losers, time.Now())
 }
 
-// collect waits, after the inline leg has reported, for the round to be
-// decided: a winner, a panic, or every leg ended (and fire done deciding
-// whether to start one more).
+// collect gives the caller, once the round is its own again (decided, or
+// every leg back), the round's answer, and counts in the call's tally
+// what its Report needs.
 func (r *round) collect() (*http.Response, error) {
-	r.mu.Lock()
-	for r.state != roundDecided && (r.live > 0 || r.hedging == hedgeDeciding) {
-		r.cond.Wait()
+	w, failed, p := r.winner, r.failed, r.panic
+	if twice := r.twice.Load(); twice != nil {
+		r.c.tellRanTwice(twice, r.threshold)
 	}
-	r.state = roundDecided // whatever ends now is thrown away
-	w, failed, p, twice := r.winner, r.failed, r.panic, r.twice
-	r.failed = nil
-	// Over: no more legs start (see hedge), and what the caller's Report
-	// needs is read here, under the lock, so that a loser still on the
-	// wire has no part in it.
 	r.c.hedges += len(r.legs) - 1
 	if w != nil && w.kind == policy.AttemptHedge && w.outcome == policy.Success {
 		r.c.hedgeWon = true
@@ -746,10 +723,6 @@ func (r *round) collect() (*http.Response, error) {
 		case failed != nil:
 			r.c.lane = failed.laneName()
 		}
-	}
-	r.mu.Unlock()
-	if twice != nil {
-		r.c.tellRanTwice(twice, r.threshold)
 	}
 	if p != nil {
 		panic(p)
@@ -784,12 +757,13 @@ func (p *legPanic) Unwrap() error {
 	return err
 }
 
-// A roundTimer is a hedged round's one timer, for its next hedge and its
-// inline leg's timeout (see round.fire). Stopped before it ever fired, it
-// goes back to a pool (when it came from there); one that fired is left to
-// the garbage collector, since its round.fire may still be running, even
-// once set again and stopped in time. r is set before the timer is armed
-// and read only by the timer's func.
+// A roundTimer is a hedged round's timer, for its first hedge and its
+// inline leg's timeout (see round.fire). It fires once at most: the
+// goroutine it fires on, taking the round, runs a timer of its own. Stopped
+// before it fired, it goes back to a pool (when it came from there); one
+// that fired is left to the garbage collector, since its round.fire may
+// still be running. r is set before the timer is armed and read only by
+// the timer's func.
 type roundTimer struct {
 	t      *time.Timer
 	pooled bool
@@ -817,13 +791,13 @@ func newRoundTimer(start time.Time, d time.Duration, r *round) *roundTimer {
 func (rt *roundTimer) ring() { rt.r.fire() }
 
 // stop stops the timer and reports whether it was stopped before its
-// func began; it goes back to the pool if it came from there and reuse
-// says that no func of its can be running. It must not be used again.
-func (rt *roundTimer) stop(reuse bool) bool {
+// func began; it then goes back to the pool if it came from there. It
+// must not be used again.
+func (rt *roundTimer) stop() bool {
 	if !rt.t.Stop() {
 		return false
 	}
-	if rt.pooled && reuse {
+	if rt.pooled {
 		rt.r = nil
 		roundTimers.Put(rt)
 	}

@@ -43,9 +43,10 @@ type leg struct {
 	cancel context.CancelCauseFunc
 	timer  *alarm // Timeout.PerAttempt, or the call's Override
 	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
-	// timeout the round's timer keeps (round.expires) instead of a timer
-	// of its own.
+	// timeout the round's timer keeps (expires, set by prepare) instead of
+	// a timer of its own.
 	roundTimed bool
+	expires    time.Time
 
 	permits // what it holds of the admission gates and its lane, until end
 
@@ -70,36 +71,111 @@ type leg struct {
 	latency    time.Duration
 
 	// sent is the lane it was sent on, kept for AttemptDone after lane is
-	// cleared; in a hedged round, guarded by the round's lock, since a leg
-	// that lost is reported by the goroutine that decided the round.
+	// cleared. In a hedged round, where a leg that lost is reported by the
+	// round's owner, it is read there only once legOnLane says it is set.
 	sent *lane.Lane[*lanePool]
 
-	// A hedged round's legs; guarded by the round's lock.
-	round *round
-	state legState
+	// shared: the leg is a hedged round's, whose state word it shares
+	// with the round's owner (see legBack); read and written atomically.
+	shared bool
+	state  uint32
 	// grace, on a hedge leg that lost, cancels it when its time to bring
-	// its headers runs out (see round.decideLocked); set as it is lost.
+	// its headers runs out (see round.decide); set before it is lost.
 	grace *time.Timer
 	// tie reads the 1xx answers of a leg marked as tied; nil when it is
 	// not. unstarted: the leg was cancelled, before it said it started,
-	// because another leg of its tied round did (see round.started).
+	// because another leg of its tied round did (see round.untie).
 	tie       *tieWatch
 	unstarted bool
 }
 
-// legState is where a hedged round's leg is. Its transitions:
+// The bits of a hedged round's leg's state word: where the leg (its own
+// goroutine, or the caller's for the inline leg) and the round's owner
+// meet. Each bit is set by one side only, and a bit of the owner's is
+// set only while the leg's that rules it out is not (compare-and-swap),
+// so that each side learns from one atomic step what the other did:
 //
-//	legOnWire → legAnswered  its answer came before the round was decided: evidence (round.settle)
-//	legOnWire → legLost      the round was decided while it was on the wire: discarded (round.decideLocked)
-//	any → legEnded           done with: reported (round.report), or gone in a panic (round.run)
-type legState uint8
-
+//	legBack     the leg's: its wire call returned (comeBack), or it panicked (post)
+//	legPosted   the leg's: its answer is on its way to the owner (post)
+//	legLost     the owner's, before legBack: decided while the leg was on the wire (drop)
+//	legDropped  the owner's, after legBack and before legPosted: decided without its answer (drop)
+//	legExpired  the owner's, before legBack: the inline leg's per-attempt timeout came (expire)
+//	legOnLane   the leg's: sent is set (tookLane)
 const (
-	legOnWire legState = iota
-	legAnswered
+	legBack uint32 = 1 << iota
+	legPosted
 	legLost
-	legEnded
+	legDropped
+	legExpired
+	legOnLane
 )
+
+// comeBack marks leg l back from the wire, and returns its state as it
+// was: whether it was lost, or timed out, while on the wire.
+func (l *leg) comeBack() uint32 { return atomic.OrUint32(&l.state, legBack) }
+
+// post marks l's answer on its way to its round's owner, and l back if
+// it is not (a panic), unless the round was decided without it; it
+// reports whether it did.
+func (l *leg) post() bool {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		if old&(legLost|legDropped) != 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, old|legBack|legPosted) {
+			return true
+		}
+	}
+}
+
+// drop settles l as its round is decided without it: lost when still on
+// the wire, dropped when back but not posted, and left as it is when
+// posted. It returns l's state as it leaves it.
+func (l *leg) drop() uint32 {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		next := old | legDropped
+		switch {
+		case old&legPosted != 0:
+			return old
+		case old&legBack == 0:
+			next = old | legLost
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, next) {
+			return next
+		}
+	}
+}
+
+// lose settles l as lost while its round goes on, when it is still on
+// the wire: a tied leg whose twin started first (see round.untie). It
+// returns l's state as it leaves it.
+func (l *leg) lose() uint32 {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		if old&(legBack|legPosted|legLost) != 0 {
+			return old
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, old|legLost) {
+			return old | legLost
+		}
+	}
+}
+
+// expire marks l, a round's inline leg, timed out unless it is back, and
+// reports whether it did: the round's owner then cancels it.
+func (l *leg) expire() bool {
+	for {
+		old := atomic.LoadUint32(&l.state)
+		if old&legBack != 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&l.state, old, old|legExpired) {
+			return true
+		}
+	}
+}
 
 // errDiscarded is the cancellation cause of a hedge leg that lost.
 var errDiscarded = errors.New("resilix: hedge leg discarded")
@@ -183,10 +259,10 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	}
 	switch {
 	case d == 0:
-	case l.round != nil:
-		// The inline leg of a hedged round: the round's one timer keeps
-		// its time, with the hedges'.
-		l.round.expires, l.roundTimed = sent.Add(d), true
+	case l.roundTimed:
+		// The inline leg of a hedged round: the round's timer keeps its
+		// time, with the first hedge's.
+		l.expires = sent.Add(d)
 	default:
 		l.timer = newAlarm(c.start, sent.Add(d), l.cancel)
 	}
@@ -238,12 +314,13 @@ func (c *call) send(l *leg) {
 	}
 	resp, err = sane(resp, err)
 
-	fired := false // the attempt's timer fired before its headers came
-	switch {
-	case l.timer != nil:
+	var st uint32 // a hedged round's leg's state, as it came back
+	if l.shared {
+		st = l.comeBack()
+	}
+	fired := st&legExpired != 0 // the attempt's timer fired before its headers came
+	if l.timer != nil {
 		fired = !l.timer.stop()
-	case l.roundTimed:
-		fired = l.round.headers()
 	}
 	timedOut := false
 	if fired && c.ctx.Err() == nil {
@@ -259,7 +336,7 @@ func (c *call) send(l *leg) {
 		timedOut = true
 	}
 
-	if l.round != nil && !l.round.settle(l) {
+	if st&legLost != 0 {
 		c.end(l, endLostBack, exit{resp: resp, err: err, r: discarded(now)})
 		return
 	}
@@ -357,10 +434,8 @@ func (c *call) end(l *leg, e ending, x exit) {
 			l.cancel(errDiscarded)
 		}
 		var sent *lane.Lane[*lanePool]
-		if c.s.lanes != nil {
-			l.round.mu.Lock() // l may still be taking its lane (see sent)
+		if atomic.LoadUint32(&l.state)&legOnLane != 0 { // l may still be taking its lane (see sent)
 			sent = l.sent
-			l.round.mu.Unlock()
 		}
 		c.attemptDone(l, sent, policy.Discarded, x.r.latency, nil, nil)
 		return
@@ -383,9 +458,6 @@ func (c *call) end(l *leg, e ending, x exit) {
 		c.finish(&l.permits, x.r, false)
 		free(l.cancel, nil)
 		l.resp, l.err, l.outcome = nil, errDiscarded, policy.Discarded
-		if l.unstarted {
-			c.endUnstarted(l, x.r.now)
-		}
 		return
 	case endPanicked:
 		if l.lane != nil {
@@ -431,27 +503,6 @@ func (c *call) end(l *leg, e ending, x exit) {
 	c.attemptDone(l, l.sent, r.outcome, l.latency, resp, err)
 }
 
-// endUnstarted ends a tied leg that was cancelled because its twin
-// started first, as its wire call returns: the observer hears it
-// discarded (and TieCancelled), and a hedge leg gives its budget token
-// back, since it cost its server a place in the queue, not the work.
-func (c *call) endUnstarted(l *leg, now time.Time) {
-	if now.IsZero() {
-		now = timing.Since(c.start)
-	}
-	var latency time.Duration
-	if !l.dispatch.IsZero() {
-		latency = now.Sub(l.dispatch)
-	}
-	if l.drewToken {
-		c.refund(now, l.kind)
-	}
-	c.attemptDone(l, l.sent, policy.Discarded, latency, nil, nil)
-	if o := c.t.obs; o != nil && o.TieCancelled != nil {
-		o.TieCancelled(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: l.n, Tied: true})
-	}
-}
-
 // bodyAtFault reports whether err, leg l's error, is the caller's body's
 // doing: the error the body returned as the leg read or closed it, or a
 // body that does not match the request's ContentLength, whose refusal by
@@ -473,11 +524,10 @@ func (c *call) bodyAtFault(l *leg, err error) bool {
 
 // tookLane keeps the lane leg l was sent on for AttemptDone (see sent).
 func (l *leg) tookLane() {
-	if r := l.round; r != nil {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-	}
 	l.sent = l.lane
+	if l.shared {
+		atomic.OrUint32(&l.state, legOnLane)
+	}
 }
 
 // answered reads the time leg l's answer came back, and sets its latency

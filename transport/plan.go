@@ -54,7 +54,7 @@ type callPlan struct {
 }
 
 // callTally is what a call did, as its rounds and their legs count it. A
-// hedged round's legs count in the round's copy, under its lock.
+// hedged round's legs count in the round's copy, by the round's owner.
 type callTally struct {
 	wire         int                // wire attempts made
 	freed        int                // of them, free retries of attempts that never left (see unsentElsewhere)

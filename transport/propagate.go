@@ -41,9 +41,7 @@ func (c *call) stamp(l *leg) {
 			id = v
 			n++
 		} else if l.n == 1 {
-			// Reported once a call, with its first attempt: a hedge leg
-			// is prepared under its round's lock, where no observer may
-			// be called.
+			// Reported once a call, with its first attempt.
 			t.malformed(c.ctx, c.s, t.tenantHeader, v)
 		}
 	}

@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"sync/atomic"
 	"time"
 
 	"github.com/resilix/resilix/internal/httpx"
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -52,12 +54,13 @@ func (c *call) marksTie(l *leg) bool {
 	return false
 }
 
-// markTie marks leg l of a hedged round, prepared, as tied when the
-// round marks it (see marksTie): the tie header, on a header of the
-// leg's own, and a hook on its 1xx answers (see tieWatch). Only a round's
-// legs are marked, which live on the heap: a leg of a round that does
-// not hedge stays on its caller's stack.
-func (c *call) markTie(l *leg) {
+// markTie marks leg l of round r, prepared, as tied when the round
+// marks it (see marksTie): the tie header, on a header of the leg's own,
+// and a hook on its 1xx answers (see tieWatch). Only a round's legs are
+// marked, which live on the heap: a leg of a round that does not hedge
+// stays on its caller's stack.
+func (r *round) markTie(l *leg) {
+	c := &r.c
 	if !c.marksTie(l) {
 		return
 	}
@@ -73,7 +76,7 @@ func (c *call) markTie(l *leg) {
 		}
 	}
 	l.req.Header[httpx.TieHeader] = tieMark
-	l.tie = &tieWatch{l: l}
+	l.tie = &tieWatch{l: l, r: r}
 	l.req = l.req.WithContext(httptrace.WithClientTrace(l.req.Context(), &httptrace.ClientTrace{Got1xxResponse: l.tie.got1xx}))
 }
 
@@ -83,12 +86,13 @@ var tieMark = []string{"1"}
 
 // tieWatch reads a tied leg's 1xx answers. Its hook runs on the base's
 // goroutine that reads the answer (for HTTP/2, the connection's), so it
-// only counts, and tells the round, which cancels and does nothing that
-// could block.
+// counts, tells the round (see started), and does nothing that could
+// block. It is the leg's, and knows the leg's round: the leg does not.
 type tieWatch struct {
 	l         *leg
-	n         int  // 1xx answers so far
-	signalled bool // a start signal came (guarded by the round's lock once the leg is in one)
+	r         *round
+	n         int         // 1xx answers so far
+	signalled atomic.Bool // a start signal came
 }
 
 func (w *tieWatch) got1xx(code int, h textproto.MIMEHeader) error {
@@ -99,9 +103,7 @@ func (w *tieWatch) got1xx(code int, h textproto.MIMEHeader) error {
 	if code != http.StatusEarlyHints || len(h[httpx.TieHeader]) != 1 || h[httpx.TieHeader][0] != httpx.TieStarted {
 		return nil // another 1xx, or a signal not ours: not a start
 	}
-	if r := w.l.round; r != nil {
-		r.started(w.l, time.Now())
-	}
+	w.r.started(w.l, time.Now())
 	return nil
 }
 
@@ -113,46 +115,72 @@ func (c *call) tellRanTwice(l *leg, threshold time.Duration) {
 	}
 }
 
-// started learns that leg l's request has started at its server, at
-// now. The first leg of a tied round to say so has every other leg still
-// on the wire that has not said so cancelled (they are then, as far as
-// the client knows, in their servers' queues), and the round sends no
-// more legs: the legs it rescues are those that queue, and a leg that
-// started is left to finish. A second leg that says so means both ran.
-// The legs cancelled are ended as they come back (see end, endLostBack).
+// started learns, on the base's goroutine, that leg l's request has
+// started at its server, at now. The first leg of a tied round to say so
+// is the round's starter: the round sends no more legs (see ended), and
+// its owner, if the timer has given it one (see fire), is told on starts
+// to cancel the legs that have not said so (see untie). Before the timer
+// has fired there is no other leg, and the fire that comes later finds
+// the starter (the starter is stored before the owner word is read, and
+// the fire reads the starter after it took the word). A second leg that
+// says so means both ran: told as the round ends (see collect).
 func (r *round) started(l *leg, now time.Time) {
-	c := &r.c
-	r.mu.Lock()
-	if l.tie.signalled || r.state == roundDecided {
-		r.mu.Unlock()
+	if !l.tie.signalled.CompareAndSwap(false, true) {
 		return
 	}
-	l.tie.signalled = true
 	if !l.dispatch.IsZero() {
 		r.h.Ties().Signalled(now, now.Sub(l.dispatch))
 	}
-	if c.tie != tieRound {
-		r.mu.Unlock()
+	if r.c.tie != tieRound {
 		return
 	}
-	if r.starter != nil {
-		// Both started before either signal reached the client: told
-		// as the round ends (see collect), on the caller's goroutine.
-		r.twice = l
-		r.mu.Unlock()
+	if !r.starter.CompareAndSwap(nil, l) {
+		r.twice.CompareAndSwap(nil, l)
 		return
 	}
-	r.starter = l
-	r.due = time.Time{} // no more legs
-	var unstarted []*leg
+	if r.owner.Load() == roundFired {
+		r.starts <- l // the one send: starts has room for it
+	}
+}
+
+// untie runs on the round's owner once leg s has said it started: every
+// other leg on the wire that has not said so is lost, as far as the
+// client knows still in its server's queue. It is cancelled at once, and
+// reported discarded (and to TieCancelled); a hedge leg gives its budget
+// token back, since it cost its server a place in the queue, not the
+// work. The round goes on, waiting for s; it sends no more legs. A leg
+// that said it started too is left to finish: both ran.
+func (r *round) untie(s *leg) {
+	c := &r.c
+	r.due = time.Time{}
+	if r.state == roundDecided {
+		return
+	}
+	var lost []*leg
 	for _, o := range r.legs {
-		if o != l && o.state == legOnWire {
-			o.state, o.unstarted = legLost, true
-			unstarted = append(unstarted, o)
+		if o == s || o.tie == nil || o.tie.signalled.Load() {
+			continue
 		}
-	}
-	r.mu.Unlock()
-	for _, o := range unstarted {
+		o.unstarted = true // read by the leg only once it learns it lost
+		if o.lose()&legLost == 0 {
+			o.unstarted = false // back, or posted: its answer is the round's
+			continue
+		}
+		r.live--
 		o.cancel(errTwinStarted)
+		lost = append(lost, o)
+	}
+	if len(lost) == 0 {
+		return
+	}
+	now := timing.Since(c.start)
+	r.discard(lost, now)
+	for _, o := range lost {
+		if o.drewToken {
+			c.refund(now, o.kind)
+		}
+		if ob := c.t.obs; ob != nil && ob.TieCancelled != nil {
+			ob.TieCancelled(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: o.n, Tied: true})
+		}
 	}
 }
