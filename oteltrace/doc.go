@@ -41,6 +41,10 @@
 //	                                                         resilix.lane (with policy.Set.Replicas)
 //	resilix.hedge.started     a hedge leg was sent           resilix.attempt.number, resilix.hedge.threshold
 //	resilix.hedge.won         a hedge leg's response won     resilix.attempt.number, resilix.hedge.threshold
+//	resilix.tie.cancelled     a tied leg was cancelled, its  resilix.attempt.number, resilix.hedge.threshold
+//	                          twin having started first
+//	resilix.tie.ran_twice     a second leg of a tied round   resilix.attempt.number, resilix.hedge.threshold
+//	                          started
 //	resilix.hedge.suppressed  a hedge was due, a gate        resilix.hedge.reason
 //	                          stopped it
 //	resilix.refused           an admission gate refused      resilix.attempt.kind, resilix.gate,

@@ -14,6 +14,8 @@ const (
 	eventAttempt         = "resilix.attempt"
 	eventHedgeStarted    = "resilix.hedge.started"
 	eventHedgeWon        = "resilix.hedge.won"
+	eventTieCancelled    = "resilix.tie.cancelled"
+	eventTieRanTwice     = "resilix.tie.ran_twice"
 	eventHedgeSuppressed = "resilix.hedge.suppressed"
 	eventRefused         = "resilix.refused"
 	eventRetrySkipped    = "resilix.retry.skipped"
@@ -66,6 +68,8 @@ func New() *policy.Observer {
 		RetrySkipped:    retrySkipped,
 		HedgeStarted:    hedgeStarted,
 		HedgeWon:        hedgeWon,
+		TieCancelled:    tieCancelled,
+		TieRanTwice:     tieRanTwice,
 		HedgeSuppressed: hedgeSuppressed,
 		Pushback:        pushback,
 		MalformedHeader: malformedHeader,
@@ -120,6 +124,10 @@ func attemptDone(a policy.AttemptInfo) {
 func hedgeStarted(h policy.HedgeInfo) { hedgeEvent(eventHedgeStarted, h) }
 
 func hedgeWon(h policy.HedgeInfo) { hedgeEvent(eventHedgeWon, h) }
+
+func tieCancelled(h policy.HedgeInfo) { hedgeEvent(eventTieCancelled, h) }
+
+func tieRanTwice(h policy.HedgeInfo) { hedgeEvent(eventTieRanTwice, h) }
 
 func hedgeEvent(name string, h policy.HedgeInfo) {
 	if span, ok := recording(h.Context); ok {

@@ -63,6 +63,8 @@ func TestEvents(t *testing.T) {
 	obs.RetrySkipped(policy.RetrySkip{Context: ctx, Key: "a.test", Reason: policy.SkipBudget, Attempt: 2})
 	obs.HedgeStarted(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 3, Threshold: 20 * time.Millisecond})
 	obs.HedgeWon(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 3, Threshold: 20 * time.Millisecond})
+	obs.TieCancelled(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 4, Tied: true})
+	obs.TieRanTwice(policy.HedgeInfo{Context: ctx, Key: "a.test", Attempt: 5, Threshold: 20 * time.Millisecond, Tied: true})
 	obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptHedge, Attempt: 3,
 		Outcome: policy.Success, Latency: 5 * time.Millisecond, StatusCode: 200, Lane: "10.0.0.7:443"})
 	obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "a.test", Kind: policy.AttemptRetry, Attempt: 2,
@@ -89,6 +91,8 @@ func TestEvents(t *testing.T) {
 		"resilix.retry.skipped resilix.attempt.number=2 resilix.key=a.test resilix.retry.reason=budget",
 		"resilix.hedge.started resilix.attempt.number=3 resilix.hedge.threshold=0.02 resilix.key=a.test",
 		"resilix.hedge.won resilix.attempt.number=3 resilix.hedge.threshold=0.02 resilix.key=a.test",
+		"resilix.tie.cancelled resilix.attempt.number=4 resilix.hedge.threshold=0 resilix.key=a.test",
+		"resilix.tie.ran_twice resilix.attempt.number=5 resilix.hedge.threshold=0.02 resilix.key=a.test",
 		"resilix.attempt http.response.status_code=200 resilix.attempt.discarded=false resilix.attempt.kind=hedge resilix.attempt.latency=0.005 resilix.attempt.number=3 resilix.attempt.outcome=success resilix.key=a.test resilix.lane=10.0.0.7:443",
 		"resilix.attempt error.message=context canceled resilix.attempt.discarded=true resilix.attempt.kind=retry resilix.attempt.latency=0.025 resilix.attempt.number=2 resilix.attempt.outcome=discarded resilix.key=a.test",
 		"resilix.hedge.suppressed resilix.hedge.reason=budget resilix.key=a.test",

@@ -102,6 +102,9 @@
 //	hedge started        Debug               a hedge leg was sent: key, attempt, priority,
 //	                                         threshold_ms
 //	hedge won            Debug               a hedge leg's response won: the same
+//	tie cancelled        Debug               a leg of a tied round was cancelled, its twin
+//	                                         having started first: the same
+//	tie ran twice        Debug               a second leg of a tied round started: the same
 //	hedge suppressed     Debug               a hedge was due, a gate stopped it: key,
 //	                                         priority, reason
 //	limit changed        Debug               the key's adaptive limit moved: key, from, to

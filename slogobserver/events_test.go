@@ -73,6 +73,16 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		}, record{Level: slog.LevelDebug, Msg: "hedge won", Attrs: map[string]string{
 			"key": "api", "attempt": "2", "priority": "critical", "threshold_ms": "40",
 		}}},
+		{"tie cancelled", func() {
+			obs.TieCancelled(policy.HedgeInfo{Context: ctx, Key: "api", Attempt: 1, Tied: true})
+		}, record{Level: slog.LevelDebug, Msg: "tie cancelled", Attrs: map[string]string{
+			"key": "api", "attempt": "1", "priority": "critical", "threshold_ms": "0",
+		}}},
+		{"tie ran twice", func() {
+			obs.TieRanTwice(policy.HedgeInfo{Context: ctx, Key: "api", Attempt: 2, Threshold: 40 * time.Millisecond, Tied: true})
+		}, record{Level: slog.LevelDebug, Msg: "tie ran twice", Attrs: map[string]string{
+			"key": "api", "attempt": "2", "priority": "critical", "threshold_ms": "40",
+		}}},
 		{"hedge suppressed", func() {
 			obs.HedgeSuppressed(policy.HedgeSuppression{Context: ctx, Key: "api", Priority: shedding.Bulk, Reason: policy.HedgeBodyTooLarge})
 		}, record{Level: slog.LevelDebug, Msg: "hedge suppressed", Attrs: map[string]string{

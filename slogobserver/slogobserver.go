@@ -70,6 +70,8 @@ const (
 	msgRetrySkipped     = "retry skipped"
 	msgHedgeStarted     = "hedge started"
 	msgHedgeWon         = "hedge won"
+	msgTieCancelled     = "tie cancelled"
+	msgTieRanTwice      = "tie ran twice"
 	msgHedgeSuppressed  = "hedge suppressed"
 	msgRefused          = "refused"
 	msgBreakerOpened    = "breaker opened"
@@ -208,6 +210,8 @@ func NewLogger(l *slog.Logger, opts Options) *Logger {
 		RetrySkipped:      lg.retrySkipped,
 		HedgeStarted:      lg.hedgeStarted,
 		HedgeWon:          lg.hedgeWon,
+		TieCancelled:      lg.tieCancelled,
+		TieRanTwice:       lg.tieRanTwice,
 		HedgeSuppressed:   lg.hedgeSuppressed,
 		BreakerTransition: lg.breakerTransition,
 		MalformedHeader:   lg.malformedHeader,
@@ -508,6 +512,10 @@ func (lg *Logger) retrySkipped(s policy.RetrySkip) {
 func (lg *Logger) hedgeStarted(i policy.HedgeInfo) { lg.hedge(msgHedgeStarted, i) }
 
 func (lg *Logger) hedgeWon(i policy.HedgeInfo) { lg.hedge(msgHedgeWon, i) }
+
+func (lg *Logger) tieCancelled(i policy.HedgeInfo) { lg.hedge(msgTieCancelled, i) }
+
+func (lg *Logger) tieRanTwice(i policy.HedgeInfo) { lg.hedge(msgTieRanTwice, i) }
 
 func (lg *Logger) hedge(msg string, i policy.HedgeInfo) {
 	if out, ok := lg.at(i.Context, slog.LevelDebug); ok {
