@@ -23,9 +23,9 @@ import (
 // within seconds. A lane nothing is known of (new in the set, back from an
 // ejection, a hold or a refused dial, dialed anew) gets one attempt at a
 // time until it answers, then ramps up to its share over 1 s (Envoy's slow
-// start); so does a lane a second after its last attempt ended with no
-// answer (a hedge leg lost): its estimate, what that silence said, is
-// stale. A hedge or a retry picks a lane its call has not used yet
+// start); so does a lane whose last attempt ended with no answer (a
+// hedge leg lost) a second and 199 of its key's attempts ago: its
+// estimate, what that silence said, is stale. A hedge or a retry picks a lane its call has not used yet
 // (Envoy's previous_hosts) while one is left.
 //
 // A lane is ejected, not picked while another is left, for EjectFor × its

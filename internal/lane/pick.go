@@ -75,13 +75,13 @@ const (
 	// hedges below the slow run's bar (latencyFactor) keeps the peak of
 	// its first loss, is passed over by every pick that draws a cheaper
 	// lane beside it, and gets no attempt through its thaw until the
-	// peak decays (see decay); with it, it is probed about once a
-	// second and back at its first answer. A replica slower than the
-	// others whose every leg loses to a hedge gets one probe a second,
-	// or one attempt in staleEnds + 1 on a key with fewer a second,
-	// each waiting a hedge's delay.
+	// peak decays (see decay); with it, it is back at the first probe
+	// after its thaw. A probe of a replica slower than the others costs
+	// its call a hedge's delay: one in staleEnds + 1 of the key's
+	// attempts keeps those calls at half a percent, out of the p99, and
+	// a key of 200 calls a second or more probes once a second.
 	staleAfter = time.Second
-	staleEnds  = 20
+	staleEnds  = 199
 	// sentGrain is how precisely a Set keeps the time of its latest
 	// pick, for the stall rule (see stalls.ended): parallel picks then
 	// seldom write the Set's shared word.
