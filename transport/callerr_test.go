@@ -34,38 +34,43 @@ func (b *failingBody) Close() error { return nil }
 var callersBugs = []struct {
 	name string
 	put  func(t *testing.T, url string) *http.Request
+	// answerable: the server has the whole request once ContentLength
+	// bytes are in, and may answer before net/http finds the bytes over:
+	// a Success, no evidence against the host either, and under a busy
+	// scheduler every PUT may end so.
+	answerable bool
 }{
 	{"drained body, no GetBody", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, nil)
 		req.Body, req.ContentLength = io.NopCloser(strings.NewReader("")), 7
 		return req
-	}},
+	}, false},
 	{"a reused request, its body drained", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, bytes.NewReader([]byte("payload")))
 		io.Copy(io.Discard, req.Body) // GetBody still gives the whole body
 		return req
-	}},
+	}, false},
 	{"a body longer than its ContentLength", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, strings.NewReader("payload"))
 		req.ContentLength = 3
 		return req
-	}},
+	}, false},
 	{"a body longer than its ContentLength, no GetBody", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, nil)
 		req.Body, req.ContentLength = io.NopCloser(io.MultiReader(strings.NewReader("payload"))), 3
 		return req
-	}},
+	}, true},
 	{"a body that fails to read, no GetBody", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, nil)
 		req.Body, req.ContentLength = &failingBody{}, 7
 		return req
-	}},
+	}, false},
 	{"a body that fails to read, with GetBody", func(t *testing.T, url string) *http.Request {
 		req := newPut(t, url, nil)
 		req.Body, req.ContentLength = &failingBody{}, 7
 		req.GetBody = func() (io.ReadCloser, error) { return &failingBody{}, nil }
 		return req
-	}},
+	}, false},
 }
 
 func newPut(t *testing.T, url string, body io.Reader) *http.Request {
@@ -136,7 +141,7 @@ func TestACallersBugNeverOpensAHealthyHostsBreaker(t *testing.T) {
 							invalid++
 						}
 					}
-					if len(attempts) != calls || invalid == 0 || len(skips) != 0 {
+					if len(attempts) != calls || invalid == 0 && !bug.answerable || len(skips) != 0 {
 						t.Errorf("%d attempts, %d invalid, %d retries skipped; want %d attempts, invalid, none skipped",
 							len(attempts), invalid, len(skips), calls)
 					}
