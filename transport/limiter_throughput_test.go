@@ -91,7 +91,7 @@ func TestLimiterThroughput(t *testing.T) {
 		}
 		closedLoop(c.client, srv.URL, ltCallers, 3*ltSlice, c.pause) // warm up
 	}
-	t.Logf("load average before: %s", ltLoadAvg())
+	t.Logf("load average before: %s", LoadAverage())
 	ratios := make([][]float64, len(cfgs))
 	rng := rand.New(rand.NewPCG(46, 1)) // the turns' order
 	for try := range ltTries {
@@ -103,7 +103,7 @@ func TestLimiterThroughput(t *testing.T) {
 				cfgs[i].turn(srv.URL, key)
 			}
 		}
-		t.Logf("try %d: bare net/http %.1fk calls/s, %.1f µs of CPU a call; load average %s", try+1, cfgs[0].run.rate()/1000, cfgs[0].cpuPerCall(), ltLoadAvg())
+		t.Logf("try %d: bare net/http %.1fk calls/s, %.1f µs of CPU a call; load average %s", try+1, cfgs[0].run.rate()/1000, cfgs[0].cpuPerCall(), LoadAverage())
 		t.Logf("| configuration | calls/s | × bare | CPU µs a call over bare's | failed or refused | mean limit (range) | in flight at the limit | a call waiting | shrinks, growths |")
 		for i, c := range cfgs[1:] {
 			ratio := c.run.rate() / cfgs[0].run.rate()
@@ -124,7 +124,7 @@ func TestLimiterThroughput(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("load average after: %s", ltLoadAvg())
+	t.Logf("load average after: %s", LoadAverage())
 	for i, c := range cfgs[1:] {
 		best := slices.Max(ratios[i+1])
 		if c.target == 0 {
@@ -230,9 +230,10 @@ func (r loopResult) failedShare() float64 {
 	return float64(r.refused+r.other) / float64(max(r.ok+r.refused+r.other, 1))
 }
 
-// ltLoadAvg is the machine's load average over 1, 5 and 15 minutes, as
-// /proc/loadavg says, or "unknown".
-func ltLoadAvg() string {
+// LoadAverage is the machine's load average over 1, 5 and 15 minutes,
+// as /proc/loadavg says, or "unknown": for the loopback harnesses' notes,
+// those of package transport_test too.
+func LoadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "unknown"

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/resilix/resilix/transport"
 )
 
 // TestLoadReports is TestLoadPicking's fleet over real loopback: each
@@ -33,7 +35,7 @@ func TestLoadReports(t *testing.T) {
 	for _, load := range []float64{0.7, 0.9} {
 		t.Run(fmt.Sprintf("load-%.0f%%", 100*load), func(t *testing.T) {
 			res := make([]lpResult, len(pickers))
-			before := loadAverage()
+			before := transport.LoadAverage()
 			for run := range lrRuns {
 				for i, p := range pickers {
 					func() {
@@ -43,7 +45,7 @@ func TestLoadReports(t *testing.T) {
 				}
 			}
 			tb := lpTable(load, pickers, res)
-			tb.note(fmt.Sprintf("the machine's load average (1, 5 and 15 min) before: %s; after: %s", before, loadAverage()))
+			tb.note(fmt.Sprintf("the machine's load average (1, 5 and 15 min) before: %s; after: %s", before, transport.LoadAverage()))
 			lpCheck(tb, load, pickers, res, lrSlack, lpP99At90)
 			tb.log(t, fmt.Sprintf("load reports, loopback: %s, %d runs of %v", lpFleet(load), lrRuns, d))
 		})

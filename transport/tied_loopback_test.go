@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/textproto"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,7 +175,7 @@ const (
 // tiedScenario runs tiedRuns runs of every configuration at one protocol
 // and load, and logs and checks their table.
 func tiedScenario(t *testing.T, proto string, load float64, slice time.Duration) {
-	loadBefore := loadAverage()
+	loadBefore := transport.LoadAverage()
 	fleets := [2]*tiedFleet{newTiedFleet(t, proto, false, 1), newTiedFleet(t, proto, true, 2)}
 	defer func() {
 		for _, f := range fleets {
@@ -802,7 +801,7 @@ func tiedReport(t *testing.T, proto string, load, rate float64, slice time.Durat
 		more += fmt.Sprintf(" (tied's extra calls %.1f× hedging's)", (wire(tiedTied)-1)/(wire(tiedHedge)-1))
 	}
 	tb.note(more)
-	tb.note(fmt.Sprintf("load average: %s before, %s after", loadBefore, loadAverage()))
+	tb.note(fmt.Sprintf("load average: %s before, %s after", loadBefore, transport.LoadAverage()))
 	tb.check(noise <= 1/tiedTailTarget, "%s at %.0f%%: the same chain's p99 or p99.9 twice (hedging, hedging again) %.2f× apart (median of runs): beyond %.2f×, the machine's noise is larger than the tail targets' margin, and they cannot be judged",
 		proto, 100*load, noise, 1/tiedTailTarget)
 	tb.check(p99r <= tiedTailTarget, "%s at %.0f%%: tied p99 %.2f× hedging's (median of runs), target <= %.1f×", proto, 100*load, p99r, tiedTailTarget)
@@ -855,18 +854,4 @@ func tiedRatioF(a, b float64) float64 {
 		return math.Inf(1)
 	}
 	return a / b
-}
-
-// loadAverage returns the machine's load averages over 1, 5 and 15
-// minutes, or "unknown" where /proc/loadavg cannot be read.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
