@@ -4,6 +4,7 @@ package redisrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"runtime"
@@ -24,6 +25,35 @@ import (
 // that in all.
 const clusterNodeTimeout = time.Second
 
+// clusterCreateTime bounds one redis-cli --cluster create (see
+// startCluster).
+const clusterCreateTime = 30 * time.Second
+
+// create starts six servers with cluster-enabled, in place of c's nodes,
+// and joins them with redis-cli --cluster create, returning its output.
+func (c *redisCluster) create() ([]byte, error) {
+	t := c.t
+	t.Helper()
+	c.nodes, c.admin = nil, map[string]*redis.Client{}
+	addrs := make([]string, 6)
+	for i := range addrs {
+		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", fmt.Sprint(clusterNodeTimeout.Milliseconds()),
+			"--repl-diskless-sync-delay", "0") // a replica in sync at once, not 5s later
+		c.nodes = append(c.nodes, s)
+		addrs[i] = s.addr
+		c.admin[s.addr] = newClient(t, s.addr)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), clusterCreateTime)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, addrs...)
+	out, err := exec.CommandContext(ctx, "redis-cli", append(args, "--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return out, err
+}
+
 // redisCluster is a Redis Cluster of six redis-servers on loopback, three
 // masters with a replica each, that a test starts and that is killed when
 // the test ends. Its methods are for the test's goroutine.
@@ -35,27 +65,28 @@ type redisCluster struct {
 
 // startCluster starts six servers with cluster-enabled and joins them with
 // redis-cli --cluster create, and returns once every node says the cluster
-// is ok and every replica is in sync with its master.
+// is ok and every replica is in sync with its master. A create that does
+// not end within clusterCreateTime (redis-cli waiting for the nodes to
+// join, on a machine whose CPUs are taken) is tried once more, on six new
+// servers.
 func startCluster(t testing.TB) *redisCluster {
 	t.Helper()
 	need(t, "redis-cli")
-	c := &redisCluster{t: t, admin: map[string]*redis.Client{}}
-	addrs := make([]string, 6)
-	for i := range addrs {
-		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", fmt.Sprint(clusterNodeTimeout.Milliseconds()),
-			"--repl-diskless-sync-delay", "0") // a replica in sync at once, not 5s later
-		c.nodes = append(c.nodes, s)
-		addrs[i] = s.addr
-		c.admin[s.addr] = newClient(t, s.addr)
+	c := &redisCluster{t: t}
+	for try := 1; ; try++ {
+		out, err := c.create()
+		if err == nil {
+			break
+		}
+		if try == 2 || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+		}
+		t.Logf("redis-cli --cluster create did not end within %v, trying six new servers: %s", clusterCreateTime, out)
+		for _, s := range c.nodes {
+			s.kill()
+		}
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	args := append([]string{"--cluster", "create"}, addrs...)
-	out, err := exec.CommandContext(ctx, "redis-cli", append(args, "--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
+	ctx := t.Context()
 	c.await("the cluster to come up", time.Minute, func() error {
 		for _, s := range c.nodes {
 			if err := c.clusterOK(s.addr); err != nil {
