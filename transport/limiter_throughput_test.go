@@ -61,15 +61,8 @@ func TestLimiterThroughput(t *testing.T) {
 	defer srv.Close()
 	key := strings.TrimPrefix(srv.URL, "http://")
 
-	allButHedge := policy.Set{
-		Retry:     &policy.Retry{},
-		Throttler: &policy.Throttler{},
-		Breaker:   &policy.Breaker{},
-		Limiter:   &policy.Limiter{},
-		Bulkhead:  &policy.Bulkhead{MaxConcurrent: 100},
-		RateLimit: &policy.RateLimit{PerSecond: 1e9},
-		Timeout:   &policy.Timeout{PerAttempt: time.Second},
-	}
+	allButHedge := fullSet()
+	allButHedge.Hedge = nil
 	cfgs := []*ltConfig{
 		{name: "bare net/http"},
 		{name: "bare net/http again"}, // no target: the method's own spread
