@@ -2,6 +2,7 @@ package lane
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -764,5 +765,42 @@ func TestASlowLaneWhoseLegsAllLoseToHedgesKeepsASmallShare(t *testing.T) {
 				t.Errorf("ejected %v", m.ejected)
 			}
 		})
+	}
+}
+
+// TestOneCallAtATimeEjectsTheSlowLanesNotTheFast: a client that sends its
+// next call as its last ends (at once, or a moment later) has one attempt
+// in flight at a time, so that an answer of a slow lane, 20x the others',
+// is a stretch in which nothing else ended, as a stall of the client's
+// own process would be. The stall rule nets it to nothing; the lane's
+// typical latency must not then become zero, against which every answer
+// of every other lane would be latencyFactor times slower, and the fast
+// lanes ejected for latency while the slow ones take every call.
+func TestOneCallAtATimeEjectsTheSlowLanesNotTheFast(t *testing.T) {
+	for _, think := range []time.Duration{0, 100 * time.Microsecond} {
+		for seed := range uint64(200) {
+			s := newSet(policy.Replicas{})
+			s.rand = rand.New(rand.NewPCG(seed, 7)).Uint64
+			now := t0
+			var ejected []Ejection[pool]
+			for range 600 {
+				now = now.Add(think)
+				l := s.Take(now, 0)
+				d := 2 * time.Millisecond
+				if l.Index%2 == 0 {
+					d = 40 * time.Millisecond
+				}
+				now = now.Add(d)
+				ejected = append(ejected, s.Done(l, now, d, policy.Success, Answer{}).Ejected...)
+			}
+			for _, e := range ejected {
+				if e.Lane.Index%2 != 0 {
+					t.Errorf("think %v, seed %d: fast lane %d ejected for %v, with lanes 0 and 2 20x slower", think, seed, e.Lane.Index, e.Reason)
+				}
+			}
+			if len(ejected) == 0 {
+				t.Errorf("think %v, seed %d: no slow lane ejected in 600 calls", think, seed)
+			}
+		}
 	}
 }

@@ -50,6 +50,16 @@ const (
 	slowRun       = 5
 	typical       = time.Second
 
+	// An answer whose time the key's stalls (see stalls) took more than
+	// stalledShare of says nothing of its lane's latency: it neither
+	// counts in a slow run nor ends one, and is no sample of the lane's
+	// typical latency. With one attempt in flight at a time (a client
+	// that sends its next call as its last ends), a slow replica's answer
+	// is such a stretch, netted to nothing; as a typical latency of zero
+	// it would make every other lane's answer latencyFactor times slower,
+	// and eject the fast lanes.
+	stalledShare = 0.5
+
 	// peakFactor: a sample slower than a lane's estimate replaces it at
 	// once (the peak) only when another lane answered at least
 	// peakFactor times faster over the same moments (see sampleLocked).
@@ -207,7 +217,8 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 // probed, and answers fast if it was its queue; a replica slow for itself
 // is slow again. A connection lane's ejection places it anew, which is
 // what a lane on a slow replica needs. An answer's net time is then
-// averaged into l's typical latency. s.mu is held.
+// averaged into l's typical latency. An answer the key's stalls took
+// most of (see stalledShare) is none of this. s.mu is held.
 func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, rep *Report[P]) {
 	v := s.view.Load()
 	least, all := math.Inf(1), math.Inf(1)
@@ -220,6 +231,9 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 		if o != l && o.until.Load() <= t {
 			least = min(least, o.typ)
 		}
+	}
+	if n < stalledShare*x {
+		return
 	}
 	switch {
 	case n >= latencyFactor*least:
