@@ -41,7 +41,10 @@ import (
 // client's own stalls (a GC pause, CPU throttling) are taken out of every
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
-// then one probe; a 503 or 429 with Retry-After holds back its lane, not
+// then one probe, unless the client ended that timeout 20 ms or more
+// after its deadline: its own process was stalled then, and every attempt
+// whose deadline passed meanwhile ends at once, on every lane, which says
+// nothing of any lane; a 503 or 429 with Retry-After holds back its lane, not
 // the key, and counts towards no ejection. A connection lane that fails while another lane does not is
 // dialed anew, so that a balancer places it again.
 //
@@ -113,7 +116,8 @@ type Replicas struct {
 	// row failed; a refused or timed-out dial is not counted (it takes
 	// the lane out for a second), nor a 503 or 429 whose Retry-After held
 	// the lane back (the hold is its penalty: the server's pushback says
-	// how busy it is, not that it fails). If zero, 5 is used. If negative, only the failure rate
+	// how busy it is, not that it fails), nor a per-attempt timeout the
+	// client ended 20 ms or more after its deadline (its own stall's). If zero, 5 is used. If negative, only the failure rate
 	// ejects. With connection lanes keep it on: a connection lane failing
 	// alone starts over on a new connection, with a new lane's record,
 	// until it succeeds, and its failures in a row are what ejects it

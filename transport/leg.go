@@ -664,8 +664,9 @@ func (c *call) sendsOnce(req *http.Request) bool {
 // leaveLane tells leg l's lane how its attempt went: outcome o, resp the
 // answer if any, err the attempt's error if any (a refused or timed-out
 // dial, or no headers within the attempt's timeout, takes the lane out
-// at once). It closes the idle connections of the
-// lanes the outcome ejected, and of a lane drained by it.
+// at once, unless the client ended the timeout late: see lane.Answer).
+// It closes the idle connections of the lanes the outcome ejected, and
+// of a lane drained by it.
 func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcome, silent bool) lane.Report[*lanePool] {
 	var now time.Time
 	if l.latency > 0 { // send read the time of the answer, from took
@@ -678,12 +679,14 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 		a.Hold, _ = httpx.ParseRetryAfter(v, now)
 	}
 	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
-	_, timedOut := err.(*attemptTimeoutError)
+	te, timedOut := err.(*attemptTimeoutError)
 	switch {
 	case resp == nil && httpx.Undialed(err):
 		a.Kind = lane.Unreached
 	case timedOut: // no headers within the attempt's timeout
-		a.Kind = lane.Mute
+		// How long after its deadline the client ended it: at least
+		// this, since the attempt left at or before took.
+		a.Kind, a.Late = lane.Mute, max(now.Sub(l.took)-te.after, 0)
 	case silent || resp == nil && o == policy.Failure:
 		a.Kind = lane.Silent
 	}

@@ -19,6 +19,9 @@ type Answer struct {
 	// Kind is whether the lane's replica answered, and if not, how it
 	// kept silent.
 	Kind Kind
+	// Late is, for a Mute attempt, how long after its timeout's deadline
+	// the client ended it: zero when on time (see lateTimeout).
+	Late time.Duration
 	// Load is the load report the answer carried, if Reported.
 	Load     Load
 	Reported bool
@@ -47,8 +50,9 @@ const (
 	// headers.
 	Silent
 	// Mute: the attempt's own timeout ended it before any answer came:
-	// the replica took it and said nothing (frozen, hung). A mute lane is
-	// silent too (see Set.TakeOnce).
+	// the replica took it and said nothing (frozen, hung), unless the
+	// client ended it late (see Answer.Late). A mute lane is silent too
+	// (see Set.TakeOnce).
 	Mute
 	// Unreached: the attempt's dial was refused or timed out: nothing
 	// answers at the lane's address.
@@ -101,9 +105,12 @@ type Report[P any] struct {
 // outstanding on it; a Failure bounds the report it came with, and the
 // lane's last, by the client's evidence (see Set).
 //
-// A Failure whose dial was refused or timed out (Unreached) takes the
-// lane out for downFor, not through an ejection, and asks Endpoints
-// again early. A Failure with a.Hold (a Retry-After) holds the lane back
+// A timeout the client ended lateTimeout or more after its deadline
+// (a.Late) is its own stall's, and teaches the lane nothing: neither a
+// failure in a row nor in its rate, no penalty, no silence, and its lane
+// is not taken out. A Failure whose dial was refused or timed out
+// (Unreached) takes the lane out for downFor, not through an ejection,
+// and asks Endpoints again early. A Failure with a.Hold (a Retry-After) holds the lane back
 // when it is still in the set and another lane is left, and no penalty:
 // the hold is its penalty, and the failure counts neither towards
 // ConsecutiveFailures nor in the lane's failure rate; the
@@ -113,6 +120,11 @@ type Report[P any] struct {
 // most MaxEjectFor. Done allocates only to report an ejection.
 func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	t := s.nanos(now)
+	if a.Kind == Mute && a.Late >= lateTimeout {
+		// The client's own stall ended it: it says nothing of the
+		// lane, as a call its caller cancelled says nothing.
+		o, a.Kind = policy.Canceled, Answered
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	last := l.outstanding.Add(-1) == 0

@@ -804,3 +804,61 @@ func TestOneCallAtATimeEjectsTheSlowLanesNotTheFast(t *testing.T) {
 		}
 	}
 }
+
+// TestAStallOfTheClientEndingEveryAttemptAtItsTimeoutEjectsNone: the
+// client's own process stalls (a GC pause, CPU starvation, a SIGSTOP)
+// with ten attempts in flight on each of four lanes, each with a timeout
+// of 1 s, and resumes 2 s later: every attempt is ended at once by its
+// timeout, a second after its deadline, with no answer read. Each is the
+// client's doing, no evidence of its lane: none is ejected or taken out,
+// and the next answers find every lane open. A replica whose attempts
+// time out on time while the others answer is judged as before: five in
+// a row eject its lane.
+func TestAStallOfTheClientEndingEveryAttemptAtItsTimeoutEjectsNone(t *testing.T) {
+	for _, late := range []time.Duration{time.Second, 0} {
+		t.Run(fmt.Sprint("ended ", late, " late"), func(t *testing.T) {
+			s := newSet(policy.Replicas{})
+			now := warmLanes(s, t0, 400, 5*time.Millisecond)
+			var flights []*Lane[pool]
+			for range 40 {
+				flights = append(flights, s.Take(now, 0))
+			}
+			now = now.Add(time.Second + late)
+			var ejected []Ejection[pool]
+			for _, l := range flights {
+				ejected = append(ejected, s.Done(l, now, time.Second+late, policy.Failure, Answer{Kind: Mute, Late: late}).Ejected...)
+			}
+			var states [policy.MaxLanes]policy.LaneSnapshot
+			s.States(now, &states)
+			open := 0
+			for _, ls := range states[:4] {
+				if ls.State == policy.LaneOpen {
+					open++
+				}
+			}
+			switch {
+			case late > 0 && (len(ejected) != 0 || open != 4):
+				t.Errorf("ejected %v, %d of 4 lanes open, after a stall of the client ended every attempt at its timeout; want none ejected, all open", ejected, open)
+			case late == 0 && len(ejected) != 2:
+				t.Errorf("ejected %v after ten timeouts on time on each lane, want two (MaxEjected)", ejected)
+			}
+		})
+	}
+	t.Run("one replica hung, the others answering", func(t *testing.T) {
+		// Lane 0's replica takes every attempt and says nothing; its
+		// attempts end at their 1 s timeout, on time, or 5 ms late (a
+		// busy host's timer), while the other lanes answer in 5 ms.
+		s := newSet(policy.Replicas{})
+		s.rand = rand.New(rand.NewPCG(1, 2)).Uint64
+		m := newSim(s, 5*time.Millisecond, func(l *Lane[pool], _ time.Time) (time.Duration, policy.Outcome, Answer) {
+			if l.Index == 0 {
+				return time.Second + 5*time.Millisecond, policy.Failure, Answer{Kind: Mute, Late: 5 * time.Millisecond}
+			}
+			return 5 * time.Millisecond, policy.Success, Answer{}
+		})
+		m.run(15 * time.Second)
+		if len(m.ejected) != 1 || m.ejected[0].Lane.Index != 0 || m.ejected[0].Reason != policy.EjectConsecutive {
+			t.Errorf("ejected %v, want lane 0 for its failures in a row", m.ejected)
+		}
+	})
+}
