@@ -27,7 +27,7 @@ func TestAStallOfTheClientEjectsNoLane(t *testing.T) {
 		f := newFleet()
 		f.serve("api:80", "a", "b", "c", "d")
 		for _, r := range f.reps {
-			r.delay.Store(int64(2 * time.Millisecond))
+			r.delay.Store(int64(10 * time.Millisecond))
 		}
 		var stall atomic.Pointer[chan struct{}]
 		base := f.net.Transport()
@@ -69,7 +69,7 @@ func TestAStallOfTheClientEjectsNoLane(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		c := make(chan struct{})
 		stall.Store(&c)
 		time.Sleep(300 * time.Millisecond)
@@ -83,7 +83,7 @@ func TestAStallOfTheClientEjectsNoLane(t *testing.T) {
 				t.Errorf("lane %d is %v after the client's stall, want it open", i, ls.State)
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		stop.Store(true)
 		wg.Wait()
 		if n := timeouts.Load(); n < 20 {
