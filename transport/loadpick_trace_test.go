@@ -66,16 +66,16 @@ type lpTrace struct {
 type lpTally struct {
 	refusals int
 	// burst: refused in a burst, more requests having come to the
-	// replica in lpHerd than its workers and queue hold (a stalled
-	// machine's backlog released at once); the counts below are of the
-	// others.
-	burst   int
-	cause   map[string]int // by what the client's own report from the replica said
-	phase   map[string]int // by when in the run and the dip's period
-	herd    map[string]int // by the clients that came to the replica in lpHerd before
-	widened int            // the client's least loaded replica by its reports, another said a queue
-	cycle   []int          // by lpCycleBucket of lpPeriod
-	replica map[string]int // by replica and cause
+	// replica in lpHerd than its workers and queue hold (many clients
+	// picking it at once, or, over loopback, a stalled machine's backlog
+	// released at once); biggest: the most requests in such a span.
+	burst, biggest int
+	cause          map[string]int // by what the client's own report from the replica said
+	phase          map[string]int // by when in the run and the dip's period
+	herd           map[string]int // by the clients that came to the replica in lpHerd before
+	widened        int            // the client's least loaded replica by its reports, another said a queue
+	cycle          []int          // by lpCycleBucket of lpPeriod
+	replica        map[string]int // by replica and cause
 }
 
 func newLPTrace(start time.Time, replicas int) *lpTrace {
@@ -153,9 +153,9 @@ func (tr *lpTrace) refusal(rep, client int, now time.Time) {
 	t := &tr.tally
 	t.init()
 	t.refusals++
-	if len(tr.arrivals[rep]) > (1+lpQueue)*lpWorkers[rep] {
+	if n := len(tr.arrivals[rep]); n > (1+lpQueue)*lpWorkers[rep] {
 		t.burst++
-		return
+		t.biggest = max(t.biggest, n)
 	}
 	seen := tr.seen[client]
 	cause := "no fresh report from it"
@@ -217,6 +217,7 @@ func (t *lpTally) add(o lpTally) {
 	t.init()
 	t.refusals += o.refusals
 	t.burst += o.burst
+	t.biggest = max(t.biggest, o.biggest)
 	t.widened += o.widened
 	for _, m := range [][2]map[string]int{{t.cause, o.cause}, {t.phase, o.phase}, {t.herd, o.herd}, {t.replica, o.replica}} {
 		for k, v := range m[1] {
@@ -243,7 +244,7 @@ func (t *lpTally) notes(tb *figureTable, name string) {
 		}
 		return strings.Join(s, ", ")
 	}
-	tb.note(fmt.Sprintf("trace, %s: %d refusals, %d of them in a burst (more requests came to the replica in the %v before than its workers and queue hold: a stalled machine's backlog); the others by the refused client's report from the replica (drained as a lane reads it): %s", name, t.refusals, t.burst, lpHerd, line(t.cause)))
+	tb.note(fmt.Sprintf("trace, %s: %d refusals, by the refused client's report from the replica (drained as a lane reads it): %s; %d of them in a burst (more requests came to the replica in the %v before than its workers and queue hold, at most %d)", name, t.refusals, line(t.cause), t.burst, lpHerd, t.biggest))
 	tb.note(fmt.Sprintf("trace, %s: by replica and that report: %s", name, line(t.replica)))
 	tb.note(fmt.Sprintf("trace, %s: the replica the least loaded by the client's fresh reports while another of them said a queue (a widened pick's): %d", name, t.widened))
 	tb.note(fmt.Sprintf("trace, %s: by when: %s; by %v of the dipping replica's %v (its dip the last %v): %v", name, line(t.phase), lpCycleBucket, lpPeriod, lpDip, t.cycle))
