@@ -143,7 +143,8 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 
 // util is l's server's utilization at t (1 at its limit) as its last
 // load report tells it, with o attempts outstanding on l and est its
-// latency estimate: the reported utilization less the time since the
+// latency estimate: the reported utilization (less the request it
+// answered, where it counted it: see Load.Served) less the time since the
 // report over est, down to the limit and no further (a report at or
 // under the limit is taken as it stands), plus Per for each attempt
 // outstanding beyond those when it came; ok false when the report is
@@ -181,7 +182,7 @@ func (l *Lane[P]) util(t, age, o int64, est float64) (u float64, ok bool) {
 	if at == 0 || t-at > age {
 		return 0, false
 	}
-	u = math.Float64frombits(l.repLoad.Load())
+	u = max(math.Float64frombits(l.repLoad.Load())-math.Float64frombits(l.repLeft.Load()), 0)
 	u = max(u-float64(max(t-at, 0))/est, min(u, 1))
 	if n := o - l.repOut.Load(); n > 0 {
 		u += float64(n) * math.Float64frombits(l.repPer.Load())
