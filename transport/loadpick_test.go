@@ -374,6 +374,7 @@ func lpRun(t *testing.T, net fbNet, p lpPicker, load float64, seed uint64, d tim
 	res.runs = []lpFigures{fg}
 	if trace != nil {
 		res.trace = trace.tally
+		res.trace.perRun = [][3]int{{trace.tally.refusals, trace.tally.burst, trace.tally.biggest}}
 	}
 	res.longest = reps[lpWeak].longest
 	return res

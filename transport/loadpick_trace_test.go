@@ -70,6 +70,7 @@ type lpTally struct {
 	// picking it at once, or, over loopback, a stalled machine's backlog
 	// released at once); biggest: the most requests in such a span.
 	burst, biggest int
+	perRun         [][3]int       // each run's refusals, burst and biggest, in order
 	cause          map[string]int // by what the client's own report from the replica said
 	phase          map[string]int // by when in the run and the dip's period
 	herd           map[string]int // by the clients that came to the replica in lpHerd before
@@ -211,6 +212,7 @@ func (t *lpTally) init() {
 
 // add adds o's counts to t's.
 func (t *lpTally) add(o lpTally) {
+	t.perRun = append(t.perRun, o.perRun...)
 	if o.refusals == 0 {
 		return
 	}
@@ -245,6 +247,11 @@ func (t *lpTally) notes(tb *figureTable, name string) {
 		return strings.Join(s, ", ")
 	}
 	tb.note(fmt.Sprintf("trace, %s: %d refusals, by the refused client's report from the replica (drained as a lane reads it): %s; %d of them in a burst (more requests came to the replica in the %v before than its workers and queue hold, at most %d)", name, t.refusals, line(t.cause), t.burst, lpHerd, t.biggest))
+	var runs []string
+	for _, r := range t.perRun {
+		runs = append(runs, fmt.Sprintf("%d (%d in bursts, at most %d)", r[0], r[1], r[2]))
+	}
+	tb.note(fmt.Sprintf("trace, %s: each run's refusals: %s", name, strings.Join(runs, ", ")))
 	tb.note(fmt.Sprintf("trace, %s: by replica and that report: %s", name, line(t.replica)))
 	tb.note(fmt.Sprintf("trace, %s: the replica the least loaded by the client's fresh reports while another of them said a queue (a widened pick's): %d", name, t.widened))
 	tb.note(fmt.Sprintf("trace, %s: by when: %s; by %v of the dipping replica's %v (its dip the last %v): %v", name, line(t.phase), lpCycleBucket, lpPeriod, lpDip, t.cycle))
