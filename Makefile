@@ -179,7 +179,12 @@ fleet-pushback:
 ## seeds' p50, p99, p99.9 and refusals, the weak replica's longest time
 ## above 1.5x its workers, each replica's share), checked against the
 ## targets in docs/replicas.md. About 30s. LOAD_PICKING is 1, or a duration for
-## each seed. No -race, for the reason given at flaky.
+## each seed. No -race, for the reason given at flaky. With
+## RESILIX_LOAD_PICKING_TRACE=1 in the environment (make loadreports
+## reads it too), notes say where admission's refusals came from: which
+## replica, when in the dip's period, what the refused client's own last
+## report from that replica said, and how many clients came to it in the
+## service time before.
 LOAD_PICKING ?= 1
 .PHONY: load-picking
 load-picking:

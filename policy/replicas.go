@@ -60,9 +60,9 @@ import (
 // of Endpoints runs on a goroutine a call starts), and about 1.5 KB a lane
 // beyond its connections; each lane has the base's per-host limits. Each
 // lane keeps its server's last load report (see LaneSnapshot.Load); a
-// fresh one that says the server is over its limit raises the lane's
-// picking cost, and one that says an attempt would queue there widens the
-// pick to every lane (see LoadReportAge).
+// fresh one that says an attempt would queue there raises the lane's
+// picking cost by that wait, and widens the pick to every lane (see
+// LoadReportAge).
 //
 // Replicas needs a base that is an *http.Transport (transport.New says so
 // otherwise). A base whose HTTP/2 was set up by
@@ -133,10 +133,11 @@ type Replicas struct {
 	MaxEjectFor time.Duration
 
 	// LoadReportAge is how old a lane's load report may be for picking
-	// to use it: a lane whose server's report that young says a queue
-	// above its limit costs its peak-EWMA cost times the wait that queue
-	// adds, and when the lane the two choices pick would queue the
-	// attempt, the cheapest of every lane is picked; under the limit a
+	// to use it: a lane whose server's report that young leaves an
+	// attempt no room under its limit costs its peak-EWMA cost times the
+	// time the attempt would take there, its wait for a slot included,
+	// and when the lane the two choices pick would queue the attempt, the
+	// cheapest of every lane is picked; where the attempt finds room a
 	// report changes nothing, and it never lowers a cost (see "Load
 	// reports" in docs/replicas.md). If zero, 2 s is
 	// used. If negative, picking uses no report, and attempts do not ask

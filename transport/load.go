@@ -11,7 +11,9 @@ import (
 // endpoint-load-metrics; see package orca), as the lane keeps it (see
 // lane.Answer): the server's load as a utilization, and, when the server
 // said its limit (resilix's own named metrics), what one request adds to
-// it. A report in another form than TEXT, or with no load in it, is none;
+// it, and whether the load counts the request answered: admission counts
+// a request it let through among those in flight as its answer's headers
+// go out, and not one it refused (its refusals are 429, 503 and 504). A report in another form than TEXT, or with no load in it, is none;
 // a malformed one is none, and its value returned with bad true, to be
 // counted. It allocates nothing.
 func laneLoad(resp *http.Response) (l lane.Load, ok bool, value string, bad bool) {
@@ -28,6 +30,11 @@ func laneLoad(resp *http.Response) (l lane.Load, ok bool, value string, bad bool
 		l.Util = u
 		if src == orca.SourceResilix {
 			l.Per = 1 / r.Limit
+			switch resp.StatusCode {
+			case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+			default:
+				l.Served = r.InFlight >= 1
+			}
 		}
 		return l, true, "", false
 	case orca.Malformed:

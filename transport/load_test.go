@@ -263,3 +263,43 @@ func TestALaneReportingAQueueIsPickedLess(t *testing.T) {
 		})
 	}
 }
+
+// TestAReportCountsTheRequestItAnswers: admission counts the request it
+// answers among its requests in flight, and the lane reads its report
+// once that request has left: three replicas answering in 10 ms whose
+// reports say 4 in flight of a limit of 4 have room for the next call
+// (three left, the answered one gone), and keep the calls from a fourth
+// that answers in 12 ms; read as at the limit, each would take 12.5 ms
+// (a quarter of a service time waiting), and the fourth would get them
+// all.
+func TestAReportCountsTheRequestItAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet()
+		var slow atomic.Int64
+		for _, addr := range four {
+			f.net.Listen(addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if addr == "d:80" {
+					slow.Add(1)
+					w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 1, 4, 0)))
+					time.Sleep(12 * time.Millisecond)
+					return
+				}
+				w.Header().Set("endpoint-load-metrics", string(orca.AppendText(nil, 100, 4, 4, 0)))
+				time.Sleep(10 * time.Millisecond)
+			}))
+		}
+		rt := newLaneTransport(t, f, Config{Policies: policy.Set{Replicas: &policy.Replicas{Endpoints: Static(four...)}}})
+		prime(t, rt, "http://api/")
+		for range 100 { // every lane answered, out of its slow start
+			laneGet(t, rt, "http://api/", "")
+		}
+		time.Sleep(time.Second)
+		slow.Store(0)
+		for range 400 {
+			laneGet(t, rt, "http://api/", "")
+		}
+		if n := slow.Load(); n > 40 {
+			t.Errorf("the replica answering in 12 ms got %d of 400 calls, want at most 40", n)
+		}
+	})
+}

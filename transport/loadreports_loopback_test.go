@@ -28,7 +28,8 @@ import (
 // those the replicas' timers delivered, and the machine's load average)
 // and then measures itself. It runs
 // only when RESILIX_LOADREPORTS is set, to 1 or a Go duration replacing
-// lrLength (`make loadreports` sets it).
+// lrLength (`make loadreports` sets it); RESILIX_LOAD_PICKING_TRACE adds
+// where admission's refusals came from, as in TestLoadPicking.
 func TestLoadReports(t *testing.T) {
 	d := optIn(t, "RESILIX_LOADREPORTS", lrLength, "a loopback measurement of picking by load reports; set RESILIX_LOADREPORTS=1 (or a duration for each run) to run it, as make loadreports does")
 	pickers := []lpPicker{lpRoundRobin, lpPeakEWMA, lpReports}

@@ -36,6 +36,10 @@ type Load struct {
 	// Per is what one more request adds to Util: 1/limit when the server
 	// said its limit, 0 when it did not.
 	Per float64
+	// Served is true when Util counts the request the answer is for
+	// (admission counts it in flight as its answer's headers go out):
+	// once answered it holds no slot, and picking reads Util − Per.
+	Served bool
 }
 
 // Kind is how an attempt ended on its lane, as far as an answer goes.
@@ -145,6 +149,11 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 	if a.Reported {
 		l.repLoad.Store(math.Float64bits(a.Load.Util))
 		l.repPer.Store(math.Float64bits(a.Load.Per))
+		left := 0.0
+		if a.Load.Served {
+			left = a.Load.Per
+		}
+		l.repLeft.Store(math.Float64bits(left))
 		l.repOut.Store(l.outstanding.Load())
 		l.repAt.Store(t)
 	}

@@ -43,6 +43,7 @@ type Lane[P any] struct {
 	// words of two reports in a row, each of them sound.
 	repLoad atomic.Uint64 // float64 bits: Load.Util
 	repPer  atomic.Uint64 // float64 bits: Load.Per
+	repLeft atomic.Uint64 // float64 bits: what of Load.Util left with the answer (Load.Served)
 	repAt   atomic.Int64  // when it came, ns; 0: never
 	repOut  atomic.Int64  // its attempts outstanding once it came
 	failAt  atomic.Int64  // when an attempt on it last failed, ns; 0: never

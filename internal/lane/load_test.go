@@ -53,12 +53,12 @@ func TestALoadReportIsKeptWithItsAge(t *testing.T) {
 	}
 }
 
-// TestALoadReportRaisesACostNeverLowersIt: a fresh report above the
-// server's limit multiplies the lane's cost by its utilization, less the
-// queue drained since at one limit per latency estimate, with the
-// client's attempts sent since added at Per each; under the limit,
-// drained, stale, or with LoadReportAge negative, the cost is the
-// client's own.
+// TestALoadReportRaisesACostNeverLowersIt: a fresh report that leaves
+// the attempt no room under the server's limit multiplies the lane's cost
+// by its utilization, less the queue drained since at one limit per
+// latency estimate (down to the limit), with the client's attempts sent
+// since and the attempt's own added at Per each; with room, stale, or
+// with LoadReportAge negative, the cost is the client's own.
 func TestALoadReportRaisesACostNeverLowersIt(t *testing.T) {
 	const ms = time.Millisecond
 	for _, tc := range []struct {
@@ -72,11 +72,14 @@ func TestALoadReportRaisesACostNeverLowersIt(t *testing.T) {
 		want   float64       // the cost as a multiple of the client's own
 	}{
 		{name: "idle", load: Load{Util: 0}, want: 1},
-		{name: "at the limit", load: Load{Util: 1, Per: 0.25}, want: 1},
-		{name: "a queue of half the limit", load: Load{Util: 1.5, Per: 0.25}, want: 1.5},
-		{name: "half drained", load: Load{Util: 1.5, Per: 0.25}, readAt: 2500 * time.Microsecond, want: 1.5 - 0.25/decayed(int64(2500*time.Microsecond))},
-		{name: "drained", load: Load{Util: 1.5, Per: 0.25}, readAt: 6 * ms, want: 1},
-		{name: "two sent since", load: Load{Util: 1, Per: 0.25}, since: 2, want: 1.5},
+		{name: "its own attempt fills the limit", load: Load{Util: 0.75, Per: 0.25}, want: 1},
+		{name: "at the limit", load: Load{Util: 1, Per: 0.25}, want: 1.25},
+		{name: "at the limit with the answered request", load: Load{Util: 1, Per: 0.25, Served: true}, want: 1},
+		{name: "a queue of one with the answered request", load: Load{Util: 1.5, Per: 0.25, Served: true}, want: 1.5},
+		{name: "a queue of half the limit", load: Load{Util: 1.5, Per: 0.25}, want: 1.75},
+		{name: "half drained", load: Load{Util: 1.5, Per: 0.25}, readAt: 2500 * time.Microsecond, want: 1.75 - 0.25/decayed(int64(2500*time.Microsecond))},
+		{name: "drained", load: Load{Util: 1.5, Per: 0.25}, readAt: 6 * ms, want: 1.25},
+		{name: "two sent since", load: Load{Util: 1, Per: 0.25}, since: 2, want: 1.75},
 		{name: "two sent since, no limit said", load: Load{Util: 1}, since: 2, want: 1},
 		{name: "under the limit with two sent since", load: Load{Util: 0.25, Per: 0.25}, since: 2, want: 1},
 		{name: "fresh to its age", lat: 10 * time.Second, load: Load{Util: 3}, readAt: 2 * time.Second, want: 3 - 0.2/decayed(int64(2*time.Second))},
@@ -227,6 +230,51 @@ func TestAQueueFoundWidensThePick(t *testing.T) {
 	}
 }
 
+// TestALaneAtItsLimitCostsTheAttemptsWait: a lane whose server is at its
+// limit costs the wait the attempt itself would have there, its own place
+// in the queue: of four lanes, three that answer in 10 ms at their
+// servers' limits (a limit of 4) take an attempt 12.5 ms, its service and
+// a quarter of one waiting for a slot, so a lane of 12 ms with room gets
+// every pick, and one of 13 ms none.
+func TestALaneAtItsLimitCostsTheAttemptsWait(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		lat      time.Duration // lane 3's
+		min, max int           // its picks of 1000
+	}{
+		{lat: 12 * ms, min: 1000, max: 1000},
+		{lat: 13 * ms, min: 0, max: 0},
+	} {
+		t.Run(tc.lat.String(), func(t *testing.T) {
+			s := newSet(policy.Replicas{})
+			s.rand = rand.New(rand.NewPCG(7, 8)).Uint64
+			answer := func(l *Lane[pool], reported bool) (time.Duration, Answer) {
+				if l.Index == 3 {
+					return tc.lat, Answer{Load: Load{Util: 0.5, Per: 0.25}, Reported: reported}
+				}
+				return 10 * ms, Answer{Load: Load{Util: 1, Per: 0.25}, Reported: reported}
+			}
+			for range 400 { // every lane warm, with its report
+				l := s.Take(t0, 0)
+				lat, a := answer(l, true)
+				s.Done(l, t0, lat, policy.Success, a)
+			}
+			got := 0
+			for range 1000 { // at the reports' instant: nothing drained
+				l := s.Take(t0, 0)
+				if l.Index == 3 {
+					got++
+				}
+				lat, a := answer(l, false)
+				s.Done(l, t0, lat, policy.Success, a)
+			}
+			if got < tc.min || got > tc.max {
+				t.Errorf("lane 3 got %d of 1000 picks, want %d to %d", got, tc.min, tc.max)
+			}
+		})
+	}
+}
+
 // TestALaneQueuesWhenItsReportSaysSo: an attempt would queue when the
 // server's utilization, drained down to the limit and compensated (see
 // util), and the attempt's own share come to more than 1, by a fresh
@@ -244,6 +292,8 @@ func TestALaneQueuesWhenItsReportSaysSo(t *testing.T) {
 		{name: "none"},
 		{name: "its own attempt fills the limit", load: Load{Util: 0.75, Per: 0.25}},
 		{name: "its own attempt would wait", load: Load{Util: 1, Per: 0.25}, want: true},
+		{name: "the answered request gone, its own attempt fills the limit", load: Load{Util: 1, Per: 0.25, Served: true}},
+		{name: "the answered request gone, its own attempt would wait", load: Load{Util: 1.25, Per: 0.25, Served: true}, want: true},
 		{name: "one sent since", load: Load{Util: 0.75, Per: 0.25}, since: 1, want: true},
 		{name: "drained to the limit", load: Load{Util: 1.5, Per: 0.25}, readAt: 8 * ms, want: true},
 		{name: "drained to the limit, no limit said", load: Load{Util: 1.5}, readAt: 8 * ms},

@@ -96,10 +96,11 @@ func cheaper[P any](a, b *Lane[P], t, age, ends int64) bool {
 }
 
 // cost is l's picking cost at t, with ends attempts of the key ended by
-// then: its own cost (see ownCost) times max(1, u), u its server's
+// then: its own cost (see ownCost) times max(1, u + Per), u its server's
 // utilization (see util) when its last load report is at most age ns
-// old. The estimate of a lane hushed long enough (see staleAfter) with
-// none outstanding is read as minEstimate.
+// old, Per the attempt's own share of it. The estimate of a lane hushed
+// long enough (see staleAfter) with none outstanding is read as
+// minEstimate.
 func (l *Lane[P]) cost(t, age, ends int64) float64 {
 	o := l.outstanding.Load()
 	est := max(l.estimate(t), minEstimate)
@@ -109,7 +110,7 @@ func (l *Lane[P]) cost(t, age, ends int64) float64 {
 	}
 	c := l.ownCost(t, float64(o), own)
 	if u, ok := l.util(t, age, o, est); ok {
-		c *= max(u, 1)
+		c *= max(u+math.Float64frombits(l.repPer.Load()), 1)
 	}
 	return c
 }
@@ -142,7 +143,8 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 
 // util is l's server's utilization at t (1 at its limit) as its last
 // load report tells it, with o attempts outstanding on l and est its
-// latency estimate: the reported utilization less the time since the
+// latency estimate: the reported utilization (less the request it
+// answered, where it counted it: see Load.Served) less the time since the
 // report over est, down to the limit and no further (a report at or
 // under the limit is taken as it stands), plus Per for each attempt
 // outstanding beyond those when it came; ok false when the report is
@@ -150,15 +152,18 @@ func (l *Lane[P]) ownCost(t int64, o, est float64) float64 {
 // since the report needs no rule of its own here: a cost's factor is at
 // least 1, and the failure's penalty is in the client's own cost.
 //
-// max(1, u) is the time a new request would take at that server as a
-// multiple of its service time, when its limit is its workers and its
-// queue is served in order: under the limit, one service time; above,
-// the queue's u − 1 limits' worth drained at one a service time, then
-// its own. So under the limit a report changes no cost, and the client's
-// own peak-EWMA rules (the lanes' latency and failures, which a report
-// can never lower); above it, the lane costs more in proportion to the
-// wait its queue adds, which the client's own outstanding count, its
-// sliver of the server's load, sees late. The queue is taken to drain as
+// max(1, u + Per) is the time a new request would take at that server
+// as a multiple of its service time, when its limit is its workers and
+// its queue is served in order: with room under the limit (u + Per at
+// most 1), one service time; else it waits for u + Per − 1 limits'
+// worth of requests to leave, its own place in the queue included (a
+// slot frees every 1/limit of a service time), then is served. So where
+// the attempt finds room a report changes no cost, and the client's own
+// peak-EWMA rules (the lanes' latency and failures, which a report can
+// never lower); where it would queue (see queues), the lane costs more
+// in proportion to the wait, a server at its limit a Per more, which the
+// client's own outstanding count, its sliver of the server's load, sees
+// late. The queue is taken to drain as
 // time passes (at one limit per est, the lane's latency standing for the
 // service time: an overestimate while it queues, so the drain is
 // underestimated), or a lane that every client avoids for the queue it
@@ -177,7 +182,7 @@ func (l *Lane[P]) util(t, age, o int64, est float64) (u float64, ok bool) {
 	if at == 0 || t-at > age {
 		return 0, false
 	}
-	u = math.Float64frombits(l.repLoad.Load())
+	u = max(math.Float64frombits(l.repLoad.Load())-math.Float64frombits(l.repLeft.Load()), 0)
 	u = max(u-float64(max(t-at, 0))/est, min(u, 1))
 	if n := o - l.repOut.Load(); n > 0 {
 		u += float64(n) * math.Float64frombits(l.repPer.Load())

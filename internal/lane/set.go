@@ -30,10 +30,11 @@ type view[P any] struct {
 // towards zero while a lane is left alone (see decay). Failures are kept out of it: each sets a penalty that fades in
 // seconds (see failurePenalty). Where a lane's server reported its load
 // on an answer (see Answer.Load) at most LoadReportAge ago, the cost is
-// multiplied by max(1, u): u is the reported utilization less the queue
-// drained since (down to the limit), plus the lane's attempts sent since
-// the report
-// (Prequal's client-side compensation); see util. When the lane the two
+// multiplied by max(1, u + Per), the time the attempt would take there in
+// service times: u is the reported utilization less the queue drained
+// since (down to the limit), plus the lane's attempts sent since the
+// report (Prequal's client-side compensation), and Per the attempt's own
+// place; see util. When the lane the two
 // choices pick would queue the attempt by its report (see queues), the
 // pick is the cheapest of every lane it may take: two draws among four
 // lanes miss the one lane with room half the time, and a queued attempt
