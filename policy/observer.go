@@ -233,6 +233,16 @@ type AttemptInfo struct {
 	// lane of Endpoints too, whose Lane is its address. Meaningful only
 	// when Lane is not "".
 	LaneIndex int
+	// Stalled is true for an attempt its per-attempt timeout ended (Err
+	// matches ErrAttemptTimeout, Outcome is as classified, by default
+	// Failure) that the client ended 20 ms or more after the timeout's
+	// deadline: the client's own
+	// process did not run meanwhile (a GC pause, CPU starvation, a
+	// SIGSTOP), and the timeout is no evidence about the dependency. The
+	// call and its retry go by the timeout as by any other, but the
+	// breaker, the throttler, the limiter, the hedge's latency window and
+	// the lanes learn nothing from it, as from a caller's cancellation.
+	Stalled bool
 }
 
 // RetryReason says why a retry was sent.

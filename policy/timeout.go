@@ -11,7 +11,11 @@ import "time"
 // attempt cut short returns an error that matches both ErrAttemptTimeout
 // and context.DeadlineExceeded, is classified a Failure, and may be
 // retried; the caller's own deadline matches only
-// context.DeadlineExceeded.
+// context.DeadlineExceeded. A timeout the client ended 20 ms or more
+// after its deadline is the client's own stall (a GC pause, CPU
+// starvation, a SIGSTOP), not the dependency's silence: the caller and
+// the retry see it as any other, but no gate counts it (see
+// AttemptInfo.Stalled).
 type Timeout struct {
 	// PerAttempt is the longest one attempt may wait for response headers.
 	// If zero, 10s is used.

@@ -34,7 +34,7 @@
 // http.header), or as package oteltrace names its event attributes,
 // without the resilix. prefix (attempt, lane, tenant.heavy), or, for what
 // neither has, from and to (a transition's states or limits), attempts,
-// value, body_too_large, added, removed, lanes, other_keys, share,
+// value, body_too_large, stalled, added, removed, lanes, other_keys, share,
 // fair_share and error. Enum values are
 // the names the policy package gives them, as strings ("rate_limit",
 // "half_open"). Durations are numbers of milliseconds, with their
@@ -80,7 +80,9 @@
 //	                                         it sums) in place of key, since_ms, the sums
 //	attempt failed       Debug, counted      a wire attempt failed (Outcome Failure):
 //	                                         key, kind, attempt, outcome, latency_ms, lane
-//	                                         (with Replicas), http.response.status_code
+//	                                         (with Replicas), stalled (true, for a timeout
+//	                                         the client's own stall ended late, which no
+//	                                         gate counted), http.response.status_code
 //	                                         or error
 //	attempt invalid      Debug, counted      net/http refused to send the request as it
 //	                                         is, the caller's bug (Outcome Invalid): as above

@@ -37,6 +37,11 @@ func events(obs *policy.Observer, ctx context.Context) []struct {
 		}, record{Level: slog.LevelDebug, Msg: "attempt failed", Attrs: map[string]string{
 			"key": "api", "kind": "retry", "attempt": "2", "outcome": "failure", "latency_ms": "3", "lane": "10.0.0.7:443", "http.response.status_code": "503",
 		}}},
+		{"attempt stalled", func() {
+			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Failure, Latency: 400 * time.Millisecond, Err: policy.ErrAttemptTimeout, Stalled: true})
+		}, record{Level: slog.LevelDebug, Msg: "attempt failed", Attrs: map[string]string{
+			"key": "api", "kind": "first", "attempt": "1", "outcome": "failure", "latency_ms": "400", "stalled": "true", "error": policy.ErrAttemptTimeout.Error(),
+		}}},
 		{"attempt invalid", func() {
 			obs.AttemptDone(policy.AttemptInfo{Context: ctx, Key: "api", Kind: policy.AttemptFirst, Attempt: 1, Outcome: policy.Invalid, Err: invalid})
 		}, record{Level: slog.LevelDebug, Msg: "attempt invalid", Attrs: map[string]string{

@@ -102,6 +102,7 @@ const (
 	attrLatency      = "latency_ms"
 	attrDuration     = "duration_ms"
 	attrLane         = "lane"
+	attrStalled      = "stalled"
 	attrStatus       = "http.response.status_code"
 	attrError        = "error"
 	attrPriority     = "priority"
@@ -449,6 +450,9 @@ func (lg *Logger) attemptDone(a policy.AttemptInfo) {
 	)
 	if a.Lane != "" {
 		attrs = append(attrs, slog.String(attrLane, a.Lane))
+	}
+	if a.Stalled {
+		attrs = append(attrs, slog.Bool(attrStalled, true))
 	}
 	attrs = result(attrs, a.StatusCode, a.Err)
 	out.log(msg, attrs...)

@@ -164,6 +164,37 @@
 // policy.Invalid, and the caller gets the error as net/http returned it,
 // never wrapped.
 //
+// # A stall of the client
+//
+// A per-attempt timeout (policy.Timeout, or an Override's PerAttempt)
+// that the client ended 20 ms or more after its deadline is the client's
+// own stall, not the dependency's silence. A client whose process does
+// not run for a while (a GC pause, CPU starvation, a SIGSTOP) ends every
+// attempt whose deadline passed meanwhile at once, late by what is left
+// of the stall, on every host it calls; an answer may have come in time
+// and waited unread. Counted, 40 attempts in flight would make 40
+// failures at once, enough to open a healthy host's breaker, or to have
+// its throttler refuse calls. How late is measured for every attempt
+// that timed out, from the deadline its timer was armed for (after any
+// wait at a gate) to the moment its base returned; a runtime timer on a
+// busy host fires a few milliseconds late at most, so a host that does
+// not answer has its timeouts ended on time.
+//
+// Such a timeout teaches no policy anything, as a caller's cancellation
+// does not: the breaker does not count it (nor does a half-open
+// breaker's probe decide on it), the throttler withdraws it from its
+// requests, the limiter learns no latency from it (the stall's latency
+// is the client's, which no limit relieves), the hedge's latency window
+// records nothing, and with Replicas its lane counts no failure, is not
+// taken out and ejects nothing. The call goes on as for any timeout: the
+// caller gets the attempt's error (policy.ErrAttemptTimeout), its
+// retry's rules apply (Retry.If, Attempts, the budget, the backoff, the
+// deadline), Observer.AttemptDone reports it with its outcome as
+// classified and AttemptInfo.Stalled set, and Observer.CallDone and the
+// Report as before. The rule needs a base that honours cancellation, as
+// net/http does: one that returns long after its attempt's context is
+// cancelled has its timeouts taken for the client's stall.
+//
 // An idle Transport holds no goroutine: state moves lazily, from the time
 // of the calls that read it. The goroutines a call needs (a hedge) end
 // with it, as do a hedged round's timer and Timeout.Idle's one timer per

@@ -64,7 +64,11 @@ type result struct {
 	// request the dependency did not accept: it had the request for as
 	// long as the caller could wait, and whatever work it does on it now
 	// is for nobody.
-	expired  bool
+	expired bool
+	// stalled: the client's own stall ended the attempt at its timeout
+	// (see timing.Stalled), after its deadline: outcome and judged are
+	// Canceled, since it is no evidence about the dependency.
+	stalled  bool
 	pushback *http.Response // the answer whose pushback the throttler may obey, or nil
 }
 

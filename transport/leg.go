@@ -41,12 +41,16 @@ type leg struct {
 	// is held when the attempt has a timeout or may be discarded.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	timer  *alarm // Timeout.PerAttempt, or the call's Override
-	// roundTimed: the leg is a hedged round's inline leg, whose per-attempt
-	// timeout the round's timer keeps (expires, set by prepare) instead of
-	// a timer of its own.
-	roundTimed bool
+	// expires is when the attempt's per-attempt timeout (Timeout.PerAttempt,
+	// or the call's Override) is due, set by prepare; zero when it has none.
+	// timer keeps it, or, when roundTimed (a hedged round's inline leg),
+	// the round's timer.
 	expires    time.Time
+	timer      *alarm
+	roundTimed bool
+	// late is, for an attempt its timeout ended, how long after expires
+	// the client ended it (see send); zero otherwise.
+	late time.Duration
 
 	permits // what it holds of the admission gates and its lane, until end
 
@@ -191,6 +195,7 @@ var errDiscarded = errors.New("resilix: hedge leg discarded")
 func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, discardable bool, admitted time.Time) {
 	c.wire++
 	l.n, l.kind, l.ctx, l.sent = c.wire, kind, c.ctx, nil
+	l.expires, l.late = time.Time{}, 0
 	if kind == policy.AttemptRetry {
 		l.retryReason = c.retryReason
 	}
@@ -254,17 +259,15 @@ func (c *call) prepare(l *leg, kind policy.AttemptKind, body io.ReadCloser, disc
 	if timed {
 		l.dispatch = sent
 	}
-	if l.conn != nil && d > 0 {
-		l.conn.end = sent.Add(d) // the attempt's own end, for the time left once connected
+	if d == 0 {
+		return
 	}
-	switch {
-	case d == 0:
-	case l.roundTimed:
-		// The inline leg of a hedged round: the round's timer keeps its
-		// time, with the first hedge's.
-		l.expires = sent.Add(d)
-	default:
-		l.timer = newAlarm(c.start, sent.Add(d), l.cancel)
+	l.expires = sent.Add(d)
+	if l.conn != nil {
+		l.conn.end = l.expires // the attempt's own end, for the time left once connected
+	}
+	if !l.roundTimed { // else the round's timer keeps its time, with the first hedge's
+		l.timer = newAlarm(c.start, l.expires, l.cancel)
 	}
 }
 
@@ -334,6 +337,16 @@ func (c *call) send(l *leg) {
 		}
 		err = &attemptTimeoutError{after: c.timeout}
 		timedOut = true
+		// How long after its deadline the client ended it. A leg that is
+		// not timed informs no gate, but its lane and the observer.
+		if timed && now.IsZero() {
+			now = l.answered()
+		}
+		at := now
+		if at.IsZero() {
+			at = timing.Since(l.expires)
+		}
+		l.late = max(at.Sub(l.expires), 0)
 	}
 
 	if st&legLost != 0 {
@@ -370,7 +383,7 @@ func (c *call) send(l *leg) {
 		}
 	}
 
-	c.end(l, endAnswered, exit{resp: resp, err: err, r: result{
+	r := result{
 		now:      now,
 		outcome:  l.outcome,
 		judged:   l.outcome,
@@ -379,7 +392,14 @@ func (c *call) send(l *leg) {
 		accepted: l.throttled && !expired && s.set.throttler.Accepted(resp, err),
 		expired:  expired,
 		pushback: resp,
-	}})
+	}
+	if timedOut && l.outcome.Evidence() && timing.Stalled(l.late) {
+		// The client's own stall ended it, not the dependency's silence:
+		// its gates learn what they learn of a caller's cancellation,
+		// nothing. The call, its retry and the observer see the timeout.
+		r.outcome, r.judged, r.stalled = policy.Canceled, policy.Canceled, true
+	}
+	c.end(l, endAnswered, exit{resp: resp, err: err, r: r})
 }
 
 // ending is which end of a leg's attempt end is asked for. A leg sent
@@ -437,7 +457,7 @@ func (c *call) end(l *leg, e ending, x exit) {
 		if atomic.LoadUint32(&l.state)&legOnLane != 0 { // l may still be taking its lane (see sent)
 			sent = l.sent
 		}
-		c.attemptDone(l, sent, policy.Discarded, x.r.latency, nil, nil)
+		c.attemptDone(l, sent, policy.Discarded, x.r.latency, nil, nil, false)
 		return
 	case endLostBack:
 		// Its time on the wire is a lower bound of the lane's latency,
@@ -500,7 +520,10 @@ func (c *call) end(l *leg, e ending, x exit) {
 		resp.Body = wrapBody(resp.Body, rel)
 	}
 	l.resp, l.err = resp, err
-	c.attemptDone(l, l.sent, r.outcome, l.latency, resp, err)
+	// The observer hears the outcome as classified, the one the call and
+	// its retry go by, and whether the gates took it for the client's
+	// stall.
+	c.attemptDone(l, l.sent, l.outcome, l.latency, resp, err, r.stalled)
 }
 
 // bodyAtFault reports whether err, leg l's error, is the caller's body's
@@ -679,14 +702,12 @@ func (c *call) leaveLane(l *leg, resp *http.Response, err error, o policy.Outcom
 		a.Hold, _ = httpx.ParseRetryAfter(v, now)
 	}
 	a.Hint, _ = httpx.PushbackHint(resp) // the server's own, shorter word for how long it means
-	te, timedOut := err.(*attemptTimeoutError)
+	_, timedOut := err.(*attemptTimeoutError)
 	switch {
 	case resp == nil && httpx.Undialed(err):
 		a.Kind = lane.Unreached
 	case timedOut: // no headers within the attempt's timeout
-		// How long after its deadline the client ended it: at least
-		// this, since the attempt left at or before took.
-		a.Kind, a.Late = lane.Mute, max(now.Sub(l.took)-te.after, 0)
+		a.Kind, a.Late = lane.Mute, l.late
 	case silent || resp == nil && o == policy.Failure:
 		a.Kind = lane.Silent
 	}
@@ -722,10 +743,11 @@ func laneName(sent *lane.Lane[*lanePool]) string {
 }
 
 // attemptDone tells the observer that leg l's attempt ended with outcome
-// o after latency, on lane sent, with resp or err. It reads of l only
-// what is fixed before the leg is sent, so that the goroutine that
-// decided a round may report a leg still on the wire (see end).
-func (c *call) attemptDone(l *leg, sent *lane.Lane[*lanePool], o policy.Outcome, latency time.Duration, resp *http.Response, err error) {
+// o after latency, on lane sent, with resp or err, and whether its
+// timeout was the client's stall. It reads of l only what is fixed before
+// the leg is sent, so that the goroutine that decided a round may report
+// a leg still on the wire (see end).
+func (c *call) attemptDone(l *leg, sent *lane.Lane[*lanePool], o policy.Outcome, latency time.Duration, resp *http.Response, err error, stalled bool) {
 	if obs := c.t.obs; obs != nil && obs.AttemptDone != nil {
 		info := policy.AttemptInfo{
 			Context: c.ctx,
@@ -737,6 +759,7 @@ func (c *call) attemptDone(l *leg, sent *lane.Lane[*lanePool], o policy.Outcome,
 			Err:     err,
 			Reason:  l.retryReason,
 			Lane:    laneName(sent),
+			Stalled: stalled,
 		}
 		if sent != nil {
 			info.LaneIndex = sent.Index

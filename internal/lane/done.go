@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/resilix/resilix/internal/timing"
 	"github.com/resilix/resilix/policy"
 )
 
@@ -20,7 +21,8 @@ type Answer struct {
 	// kept silent.
 	Kind Kind
 	// Late is, for a Mute attempt, how long after its timeout's deadline
-	// the client ended it: zero when on time (see lateTimeout).
+	// the client ended it: zero when on time. A timeout late enough to be
+	// the client's own stall (timing.Stalled) is no outcome of the lane.
 	Late time.Duration
 	// Load is the load report the answer carried, if Reported.
 	Load     Load
@@ -109,13 +111,14 @@ type Report[P any] struct {
 // outstanding on it; a Failure bounds the report it came with, and the
 // lane's last, by the client's evidence (see Set).
 //
-// A timeout the client ended lateTimeout or more after its deadline
-// (a.Late) is its own stall's, and teaches the lane nothing: neither a
-// failure in a row nor in its rate, no penalty, no silence, and its lane
-// is not taken out. A Failure whose dial was refused or timed out
-// (Unreached) takes the lane out for downFor, not through an ejection,
-// and asks Endpoints again early. A Failure with a.Hold (a Retry-After) holds the lane back
-// when it is still in the set and another lane is left, and no penalty:
+// A timeout the client ended late enough after its deadline (a.Late) to
+// be its own stall (timing.Stalled) is the client's, and teaches the lane
+// nothing: neither a failure in a row nor in its rate, no penalty, no
+// silence, and its lane is not taken out. A Failure whose dial was
+// refused or timed out (Unreached) takes the lane out for downFor, not
+// through an ejection, and asks Endpoints again early. A Failure with
+// a.Hold (a Retry-After) holds the lane back when it is still in the set
+// and another lane is left, and no penalty:
 // the hold is its penalty, and the failure counts neither towards
 // ConsecutiveFailures nor in the lane's failure rate; the
 // lane is tried again by one probe as soon as the hold could be shorter
@@ -124,7 +127,7 @@ type Report[P any] struct {
 // most MaxEjectFor. Done allocates only to report an ejection.
 func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy.Outcome, a Answer) Report[P] {
 	t := s.nanos(now)
-	if a.Kind == Mute && a.Late >= lateTimeout {
+	if a.Kind == Mute && timing.Stalled(a.Late) {
 		// The client's own stall ended it: it says nothing of the
 		// lane, as a call its caller cancelled says nothing.
 		o, a.Kind = policy.Canceled, Answered

@@ -26,16 +26,6 @@ const (
 	// retryAfterGrain is the unit Retry-After counts in: a hold may be
 	// shorter than it says by up to one.
 	retryAfterGrain = time.Second
-	// lateTimeout: a timeout that the client ended this long or more
-	// after its deadline (Answer.Late) is the client's and not its
-	// lane's, and teaches the lane nothing (see Done). The client's
-	// process did not run at the deadline (a GC pause, CPU starvation, a
-	// SIGSTOP): an answer may have come in time and waited unread, and
-	// every attempt whose deadline passed in the stall ends at once, on
-	// every lane, which would eject up to MaxEjected of them for nothing
-	// their replicas did. A runtime timer on a busy host fires a few
-	// milliseconds late at worst: this is several times that.
-	lateTimeout = 20 * time.Millisecond
 
 	// A lane whose answers come slowRun in a row at least latencyFactor
 	// times the lowest typical latency of the other lanes (those not

@@ -74,9 +74,9 @@ type view[P any] struct {
 // as below, not ejected. A lane whose dial was
 // refused or timed out is down for downFor, no ejection; so is one whose
 // attempt its timeout ended with no answer (Mute), which counts in its
-// failures too, unless the client ended that timeout lateTimeout or more
-// after its deadline: that is the client's stall, and no outcome of the
-// lane (see Answer.Late). A lane held by a
+// failures too, unless the client ended that timeout late enough after
+// its deadline to be its own stall (timing.Stalled), which is no outcome
+// of the lane (see Answer.Late). A lane held by a
 // Retry-After, down, or ejected, is blocked: it is picked only when no
 // other lane is left. When its time is up it is picked again, as a lane
 // nothing is known of; an ejected lane's runs of failures and of slow

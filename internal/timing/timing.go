@@ -35,3 +35,17 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 func Since(t time.Time) time.Time {
 	return t.Add(time.Since(t))
 }
+
+// stallLate: a timeout the client ended this long or more after its
+// deadline is the client's own stall (see Stalled). A runtime timer on a
+// busy host fires a few milliseconds late at worst: this is several
+// times that.
+const stallLate = 20 * time.Millisecond
+
+// Stalled reports whether a timeout that the client ended late after its
+// deadline was the client's own stall rather than the dependency's
+// silence: its process did not run at the deadline (a GC pause, CPU
+// starvation, a SIGSTOP), an answer may have come in time and waited
+// unread, and every attempt whose deadline passed in the stall ends at
+// once. Such a timeout is no evidence about the dependency.
+func Stalled(late time.Duration) bool { return late >= stallLate }
