@@ -290,15 +290,18 @@
 // before the final answer. The round sends its twin (the hedge) after a
 // short delay rather than after the quantile: twice the quickest signal
 // seen over the last 10 to 20 s, the time the first leg would have taken
-// to say it started had it not waited, and at least 1 ms. The first leg
-// to say it started has every other leg of its round that has not said so
+// to say it started had it not waited, and at least 1 ms. The first leg to
+// say it started has every other leg of its round that has not said so
 // cancelled, which its server then drops from its queue without running
 // it; the round sends no more legs, and the leg that started is left to
 // finish, as the one the call waits for. A twin is then a queue slot, not
-// the work: its budget token is given back when it is cancelled. Over
-// HTTP/2 the cancellation resets the twin's stream; over HTTP/1.1 it
-// closes the twin's connection, which costs the next request there a
-// dial.
+// the work. It takes a budget token as it is sent, like any hedge, and
+// gives it back when it is cancelled, provided it had been on its way for
+// at least the ties' delay: long enough for its own signal to have come
+// had its server started it at once. A twin cancelled sooner keeps its
+// token, since it may have started unheard. Over HTTP/2 the cancellation
+// resets the twin's stream; over HTTP/1.1 it closes the twin's connection,
+// which costs the next request there a dial.
 //
 // A key learns whether its servers speak ties: until it has seen a
 // signal, its rounds are hedged as usual and only their first legs are
@@ -314,10 +317,18 @@
 // Two legs that both start before either signal reaches the client run
 // twice: Observer.TieRanTwice hears it when the second signal comes before
 // the round is decided, and a leg cancelled after it started but before
-// its signal arrived is seen only by its server (as a request whose
-// caller went away while its handler ran). Observer.TieCancelled hears each
-// leg cancelled because its twin started first, and HedgeStarted reports
-// each twin with HedgeInfo.Tied.
+// its signal arrived is seen only by its server (as a request whose caller
+// went away while its handler ran). A twin its server started at once,
+// cancelled because the first leg's signal came first (a server started
+// both legs before that signal, delayed by the network or the client's
+// scheduling, reached the client), is cancelled sooner than the ties'
+// delay after it was sent and keeps its token: twins that run this way
+// cost the budget what hedges that lose do, and are bounded by it. What
+// the budget does not count is a twin that started after waiting in its
+// queue for most of the delay, or whose signal takes longer than the
+// delay, cancelled before its signal came. Observer.TieCancelled hears
+// each leg cancelled because its twin started first, and HedgeStarted
+// reports each twin with HedgeInfo.Tied.
 //
 // # Isolating a key
 //

@@ -146,10 +146,17 @@ func (r *round) started(l *leg, now time.Time) {
 // untie runs on the round's owner once leg s has said it started: every
 // other leg on the wire that has not said so is lost, as far as the
 // client knows still in its server's queue. It is cancelled at once, and
-// reported discarded (and to TieCancelled); a hedge leg gives its budget
-// token back, since it cost its server a place in the queue, not the
-// work. The round goes on, waiting for s; it sends no more legs. A leg
-// that said it started too is left to finish: both ran.
+// reported discarded (and to TieCancelled). The round goes on, waiting
+// for s; it sends no more legs. A leg that said it started too is left to
+// finish: both ran.
+//
+// A lost leg that drew a budget token gives it back only when it had
+// been on its way for at least the ties' delay (see unheard): its silence
+// then says it was still queued, and it cost its server a place in the
+// queue, not the work. One cancelled sooner keeps its token: its signal
+// may still have been on its way, and it may have run, as it does when a
+// server starts both legs before the first one's signal reaches the
+// client. Were its token given back, such twins would run without bound.
 func (r *round) untie(s *leg) {
 	c := &r.c
 	r.due = time.Time{}
@@ -176,11 +183,21 @@ func (r *round) untie(s *leg) {
 	now := timing.Since(c.start)
 	r.discard(lost, now)
 	for _, o := range lost {
-		if o.drewToken {
+		if o.drewToken && r.unheard(o, now) {
 			c.refund(now, o.kind)
 		}
 		if ob := c.t.obs; ob != nil && ob.TieCancelled != nil {
 			ob.TieCancelled(policy.HedgeInfo{Context: c.ctx, Key: c.s.key, Priority: c.prio, Attempt: o.n, Tied: true})
 		}
 	}
+}
+
+// unheard reports whether leg o, cancelled at now without having said it
+// started, had been on its way long enough that its signal would have
+// come had it started at once: the ties' delay, twice the quickest signal
+// lately. A leg sent less than that before now, or any leg once the
+// delay is no longer known, may have started unheard.
+func (r *round) unheard(o *leg, now time.Time) bool {
+	d, ok := r.h.Ties().Delay(now)
+	return ok && !o.dispatch.IsZero() && now.Sub(o.dispatch) >= d
 }
