@@ -200,6 +200,7 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 	for _, r := range reps {
 		samplers.Go(func() { r.sample(ctx, start) })
 	}
+	samplers.Go(func() { tr0.sample(ctx) })
 	rate := fbLoad * fbCapacity()
 	rng := rand.New(rand.NewPCG(seed, 0))
 	var (
