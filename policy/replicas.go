@@ -34,10 +34,11 @@ import (
 // in a row; for a failure rate far above the other lanes' (the Breaker's
 // relative rule, the other lanes as the baseline); or for answers far
 // slower than the other lanes' at the same moments (EjectLatency; a lane
-// of Endpoints is first taken out for 1 s and probed, since a replica may
-// be slow only for a queue that drains once the clients send elsewhere,
-// and ejected when it is slow again, to attempts sent after that, with no
-// fast answer between). The
+// of Endpoints is first taken out and probed, since a replica may be slow
+// only for a queue that drains once the clients send elsewhere: for as
+// long as its slow answers took, at most 1 s, then, slow again with no
+// fast answer between, for 1 s; it is ejected when it is slow a third
+// time, to attempts sent after that, with no fast answer between). The
 // client's own stalls (a GC pause, CPU throttling) are taken out of every
 // answer's time first, so they eject nothing. A refused or timed-out dial,
 // or a Timeout.PerAttempt that meets no answer, takes the lane out for 1 s,
@@ -199,8 +200,9 @@ const (
 	EjectRate
 	// EjectLatency: the lane's answers in a row were each far slower
 	// than the other lanes' latency estimates; on a lane of Endpoints,
-	// the second such run with no fast answer between (the first takes
-	// it out for a second, as LaneDown).
+	// the third such run with no fast answer between (the first two
+	// take it out, as LaneDown: for as long as the run's last answer
+	// took, at most a second, then for a second).
 	EjectLatency
 )
 
@@ -227,10 +229,11 @@ const (
 	// back; it is picked only when no other lane is left.
 	LaneHeld
 	// LaneDown: the lane's dial was refused or timed out, its
-	// attempt's own timeout met no answer, or, on a lane of Endpoints,
-	// its answers were far slower than the other lanes' for the first
-	// time since it last answered fast: it is out for a second, then
-	// probed.
+	// attempt's own timeout met no answer: it is out for a second,
+	// then probed. On a lane of Endpoints, also when its answers were
+	// far slower than the other lanes' for the first or second time
+	// since it last answered fast: out for as long as the last of them
+	// took (at most a second), then for a second, then probed.
 	LaneDown
 	// LaneEjected: the lane is ejected (see EjectionReason), and picked
 	// only when no other lane is left.

@@ -56,7 +56,9 @@ import (
 // clients ejected, each replica's latency and admission limit over time;
 // RESILIX_FLEET_PUSHBACK_STRETCH multiplies the service times and
 // RESILIX_FLEET_PUSHBACK_EJECT=off turns the clients' ejections off, for
-// experiments.
+// experiments. Each seed in each mode is a subtest: -run
+// 'TestFleetPushback/in-memory/seed-5' -count=50 runs one seed, in memory,
+// 50 times.
 func TestFleetPushback(t *testing.T) {
 	d := optIn(t, "RESILIX_FLEET_PUSHBACK", fbLength, "a measurement of a fleet whose replicas push back; set RESILIX_FLEET_PUSHBACK=1 (or a duration for each seed) to run it, as make fleet-pushback does")
 	fbTraceOn = os.Getenv("RESILIX_FLEET_PUSHBACK_TRACE") != ""
@@ -200,6 +202,7 @@ func fbRun(t *testing.T, net fbNet, seed uint64, d time.Duration) {
 	for _, r := range reps {
 		samplers.Go(func() { r.sample(ctx, start) })
 	}
+	samplers.Go(func() { tr0.sample(ctx) })
 	rate := fbLoad * fbCapacity()
 	rng := rand.New(rand.NewPCG(seed, 0))
 	var (

@@ -61,6 +61,19 @@ type fbTrace struct {
 	// answered by replica, per fbBucket of their answer: the sum of the
 	// 200s' latencies, and their count
 	answered [][][2]int64
+	// the clients' transports, and by replica, per fbBucket, per lane
+	// state: the sum of the clients in that state over the samples, and
+	// the samples
+	sources []policy.StateSource
+	states  [][]fbStates
+}
+
+// fbStates is a replica's lane in the clients over one fbBucket: the sum,
+// over the samples, of the clients whose lane was in each state, and the
+// samples.
+type fbStates struct {
+	in      [policy.LaneEjected + 1]int
+	samples int
 }
 
 func newFBTrace(start time.Time, addrs []string) *fbTrace {
@@ -69,6 +82,7 @@ func newFBTrace(start time.Time, addrs []string) *fbTrace {
 		tr.lanes[a] = i
 		tr.attempts = append(tr.attempts, map[string]int{})
 		tr.answered = append(tr.answered, nil)
+		tr.states = append(tr.states, nil)
 	}
 	return tr
 }
@@ -77,7 +91,56 @@ func (tr *fbTrace) observer() *policy.Observer {
 	if tr == nil {
 		return nil
 	}
-	return &policy.Observer{AttemptDone: tr.attempt, LaneEjected: tr.ejected}
+	return &policy.Observer{AttemptDone: tr.attempt, LaneEjected: tr.ejected, Attach: tr.attach}
+}
+
+func (tr *fbTrace) attach(s policy.StateSource) {
+	tr.mu.Lock()
+	tr.sources = append(tr.sources, s)
+	tr.mu.Unlock()
+}
+
+// sample reads, every fbSample until ctx ends, the state of each client's
+// lane of each replica. A nil *fbTrace reads nothing.
+func (tr *fbTrace) sample(ctx context.Context) {
+	if tr == nil {
+		return
+	}
+	tick := time.NewTicker(fbSample)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			tr.mu.Lock()
+			srcs := slices.Clone(tr.sources)
+			tr.mu.Unlock()
+			in := make([][policy.LaneEjected + 1]int, len(tr.states))
+			for _, src := range srcs {
+				src.States(func(_ string, s policy.Snapshot) {
+					for _, ls := range s.PerLane {
+						if i, ok := tr.lanes[ls.Addr]; ok && ls.State <= policy.LaneEjected {
+							in[i][ls.State]++
+						}
+					}
+				})
+			}
+			b := int(now.Sub(tr.start) / fbBucket)
+			tr.mu.Lock()
+			for i := range tr.states {
+				for len(tr.states[i]) <= b {
+					tr.states[i] = append(tr.states[i], fbStates{})
+				}
+				st := &tr.states[i][b]
+				for k, n := range in[i] {
+					st.in[k] += n
+				}
+				st.samples++
+			}
+			tr.mu.Unlock()
+		}
+	}
 }
 
 func (tr *fbTrace) ejected(e policy.LaneEjection) {
@@ -175,6 +238,15 @@ func (tr *fbTrace) notes(tb *figureTable, reps []*fbReplica) {
 		tb.note(fmt.Sprintf("r%d mean latency of a 200 in ms, by %v of its answer:%s", i+1, fbBucket, lat.String()))
 	}
 	tb.note(fmt.Sprintf("lanes ejected by the clients: %d %v", len(tr.ejections), tr.ejections))
+	for i, bs := range tr.states {
+		for _, st := range []policy.LaneState{policy.LaneDown, policy.LaneHeld, policy.LaneEjected, policy.LaneProbing} {
+			var b strings.Builder
+			for _, x := range bs {
+				fmt.Fprintf(&b, " %.1f", float64(x.in[st])/float64(max(x.samples, 1)))
+			}
+			tb.note(fmt.Sprintf("r%d clients whose lane is %s, mean by %v:%s", i+1, st, fbBucket, b.String()))
+		}
+	}
 	for i, r := range reps {
 		r.traceNotes(tb, i)
 	}

@@ -447,11 +447,12 @@ func TestOneLane20xSlowerIsStillEjected(t *testing.T) {
 // TestAReplicaSlowOnlyForItsQueueIsOutForAMoment: an address lane slow
 // only while its replica's queue lasts (its workers cut for a moment
 // while every client sends to it, as in make fleet-pushback) is taken out
-// for downFor and probed, and has its share back once its probe answers
-// fast; ejected for EjectFor at its first slow run, as every client would
-// eject it at once, the replica would be out of the fleet for 30s, and
-// the replicas left would refuse what it served. A replica still slow
-// when probed is ejected at its next slow run.
+// and probed, and has its share back once a probe answers fast; ejected
+// for EjectFor at its first slow run, as every client would eject it at
+// once, the replica would be out of the fleet for 30s, and the replicas
+// left would refuse what it served. Here its slowness outlasts its first
+// out, as long as its answers took, and its second, of downFor, ends it.
+// A replica still slow when probed is ejected at its third slow run.
 func TestAReplicaSlowOnlyForItsQueueIsOutForAMoment(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
@@ -506,6 +507,47 @@ func TestAReplicaSlowOnlyForItsQueueIsOutForAMoment(t *testing.T) {
 				t.Errorf("ejected %+v, want d for its latency, once", ejected)
 			}
 		})
+	}
+}
+
+// TestAReplicaOutForItsQueueIsOutAboutAsLongAsItsAnswersTook: a slow run
+// takes an address lane out for as long as the run's last answer took
+// (at most downFor), about how long its replica's queue takes to drain
+// once the clients send elsewhere; then it is probed. Every client sees
+// the same queue and takes the replica out at once, and in a fleet with
+// no capacity to spare, as make fleet-pushback's in its fourth replica's
+// dip, each moment the replica stays out after its queue drained is
+// capacity the replicas left refuse calls for.
+func TestAReplicaOutForItsQueueIsOutAboutAsLongAsItsAnswersTook(t *testing.T) {
+	const queued = 40 * time.Millisecond // d's answers while its queue lasts
+	s := addrSet(t, policy.Replicas{}, "a", "b", "c", "d")
+	now := t0
+	var states [policy.MaxLanes]policy.LaneSnapshot
+	var outAt, backAt time.Time
+	for k := range 2000 {
+		now = now.Add(time.Millisecond)
+		// Each lane in turn, as the calls of the other clients of
+		// the fleet would be.
+		l := s.Take(now, 0b1111&^(1<<(k%4)))
+		lat := 2 * time.Millisecond
+		if l.Addr == "d" && outAt.IsZero() {
+			lat = queued
+		}
+		if l.Addr == "d" && !outAt.IsZero() && backAt.IsZero() {
+			backAt = now
+		}
+		s.Done(l, now, lat, policy.Success, Answer{})
+		if s.States(now, &states); outAt.IsZero() && states[l.Index].Addr == "d" && states[l.Index].State == policy.LaneDown {
+			outAt = now
+		}
+	}
+	switch {
+	case outAt.IsZero():
+		t.Fatal("d never taken out, want out at its slow run")
+	case backAt.IsZero():
+		t.Fatalf("d taken out at %v and never picked again", outAt.Sub(t0))
+	case backAt.Sub(outAt) > 2*queued:
+		t.Errorf("d picked again %v after its out, want within %v: its answers took %v", backAt.Sub(outAt), 2*queued, queued)
 	}
 }
 

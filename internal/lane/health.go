@@ -30,9 +30,9 @@ const (
 	// A lane whose answers come slowRun in a row at least latencyFactor
 	// times the lowest typical latency of the other lanes (those not
 	// blocked and with an answer) is ejected for its latency; an address
-	// lane is first taken out for downFor and probed, and ejected only
-	// when such a run follows with no fast answer between (see
-	// slowLocked). The picker
+	// lane is first taken out slowOuts times and probed after each,
+	// and ejected only when such a run follows the last with no fast
+	// answer between (see slowLocked). The picker
 	// alone keeps a slow lane's share small only while a faster lane is
 	// drawn beside it: with two slow lanes of four, one pick in six draws
 	// both, with three one in two (behind an L4 balancer, where each
@@ -59,6 +59,14 @@ const (
 	// it would make every other lane's answer latencyFactor times slower,
 	// and eject the fast lanes.
 	stalledShare = 0.5
+
+	// slowOuts is how many slow runs with no fast answer between take an
+	// address lane out before the next ejects it: the first for as long
+	// as the run's last answer took, about as long as a replica's queue
+	// takes to drain once the clients send elsewhere; the second for
+	// downFor, so that a replica slow for a moment longer than its queue
+	// (its workers cut for up to a second) is not ejected.
+	slowOuts = 2
 
 	// peakFactor: a sample slower than a lane's estimate replaces it at
 	// once (the peak) only when another lane answered at least
@@ -206,16 +214,16 @@ func (s *Set[P]) reblockLocked(t int64) uint64 {
 // counts in l's run of slow answers; if answered, one under that bound
 // ends the run, and one over it that the other lanes do not confirm
 // leaves the run as it is. A run of slowRun ejects l for its latency,
-// reported in rep; on an address lane, only when the run came with no fast
-// answer since a run before it took l out (slowOutLocked), and of answers
-// to attempts sent after that out ended. An address
+// reported in rep; on an address lane, only when slowOuts runs before it,
+// with no fast answer since, took l out (slowOutLocked), and of answers
+// to attempts sent after the last out ended. An address
 // lane is its replica, which a slow run may be slow for its queue alone
 // (its workers cut for a moment while every client sends to it): all the
 // clients would eject it at once, for EjectFor, far longer than its queue
 // lasts once they send elsewhere, and take so much of the fleet's
-// capacity that the replicas left refuse the rest. Out for downFor, it is
-// probed, and answers fast if it was its queue; a replica slow for itself
-// is slow again. A connection lane's ejection places it anew, which is
+// capacity that the replicas left refuse the rest. Out for a moment, it
+// is probed, and answers fast if it was its queue; a replica slow for
+// itself is slow again. A connection lane's ejection places it anew, which is
 // what a lane on a slow replica needs. An answer's net time is then
 // averaged into l's typical latency. An answer the key's stalls took
 // most of (see stalledShare) is none of this. s.mu is held.
@@ -240,11 +248,11 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 		// Sent before its out ended, an answer of a lane a slow run
 		// took out was queued behind that run: no evidence of the
 		// next.
-		if s.overtakenLocked(l, t, x, n/latencyFactor) && !(l.slowedOut && t-int64(x) < l.outEnd) {
+		if s.overtakenLocked(l, t, x, n/latencyFactor) && !(l.slowOuts > 0 && t-int64(x) < l.outEnd) {
 			l.slow++
 		}
 	case answered:
-		l.slow, l.silentSlow, l.slowedOut = 0, 0, false
+		l.slow, l.silentSlow, l.slowOuts = 0, 0, 0
 	}
 	if answered {
 		w := 0.0
@@ -261,8 +269,8 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 		return
 	}
 	l.slow, l.silentSlow = 0, 0
-	if s.refresh > 0 && !l.slowedOut {
-		s.slowOutLocked(l, t)
+	if s.refresh > 0 && l.slowOuts < slowOuts {
+		s.slowOutLocked(l, t, x)
 		return
 	}
 	if e, ok := s.ejectLocked(l, t, policy.EjectLatency); ok {
@@ -270,12 +278,22 @@ func (s *Set[P]) slowLocked(l *Lane[P], t int64, x, n float64, answered bool, re
 	}
 }
 
-// slowOutLocked takes address lane l out at t for a slow run with a fast
-// answer before it (see slowLocked): for downFor, then one probe at a
-// time until it answers. Its health stays what its answers showed. s.mu
-// is held.
-func (s *Set[P]) slowOutLocked(l *Lane[P], t int64) {
-	l.slowedOut, l.outEnd = true, t+int64(downFor)
+// slowOutLocked takes address lane l out at t for a slow run whose last
+// answer took x (ns), fewer than slowOuts runs having taken it out since
+// its last fast answer (see slowLocked): for x, at most downFor, the
+// first time, for downFor the next; then one probe at a time until it
+// answers. A replica slow for its queue is slow by about the time its
+// queue takes to drain once the clients send elsewhere, and every client
+// sees that queue and takes it out at once: out longer, it is capacity
+// lost to the fleet when the fleet may have none to spare. Its health
+// stays what its answers showed. s.mu is held.
+func (s *Set[P]) slowOutLocked(l *Lane[P], t int64, x float64) {
+	d := int64(downFor)
+	if l.slowOuts == 0 {
+		d = min(int64(x), d)
+	}
+	l.slowOuts++
+	l.outEnd = t + d
 	l.forget(t)
 	if l.blockLocked(down, l.outEnd) {
 		s.reblockLocked(t)

@@ -60,7 +60,7 @@ type Lane[P any] struct {
 	consecutive     int
 	slow            int         // answers in a row far slower than the other lanes' (see latencyFactor)
 	silentSlow      int         // of those, hedge losses with no answer (see silenceLocked)
-	slowedOut       bool        // a slow run took it out, and no fast answer came since (see slowLocked)
+	slowOuts        int         // the slow runs that took it out since its last fast answer (see slowLocked)
 	outEnd          int64       // when that out ended, ns
 	typ             float64     // its typical latency, ns (see typical)
 	typT            int64       // when typ was last sampled, ns; 0: never
