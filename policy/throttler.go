@@ -18,7 +18,9 @@ import (
 // Requests are every attempt the throttler is asked about, the ones it
 // refuses itself included; accepts are those the backend took on, as
 // Accepted says (DefaultAccepted: not transport errors, 429, 502, 503 or
-// 504). An attempt that the caller's deadline ended before any answer is
+// 504). An attempt it lets through is counted when its answer comes back,
+// as a request and, if accepted, an accept: one still on its way is no
+// evidence, so a backend slower than the window is not throttled for it. An attempt that the caller's deadline ended before any answer is
 // a request not accepted: the backend had it for as long as the caller
 // could wait, and what it does with it now is work for nobody. An attempt
 // the caller cancelled, a hedge's losing leg (Discarded) and an Invalid

@@ -13,8 +13,9 @@ import (
 var thStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // TestThrottlerRejectionProbability steps p through the book's formula with
-// explicit instants: requests are counted at Admit, refused or not, accepts
-// at Done, and Canceled or Discarded attempts are withdrawn.
+// explicit instants: a refused attempt is a request at Admit, an admitted
+// one at Done, with its accept, and Canceled or Discarded attempts count
+// neither way.
 func TestThrottlerRejectionProbability(t *testing.T) {
 	const unpinned = -1.0
 	steps := []struct {
@@ -30,7 +31,7 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 		{at: 20 * time.Second, admits: 100, o: policy.Failure, want: 100.0 / 301},
 		// Throttled attempts still count as requests.
 		{at: 25 * time.Second, admits: 300, o: policy.Failure, want: 400.0 / 601},
-		// Canceled and Discarded attempts are withdrawn, accepted or not.
+		// Canceled and Discarded attempts count neither way, accepted or not.
 		{at: 26 * time.Second, admits: 50, o: policy.Canceled, want: unpinned},
 		{at: 27 * time.Second, admits: 50, o: policy.Discarded, accept: true, want: unpinned},
 		// A 500 the backend served is accepted: p comes back down.
@@ -275,8 +276,12 @@ func TestThrottlerK(t *testing.T) {
 		t.Errorf("K=4, a quarter accepted: Pressure = %v, want 0", got)
 	}
 	th.Admit(thStart, shedding.Critical, "")
+	if got := th.Pressure(thStart); got != 0 {
+		t.Errorf("one more request on its way: Pressure = %v, want 0 (no evidence yet)", got)
+	}
+	th.Done(thStart, policy.Failure, false, nil)
 	if got, want := th.Pressure(thStart), 1.0/102; math.Abs(got-want) > 1e-12 {
-		t.Errorf("one more request: Pressure = %v, want %v", got, want)
+		t.Errorf("one more request, refused: Pressure = %v, want %v", got, want)
 	}
 }
 
