@@ -145,8 +145,8 @@ func (t *Throttler) validate() error {
 
 // WithDefaults returns t with every zero field set to its default.
 func (t Throttler) WithDefaults() Throttler {
-	t.K = or(t.K, 2)
-	t.Window = or(t.Window, 2*time.Minute)
+	t.K = or(t.K, thrK)
+	t.Window = or(t.Window, thrWindow)
 	t.MinRequests = or(t.MinRequests, thrMinRequests)
 	t.MaxRejection = or(t.MaxRejection, thrMaxRejection)
 	if t.Accepted == nil {
@@ -197,8 +197,10 @@ func DefaultAccepted(resp *http.Response, err error) bool {
 	return true
 }
 
-// Throttler's defaults.
+// Throttler's defaults; the Throttler doc has the reasons.
 const (
-	thrMinRequests  = 20
-	thrMaxRejection = 0.95
+	thrK            = 3
+	thrWindow       = time.Second
+	thrMinRequests  = 5
+	thrMaxRejection = 0.8
 )

@@ -123,3 +123,49 @@ func TestThrottlerHealthyNoisyBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestThrottlerDefaultsCatchAQueuePastTheDeadline is one client of a fleet
+// whose server's queue outgrows its callers' deadlines, at the defaults:
+// 12.8 attempts a second, each with a 1 s deadline; answered in 10 ms
+// until 3 s, then from a queue whose wait grows by 3 s a second, so that
+// from 3.33 s on every attempt ends at its deadline, not accepted (the
+// transport's report of an attempt its caller's deadline ended), until the
+// queue is gone at 9 s and the answers take 10 ms again. The throttler
+// must refuse most attempts within about a second of the first deadline
+// that ends (4.33 s), and let nearly all through within about two seconds
+// of the last one (10 s).
+func TestThrottlerDefaultsCatchAQueuePastTheDeadline(t *testing.T) {
+	const (
+		calmUntil = 3 * time.Second
+		backAt    = 9 * time.Second
+		deadline  = time.Second
+	)
+	backend := func(sent time.Duration) thAnswer {
+		if sent < calmUntil || sent >= backAt {
+			return thAnswer{10 * time.Millisecond, true}
+		}
+		wait := 3*(sent-calmUntil) + 50*time.Millisecond
+		if wait >= deadline {
+			return thAnswer{deadline, false}
+		}
+		return thAnswer{wait, true}
+	}
+	least, most := 1.0, 0.0
+	for seed := range uint64(20) {
+		th := newThrottler(policy.Throttler{}, thStart, seed)
+		sent := thClient(th, 12.8, 20*time.Second, backend)
+		if share, _ := thRefused(sent, 0, calmUntil); share != 0 {
+			t.Errorf("seed %d: refused %.3f of the calm's attempts", seed, share)
+		}
+		during, n := thRefused(sent, 5500*time.Millisecond, backAt)
+		if during < 0.6 {
+			t.Errorf("seed %d: refused %.3f of the %d attempts from 5.5 s to the queue's end, want most", seed, during, n)
+		}
+		after, n := thRefused(sent, 12*time.Second, 20*time.Second)
+		if after > 0.02 {
+			t.Errorf("seed %d: refused %.3f of the %d attempts from 12 s on, want at most 0.02", seed, after, n)
+		}
+		least, most = min(least, during), max(most, after)
+	}
+	t.Logf("over 20 seeds: refused at least %.3f from 5.5 s to 9 s, at most %.3f from 12 s on", least, most)
+}
