@@ -58,11 +58,11 @@ const (
 // where requests and accepts are the window's counts before the attempt.
 // The floor and the ceiling are not the book's. Without the floor, one 503
 // from a host the client has just met (requests 1, accepts 0) gives
-// p = 1/2; with the default MinRequests of 20, nothing is throttled until
-// 20 requests are in the window, and again after a quiet spell has emptied
+// p = 1/2; with the default MinRequests of 5, nothing is throttled until
+// 5 requests are in the window, and again after a quiet spell has emptied
 // it. Without the ceiling, p tends to 1 while the backend refuses
 // everything, and the backend hears from the client about once per
-// Window; with the default MaxRejection of 0.95, one attempt in 20 still
+// Window; with the default MaxRejection of 0.8, one attempt in 5 still
 // goes through. A negative MinRequests and a MaxRejection of 1 leave the book's
 // formula alone.
 //
@@ -70,10 +70,15 @@ const (
 // the client keeps sending about K requests per accept, so the backend
 // still sees enough traffic to show it has recovered, and stops sending the
 // rest, which never leave the process. K = 2 and two minutes of history
-// are the book's choices. A lower K throttles more aggressively, a higher
-// one less; with K = 2 the backend receives about two requests per one it
-// accepts, wasting some of its resources on refusals in exchange for
-// noticing its recovery sooner, which the book prefers. The book counts a
+// are the book's choices; the defaults are K = 3 and a second, for a
+// client among many of a server whose queue outgrows their deadlines
+// (policy.Throttler has the reasons). A lower K throttles more
+// aggressively, a higher one less; with K = 2 the backend receives about
+// two requests per one it accepts, wasting some of its resources on
+// refusals in exchange for noticing its recovery sooner, which the book
+// prefers. Once the backend accepts everything again, the share let
+// through grows about K-fold a window: each window's accepts are what the
+// last one let through. The book counts a
 // request when it is sent, and its two minutes span the latency of any
 // reasonable request many times over, so that an accept lands in the
 // window that holds its request. Counting an admitted request at its
