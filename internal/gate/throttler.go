@@ -78,14 +78,15 @@ const (
 // refusals in exchange for noticing its recovery sooner, which the book
 // prefers. Once the backend accepts everything again, the share let
 // through grows about K-fold a window: each window's accepts are what the
-// last one let through. The book counts a
-// request when it is sent, and its two minutes span the latency of any
-// reasonable request many times over, so that an accept lands in the
-// window that holds its request. Counting an admitted request at its
-// answer makes that so for any window and any latency: an attempt still
-// on its way is no evidence either way, so a backend slower than the
-// window (a 3 s call, a 1 s window) is not throttled while its first
-// answers are on their way (TestThrottlerSlowHealthyBackend).
+// last one let through.
+//
+// The book counts a request when it is sent, and its two minutes span the
+// latency of any reasonable request many times over, so that an accept
+// lands in the window that holds its request. Counting an admitted
+// request at its answer makes that so for any window and any latency: an
+// attempt still on its way is no evidence either way, so a backend slower
+// than the window (a 3 s call, a 1 s window) is not throttled while its
+// first answers are on their way (TestThrottlerSlowHealthyBackend).
 //
 // # What counts as accepted
 //
