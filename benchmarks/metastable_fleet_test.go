@@ -16,15 +16,15 @@ import (
 
 // resilixSets are the resilix configurations the simulated fleet can be
 // run with, by name (TestMetastableFleet): the quick start, the quick
-// start with Throttler, and each policy alone.
+// start without Throttler or without Hedge, and each policy alone.
 var resilixSets = []struct {
 	name string
 	set  func() policy.Set
 }{
 	{"resilix", quickStart},
-	{"resilix+throttler", func() policy.Set {
+	{"resilix-without-throttler", func() policy.Set {
 		s := quickStart()
-		s.Throttler = &policy.Throttler{}
+		s.Throttler = nil
 		return s
 	}},
 	{"resilix-without-hedge", func() policy.Set {
@@ -78,7 +78,7 @@ func fleetClient(name string) (metaClient, bool) {
 // throttlerOpts parses the options of a fleet client's name after its "@":
 // fields of its set's Throttler, separated by "/", each "window=2s",
 // "k=1.25", "min=10" (MinRequests) or "max=0.8" (MaxRejection); a bare
-// duration is the window ("resilix+throttler@2s").
+// duration is the window ("resilix@2s").
 func throttlerOpts(opts string) (func(*policy.Throttler), error) {
 	var set []func(*policy.Throttler)
 	for _, o := range strings.Split(opts, "/") {
@@ -128,7 +128,7 @@ func throttlerOpts(opts string) (func(*policy.Throttler), error) {
 // second by second; the figures are the same in every run, whatever else
 // the machine does.
 //
-//	RESILIX_FLEET=resilix,resilix+throttler go test -count=1 -run '^TestMetastableFleet$' -v -timeout 30m .
+//	RESILIX_FLEET=resilix,resilix-without-throttler go test -count=1 -run '^TestMetastableFleet$' -v -timeout 30m .
 func TestMetastableFleet(t *testing.T) {
 	names := os.Getenv("RESILIX_FLEET")
 	if names == "" {

@@ -283,19 +283,22 @@ func TestMetastableSmoke(t *testing.T) {
 // watchResilix runs the simulated fleet with resilix clients built from
 // set, and reads their state for the key "back" each second through
 // Transport.Measured: the sum of the limiters' limits, the attempts they
-// hold, the hedges started so far, and the breakers not closed.
+// hold, the hedges started so far, the breakers not closed, and the mean
+// of the clients' Pressure (the throttler's rejection probability where
+// it is above the limiter's queue fill).
 func watchResilix(t *testing.T, sc scenario, f fleet, name string, set policy.Set) (outcome, string) {
 	var (
 		mu  sync.Mutex
 		trs []*transport.Transport
 		log strings.Builder
 	)
-	fmt.Fprintf(&log, "%s, each second: the sum of the limits, attempts in flight, hedges started, breakers not closed\n", name)
+	fmt.Fprintf(&log, "%s, each second: the sum of the limits, attempts in flight, hedges started, breakers not closed, mean pressure\n", name)
 	watch := func() {
 		for s := range int(sc.total() / time.Second) {
 			time.Sleep(time.Second)
 			var limit, inflight, notClosed int
 			var hedges uint64
+			var pressure float64
 			mu.Lock()
 			for _, tr := range trs {
 				m := tr.Measured("back")
@@ -305,9 +308,13 @@ func watchResilix(t *testing.T, sc scenario, f fleet, name string, set policy.Se
 				if m.BreakerState != policy.BreakerClosed {
 					notClosed++
 				}
+				pressure += m.Pressure
+			}
+			if len(trs) > 0 {
+				pressure /= float64(len(trs))
 			}
 			mu.Unlock()
-			fmt.Fprintf(&log, "  %2ds %5d %5d %5d %3d\n", s+1, limit, inflight, hedges, notClosed)
+			fmt.Fprintf(&log, "  %2ds %5d %5d %5d %3d %5.2f\n", s+1, limit, inflight, hedges, notClosed, pressure)
 		}
 	}
 	m := metaClient{name, func(tb testing.TB, base http.RoundTripper, url string) caller {

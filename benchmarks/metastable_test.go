@@ -286,12 +286,13 @@ var metaClients = []metaClient{
 // quickStart is the chain of README.md's quick start.
 func quickStart() policy.Set {
 	return policy.Set{
-		Attempts: 3,
-		Retry:    &policy.Retry{},
-		Hedge:    &policy.Hedge{},
-		Breaker:  &policy.Breaker{},
-		Limiter:  &policy.Limiter{},
-		Timeout:  &policy.Timeout{PerAttempt: 2 * time.Second},
+		Attempts:  3,
+		Retry:     &policy.Retry{},
+		Hedge:     &policy.Hedge{},
+		Throttler: &policy.Throttler{},
+		Breaker:   &policy.Breaker{},
+		Limiter:   &policy.Limiter{},
+		Timeout:   &policy.Timeout{PerAttempt: 2 * time.Second},
 	}
 }
 

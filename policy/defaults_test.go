@@ -11,8 +11,8 @@ import (
 
 func TestThrottlerDefaults(t *testing.T) {
 	d := Throttler{}.WithDefaults()
-	if d.K != 2 || d.Window != 2*time.Minute || d.MinRequests != 20 || d.MaxRejection != 0.95 {
-		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 2, 2m, 20, 0.95",
+	if d.K != 3 || d.Window != time.Second || d.MinRequests != 5 || d.MaxRejection != 0.8 {
+		t.Errorf("defaults: K %v, Window %v, MinRequests %v, MaxRejection %v; want 3, 1s, 5, 0.8",
 			d.K, d.Window, d.MinRequests, d.MaxRejection)
 	}
 	if got := (Throttler{MinRequests: -1}).WithDefaults().MinRequests; got >= 0 {

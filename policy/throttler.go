@@ -15,10 +15,28 @@ import (
 // never exceeds MaxRejection, so some attempts always reach the backend to
 // show it has recovered.
 //
+// The defaults are not the book's two minutes and K of 2: they are set
+// for a server whose queue outgrows its callers' deadlines, as a FIFO
+// does in an overload, seen by a client that is one of many. The first
+// evidence such a client has is an attempt its caller's deadline ended,
+// one deadline after it was sent; the throttler refuses about half a
+// window after the window's answers turn to refusals, and, once the
+// backend accepts again, the share it lets through grows about K-fold a
+// window from 1 − MaxRejection. A window of a second, K of 3 and a ceiling
+// of 0.8 refuse within about a second of the first deadline that ends and
+// let calls back within about two seconds of the last, for a client of a
+// dozen calls a second (docs/performance.md, "Metastable failure", has a
+// fleet of 200 such clients against servers that queue, and behind
+// admission). A client whose callers wait longer than a second, or that
+// must spare a backend that refuses cheaply more than K = 3 does, sets a
+// longer Window or a lower K.
+//
 // Requests are every attempt the throttler is asked about, the ones it
 // refuses itself included; accepts are those the backend took on, as
 // Accepted says (DefaultAccepted: not transport errors, 429, 502, 503 or
-// 504). An attempt that the caller's deadline ended before any answer is
+// 504). An attempt it lets through is counted when its answer comes back,
+// as a request and, if accepted, an accept: one still on its way is no
+// evidence, so a backend slower than the window is not throttled for it. An attempt that the caller's deadline ended before any answer is
 // a request not accepted: the backend had it for as long as the caller
 // could wait, and what it does with it now is work for nobody. An attempt
 // the caller cancelled, a hedge's losing leg (Discarded) and an Invalid
@@ -84,17 +102,25 @@ import (
 // each answer that arms or extends it.
 type Throttler struct {
 	// K is how many requests per accept the client lets through before it
-	// starts throttling, in [1, 1e9). If zero, 2 is used (the book's
-	// choice).
+	// starts throttling, in [1, 1e9). If zero, 3 is used: a backend
+	// that has recovered gets the client's calls back about threefold a
+	// Window. The book's choice is 2, which spares a refusing backend
+	// more and lets calls back about twofold a Window.
 	K float64
 
 	// Window is how much history requests and accepts are counted over.
-	// If zero, 2m is used, the book's choice.
+	// If zero, 1s is used, about a caller's deadline: the throttler
+	// starts refusing about half a Window after the answers turn to
+	// refusals, and lets calls back within about two Windows of a
+	// recovery. The book's choice is 2m.
 	Window time.Duration
 
 	// MinRequests is the number of requests the window must hold before
 	// the client throttles at all: below it the rejection probability is
-	// 0, whatever the backend answered. If zero, 20 is used. If negative,
+	// 0, whatever the backend answered. If zero, 5 is used: a client of
+	// more than about 7 calls a second can throttle within the default
+	// Window, and 5 refusals from a host it has just met are throttled
+	// for at most a Window. If negative,
 	// there is no floor, and a single refusal from a fresh host makes the
 	// next attempt be refused with probability 1/2, as the book's formula
 	// alone does.
@@ -102,11 +128,13 @@ type Throttler struct {
 
 	// MaxRejection caps the rejection probability, in (0, 1]: however
 	// badly the backend is doing, a share 1 − MaxRejection of the attempts
-	// still reaches it. If zero, 0.95 is used: one attempt in 20. 1 leaves
-	// the book's formula uncapped, under which a backend refusing
-	// everything sees about one attempt per Window. (Envoy's admission
-	// control, built on the same formula, has the same cap,
-	// max_rejection_probability, with a default of 0.8.)
+	// still reaches it. If zero, 0.8 is used, as Envoy's admission
+	// control (built on the same formula) does by default
+	// (max_rejection_probability): one attempt in 5, so that a client of a
+	// dozen calls a second finds a recovered backend within about half a
+	// second, and the share it lets through starts its climb from a
+	// fifth. 1 leaves the book's formula uncapped, under which a backend
+	// refusing everything sees about one attempt per Window.
 	MaxRejection float64
 
 	// Accepted decides whether the backend accepted an attempt, from its
@@ -143,8 +171,8 @@ func (t *Throttler) validate() error {
 
 // WithDefaults returns t with every zero field set to its default.
 func (t Throttler) WithDefaults() Throttler {
-	t.K = or(t.K, 2)
-	t.Window = or(t.Window, 2*time.Minute)
+	t.K = or(t.K, thrK)
+	t.Window = or(t.Window, thrWindow)
 	t.MinRequests = or(t.MinRequests, thrMinRequests)
 	t.MaxRejection = or(t.MaxRejection, thrMaxRejection)
 	if t.Accepted == nil {
@@ -195,8 +223,10 @@ func DefaultAccepted(resp *http.Response, err error) bool {
 	return true
 }
 
-// Throttler's defaults.
+// Throttler's defaults; the Throttler doc has the reasons.
 const (
-	thrMinRequests  = 20
-	thrMaxRejection = 0.95
+	thrK            = 3
+	thrWindow       = time.Second
+	thrMinRequests  = 5
+	thrMaxRejection = 0.8
 )

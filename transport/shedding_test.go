@@ -159,16 +159,16 @@ func TestHedgingDoesNotShrinkTheLimit(t *testing.T) {
 
 // TestThrottlerShedsBulkFirstWhenTheUpstreamRefuses: an upstream with room
 // for two calls at a time refuses the rest with 503. The client-side
-// throttler (SRE book ch. 21) then lets through about K = 2 requests per
-// accept and refuses the excess locally with ErrThrottled (a kind of
-// ErrShed), taking it from Bulk, three quarters of the traffic here, so
-// that Critical is not throttled at all.
+// throttler (SRE book ch. 21) then lets through about K requests per
+// accept (the book's 2 here) and refuses the excess locally with
+// ErrThrottled (a kind of ErrShed), taking it from Bulk, three quarters of
+// the traffic here, so that Critical is not throttled at all.
 func TestThrottlerShedsBulkFirstWhenTheUpstreamRefuses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		up := httptestutil.NewUpstream(httptestutil.Options{
 			Latency: httptestutil.Constant(10 * time.Millisecond), Capacity: 2,
 		})
-		tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: policy.Set{Throttler: &policy.Throttler{}}})
+		tr := mustNew(t, Config{Base: up.RoundTripper(), Policies: policy.Set{Throttler: &policy.Throttler{K: 2}}})
 		var bulk, critical tally
 		var wg sync.WaitGroup
 		stop := time.Now().Add(20 * time.Second)

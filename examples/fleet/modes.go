@@ -151,7 +151,7 @@ func (resilixMode) build(n network, b *back, backURL string) (*fleet, error) {
 			Policies: policy.Set{
 				Propagate: true,
 				Retry:     &policy.Retry{},
-				Throttler: &policy.Throttler{},
+				Throttler: &policy.Throttler{}, // at its defaults, as in README.md's quick start
 			},
 		})
 		if err != nil {

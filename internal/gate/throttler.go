@@ -16,9 +16,8 @@ import (
 
 // Counter indexes in Throttler.win.
 const (
-	thrRequests  = iota                                  // every Admit, refused or not
+	thrRequests  = iota                                  // Admit refused, or Done with evidence
 	thrAccepts                                           // Done with accepted
-	thrWithdrawn                                         // Done with Canceled or Discarded: not evidence
 	thrMix                                               // + priority: Admit per bucket
 	thrWeightSum = thrMix + shedding.NumPriorities       // + priority: tenant weights × thrWeightOne
 	thrWeighed   = thrWeightSum + shedding.NumPriorities // + priority: weights summed
@@ -48,7 +47,10 @@ const (
 // Over a sliding Window (estimator.Counters: four slices of Window/4) the
 // throttler counts requests, every attempt Admit is asked about, including
 // the ones it refuses itself, as the book does, and accepts, the attempts
-// the backend accepted. Each new attempt is refused with probability
+// the backend accepted. An attempt it refuses is a request at once; one it
+// admits becomes a request when its answer comes back (Done), in the same
+// instant as its accept if it is accepted. Each new attempt is refused
+// with probability
 //
 //	p = 0                                                                   if requests < MinRequests
 //	p = min(MaxRejection, max(0, (requests − K·accepts) / (requests + 1)))  otherwise
@@ -56,11 +58,11 @@ const (
 // where requests and accepts are the window's counts before the attempt.
 // The floor and the ceiling are not the book's. Without the floor, one 503
 // from a host the client has just met (requests 1, accepts 0) gives
-// p = 1/2; with the default MinRequests of 20, nothing is throttled until
-// 20 requests are in the window, and again after a quiet spell has emptied
+// p = 1/2; with the default MinRequests of 5, nothing is throttled until
+// 5 requests are in the window, and again after a quiet spell has emptied
 // it. Without the ceiling, p tends to 1 while the backend refuses
 // everything, and the backend hears from the client about once per
-// Window; with the default MaxRejection of 0.95, one attempt in 20 still
+// Window; with the default MaxRejection of 0.8, one attempt in 5 still
 // goes through. A negative MinRequests and a MaxRejection of 1 leave the book's
 // formula alone.
 //
@@ -68,12 +70,23 @@ const (
 // the client keeps sending about K requests per accept, so the backend
 // still sees enough traffic to show it has recovered, and stops sending the
 // rest, which never leave the process. K = 2 and two minutes of history
-// are the book's choices. A lower K throttles more aggressively, a higher
-// one less; with K = 2 the backend receives about two requests per one it
-// accepts, wasting some of its resources on refusals in exchange for
-// noticing its recovery sooner, which the book prefers. Two minutes also
-// spans the latency of any reasonable request many times over, so an
-// accept lands in the window that holds its request.
+// are the book's choices; the defaults are K = 3 and a second, for a
+// client among many of a server whose queue outgrows their deadlines
+// (policy.Throttler has the reasons). A lower K throttles more
+// aggressively, a higher one less; with K = 2 the backend receives about
+// two requests per one it accepts, wasting some of its resources on
+// refusals in exchange for noticing its recovery sooner, which the book
+// prefers. Once the backend accepts everything again, the share let
+// through grows about K-fold a window: each window's accepts are what the
+// last one let through.
+//
+// The book counts a request when it is sent, and its two minutes span the
+// latency of any reasonable request many times over, so that an accept
+// lands in the window that holds its request. Counting an admitted
+// request at its answer makes that so for any window and any latency: an
+// attempt still on its way is no evidence either way, so a backend slower
+// than the window (a 3 s call, a 1 s window) is not throttled while its
+// first answers are on their way (TestThrottlerSlowHealthyBackend).
 //
 // # What counts as accepted
 //
@@ -82,14 +95,11 @@ const (
 // unless set) says the backend accepted it: not for transport errors, 429,
 // 502, 503 and 504; yes for every other status, 500 included. An attempt
 // that ended Canceled (the caller gave up) or Discarded (a hedge loser that
-// resilix cancelled) is not evidence either way: Done withdraws it from the
-// requests. But the transport reports an attempt its caller's deadline
+// resilix cancelled) is not evidence either way: Done counts it as no
+// request. But the transport reports an attempt its caller's deadline
 // ended before any answer as a Failure, not accepted: the backend held it
 // as long as the caller could wait, which is the evidence a fleet of small
-// clients gets of a server whose queue outlasts their deadlines. (A
-// withdrawal lands in the slice it happens in, so for a moment
-// at a slice boundary the requests may be undercounted; the count is never
-// taken below zero.)
+// clients gets of a server whose queue outlasts their deadlines.
 //
 // # Who is refused
 //
@@ -313,11 +323,13 @@ func (t *Throttler) Admit(now time.Time, prio shedding.Priority, tenantID string
 	var sums [thrCounters]uint64
 	t.win.Sums(now, sums[:thrMix+shedding.NumPriorities])
 	p := t.rejection(&sums)
-	t.win.Add(now, thrRequests, 1)
 	t.win.Add(now, thrMix+int(prio), 1)
 	d := ThrottleDecision{OK: true, Pressure: p}
 	if p > 0 {
 		d = t.shed(now, p, prio, tenantID, &sums)
+	}
+	if !d.OK {
+		t.win.Add(now, thrRequests, 1)
 	}
 	if d.OK && tenantID != "" {
 		t.tenants.tracker(now).Add(now, tenantID)
@@ -442,8 +454,8 @@ func (pb *pushback) measured(off int64) (r float64, first int64) {
 }
 
 // shed is Admit's path under pressure p > 0: split p to prio, weight it by
-// tenant, draw. sums holds the window's requests, accepts, withdrawals and
-// mix before this attempt.
+// tenant, draw. sums holds the window's requests, accepts and mix before
+// this attempt.
 func (t *Throttler) shed(now time.Time, p float64, prio shedding.Priority, tenantID string, sums *[thrCounters]uint64) ThrottleDecision {
 	d := ThrottleDecision{Pressure: p}
 	var mix [shedding.NumPriorities]float64
@@ -488,8 +500,9 @@ func (t *Throttler) shed(now time.Time, p float64, prio shedding.Priority, tenan
 
 // Done records the end of an admitted attempt at now: o is its outcome as
 // classified, accepted whether the backend accepted it (Throttler.Accepted).
-// Canceled and Discarded attempts are withdrawn from the requests, whatever
-// accepted says. resp is the attempt's response, nil if it had none: when
+// It counts the attempt as a request, and as an accept if accepted, unless
+// it is Canceled or Discarded: those are no evidence, whatever accepted
+// says. resp is the attempt's response, nil if it had none: when
 // it is a 429 or a 503 whose Retry-After asks for a positive wait of at
 // most the bound, it arms pushback's hold until that wait has passed, or
 // extends it, and Done returns what it armed; otherwise it returns the
@@ -498,11 +511,11 @@ func (t *Throttler) Done(now time.Time, o policy.Outcome, accepted bool, resp *h
 	if t == nil {
 		return Pushback{}
 	}
-	switch {
-	case !o.Evidence():
-		t.win.Add(now, thrWithdrawn, 1)
-	case accepted:
-		t.win.Add(now, thrAccepts, 1)
+	if o.Evidence() {
+		t.win.Add(now, thrRequests, 1)
+		if accepted {
+			t.win.Add(now, thrAccepts, 1)
+		}
 	}
 	if u := t.held.Load(); u != 0 && accepted && o.Evidence() && t.offset(now) < u {
 		t.accepted(now)
@@ -616,15 +629,11 @@ func (t *Throttler) Pressure(now time.Time) float64 {
 
 // rejection computes p from the window's sums.
 func (t *Throttler) rejection(sums *[thrCounters]uint64) float64 {
-	req, acc, wd := sums[thrRequests], sums[thrAccepts], sums[thrWithdrawn]
-	if wd >= req {
+	req, acc := sums[thrRequests], sums[thrAccepts]
+	if req < t.minReq {
 		return 0
 	}
-	n := req - wd
-	if n < t.minReq {
-		return 0
-	}
-	r := float64(n)
+	r := float64(req)
 	p := (r - t.k*float64(acc)) / (r + 1)
 	if !(p > 0) {
 		return 0

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"cmp"
 	"math"
 	"testing"
 	"time"
@@ -12,9 +13,21 @@ import (
 // thStart is the instant every throttler test starts from.
 var thStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// thBook returns cfg with its zero K, Window, MinRequests and MaxRejection
+// set to the values the formula's tables below are written for: the book's
+// K and window (2, two minutes), a floor of 20 and a ceiling of 0.95.
+func thBook(cfg policy.Throttler) policy.Throttler {
+	cfg.K = cmp.Or(cfg.K, 2)
+	cfg.Window = cmp.Or(cfg.Window, 2*time.Minute)
+	cfg.MinRequests = cmp.Or(cfg.MinRequests, 20)
+	cfg.MaxRejection = cmp.Or(cfg.MaxRejection, 0.95)
+	return cfg
+}
+
 // TestThrottlerRejectionProbability steps p through the book's formula with
-// explicit instants: requests are counted at Admit, refused or not, accepts
-// at Done, and Canceled or Discarded attempts are withdrawn.
+// explicit instants: a refused attempt is a request at Admit, an admitted
+// one at Done, with its accept, and Canceled or Discarded attempts count
+// neither way.
 func TestThrottlerRejectionProbability(t *testing.T) {
 	const unpinned = -1.0
 	steps := []struct {
@@ -30,7 +43,7 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 		{at: 20 * time.Second, admits: 100, o: policy.Failure, want: 100.0 / 301},
 		// Throttled attempts still count as requests.
 		{at: 25 * time.Second, admits: 300, o: policy.Failure, want: 400.0 / 601},
-		// Canceled and Discarded attempts are withdrawn, accepted or not.
+		// Canceled and Discarded attempts count neither way, accepted or not.
 		{at: 26 * time.Second, admits: 50, o: policy.Canceled, want: unpinned},
 		{at: 27 * time.Second, admits: 50, o: policy.Discarded, accept: true, want: unpinned},
 		// A 500 the backend served is accepted: p comes back down.
@@ -38,7 +51,7 @@ func TestThrottlerRejectionProbability(t *testing.T) {
 		// Two minutes and a slice later, everything has slid out.
 		{at: 2*time.Minute + 30*time.Second, want: 0},
 	}
-	th := newThrottler(policy.Throttler{}, thStart, 1)
+	th := newThrottler(thBook(policy.Throttler{}), thStart, 1)
 	var req, acc, wd float64
 	for _, s := range steps {
 		now := thStart.Add(s.at)
@@ -108,7 +121,7 @@ func TestThrottlerFloor(t *testing.T) {
 		{"fresh host, one refusal", policy.Throttler{}, []thStep{
 			{failures: 1, want: 0},
 		}},
-		{"default floor: 19 requests, then 20", policy.Throttler{}, []thStep{
+		{"a floor of 20: 19 requests, then 20", policy.Throttler{}, []thStep{
 			{accepts: 3, failures: 16, want: 0}, // the formula alone: 13/20
 			{at: time.Second, failures: 1, want: 14.0 / 21},
 		}},
@@ -177,8 +190,8 @@ func TestThrottlerCeiling(t *testing.T) {
 	}
 }
 
-// TestThrottlerCeilingSplit: a backend that refuses everything, under the
-// default ceiling. p stops at 0.95 and the split keeps the share refused
+// TestThrottlerCeilingSplit: a backend that refuses everything, under a
+// ceiling of 0.95. p stops there and the split keeps the share refused
 // there: with Critical alone, about 1 attempt in 20 goes through; with
 // Critical and Bulk half and half, Bulk is refused outright and Critical
 // takes the rest, q = (0.95·2 − 1)/1 = 0.9, so about 1 in 10 goes through.
@@ -195,7 +208,7 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 			// 40 s of 100 attempts every 100 ms, every one refused by the
 			// backend; p is at the ceiling from the 21st attempt on, and
 			// the last 30 s are tallied.
-			th := newThrottler(policy.Throttler{}, thStart, 13)
+			th := newThrottler(thBook(policy.Throttler{}), thStart, 13)
 			var tally [shedding.NumPriorities]thTally
 			for tick := range 400 {
 				now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
@@ -235,7 +248,7 @@ func TestThrottlerCeilingSplit(t *testing.T) {
 // the last, the Pressure the next Admit decides at.
 func thRunSteps(t *testing.T, cfg policy.Throttler, steps []thStep) {
 	t.Helper()
-	th := newThrottler(cfg, thStart, 1)
+	th := newThrottler(thBook(cfg), thStart, 1)
 	admit := func(now time.Time, o policy.Outcome, accepted bool) {
 		if d := th.Admit(now, shedding.Critical, ""); d.OK {
 			th.Done(now, o, accepted, nil)
@@ -275,8 +288,12 @@ func TestThrottlerK(t *testing.T) {
 		t.Errorf("K=4, a quarter accepted: Pressure = %v, want 0", got)
 	}
 	th.Admit(thStart, shedding.Critical, "")
+	if got := th.Pressure(thStart); got != 0 {
+		t.Errorf("one more request on its way: Pressure = %v, want 0 (no evidence yet)", got)
+	}
+	th.Done(thStart, policy.Failure, false, nil)
 	if got, want := th.Pressure(thStart), 1.0/102; math.Abs(got-want) > 1e-12 {
-		t.Errorf("one more request: Pressure = %v, want %v", got, want)
+		t.Errorf("one more request, refused: Pressure = %v, want %v", got, want)
 	}
 }
 
@@ -328,7 +345,7 @@ func thDrive(th *Throttler, capacity int, bulk func(i int) bool) [shedding.NumPr
 // backend that accepts 35% of it. p settles near 1 − 2·0.35 = 0.3, all of
 // it taken from Bulk: Critical is never refused.
 func TestThrottlerShedsBulkFirst(t *testing.T) {
-	th := newThrottler(policy.Throttler{}, thStart, 7)
+	th := newThrottler(thBook(policy.Throttler{}), thStart, 7)
 	tally := thDrive(th, 35, func(i int) bool { return i%2 == 1 })
 	p := th.Pressure(thStart.Add(300 * time.Second))
 	if p < 0.2 || p > 0.4 {
@@ -347,7 +364,7 @@ func TestThrottlerShedsBulkFirst(t *testing.T) {
 // so little that shedding all of Bulk is not enough, Critical is shed too,
 // and Bulk is then refused outright.
 func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
-	th := newThrottler(policy.Throttler{}, thStart, 9)
+	th := newThrottler(thBook(policy.Throttler{}), thStart, 9)
 	tally := thDrive(th, 10, func(i int) bool { return i%4 == 3 })
 	if got := tally[shedding.Bulk].admitted; got != 0 {
 		t.Errorf("Bulk: %d admitted while Critical was being shed, want 0", got)
@@ -362,7 +379,7 @@ func TestThrottlerCriticalShedOnlyWhenLowerExhausted(t *testing.T) {
 // backend that accepts about a third of the traffic. The light tenant keeps
 // at least 95% of its attempts; the heavy one absorbs the shedding.
 func TestHeavyTenantShedBeforeLight(t *testing.T) {
-	th := newThrottler(policy.Throttler{}, thStart, 11)
+	th := newThrottler(thBook(policy.Throttler{}), thStart, 11)
 	var heavy, light thTally
 	for tick := range 3000 {
 		now := thStart.Add(time.Duration(tick) * 100 * time.Millisecond)
