@@ -164,6 +164,14 @@ func (s *Set[P]) Done(l *Lane[P], now time.Time, latency time.Duration, o policy
 		l.failAt.Store(t)
 	}
 	rep := s.doneLocked(l, t, latency, o, a, stale)
+	if bit := uint64(1) << l.Index; !l.draining && (last || l.health != out) {
+		// Its probe, if this was it, is over; a lane that answered is
+		// out no more.
+		s.probing.And(^bit)
+		if l.health != out {
+			s.outs.And(^bit)
+		}
+	}
 	l.endT = max(l.endT, t)
 	switch {
 	case !last:
@@ -366,10 +374,15 @@ func (s *Set[P]) downLocked(l *Lane[P], t int64) {
 }
 
 // outLocked takes l out at t for downFor, then one probe at a time until
-// it answers. s.mu is held.
+// it answers: a probe each pick claims (see take), so that neither two
+// picks at once nor a call that used every other lane sends it a second
+// while one is in flight. s.mu is held.
 func (s *Set[P]) outLocked(l *Lane[P], t int64) {
 	l.forget(t)
 	l.health = out
+	bit := uint64(1) << l.Index
+	s.outs.Or(bit)
+	s.probing.And(^bit) // the next probe is the first after this block
 	if l.blockLocked(down, t+int64(downFor)) {
 		s.reblockLocked(t)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -903,4 +904,100 @@ func TestAStallOfTheClientEndingEveryAttemptAtItsTimeoutEjectsNone(t *testing.T)
 			t.Errorf("ejected %v, want lane 0 for its failures in a row", m.ejected)
 		}
 	})
+}
+
+// TestARefusedLaneGetsOneAttemptPerDownFor: the first of three replicas
+// is killed at +2s and left in Endpoints, at 200 calls/s, and Endpoints
+// is asked again whenever a refresh is due (its answer still lists the
+// dead address). Over the 7 s from +3s its lane gets one attempt per
+// downFor at most, each at least downFor after the last, whether the
+// calls send one leg at a time or a leg goes out beside each call's
+// first, from a call whose legs went to the other two lanes already (its
+// third, the only lane it has not used).
+func TestARefusedLaneGetsOneAttemptPerDownFor(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		third bool
+	}{{"one leg at a time", false}, {"a third leg beside each call", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := addrSet(t, policy.Replicas{Refresh: 5 * time.Second}, "a", "b", "c")
+			killed, from, to := t0.Add(2*time.Second), t0.Add(3*time.Second), t0.Add(10*time.Second)
+			var inflight []flight
+			var on []time.Time // the attempts' times on c, from `from`
+			send := func(now time.Time, used uint64) {
+				l := s.Take(now, used)
+				f := flight{l: l, sent: now, due: now.Add(5 * time.Millisecond), o: policy.Success}
+				if l.Addr == "c" && !now.Before(killed) {
+					f.due, f.o, f.a = now.Add(time.Millisecond), policy.Failure, Answer{Kind: Unreached}
+				}
+				if l.Addr == "c" && !now.Before(from) && now.Before(to) {
+					on = append(on, now)
+				}
+				inflight = append(inflight, f)
+			}
+			for now := t0; now.Before(to); now = now.Add(time.Millisecond) {
+				k := 0
+				for _, f := range inflight {
+					if f.due.After(now) {
+						inflight[k] = f
+						k++
+						continue
+					}
+					s.Done(f.l, now, now.Sub(f.sent), f.o, f.a)
+				}
+				inflight = inflight[:k]
+				if s.StartRefresh(now) {
+					s.Update(now, []string{"a", "b", "c"}, nil)
+				}
+				if now.Sub(t0)%(5*time.Millisecond) != 0 {
+					continue
+				}
+				send(now, 0)
+				if tc.third {
+					send(now, 0b011)
+				}
+			}
+			if most := int(to.Sub(from) / downFor); len(on) > most {
+				t.Errorf("%d attempts on the refused lane over %v, want at most %d", len(on), to.Sub(from), most)
+			}
+			for i := 1; i < len(on); i++ {
+				if d := on[i].Sub(on[i-1]); d < downFor {
+					t.Errorf("attempts on the refused lane at +%v and +%v, %v apart, want at least %v", on[i-1].Sub(t0), on[i].Sub(t0), d, downFor)
+					break
+				}
+			}
+		})
+	}
+}
+
+// TestPicksAtOnceSendARefusedLaneOneProbe: as a refused lane's block
+// ends, picks made at once on several goroutines send it one probe
+// between them, not one each that read it as having none in flight.
+func TestPicksAtOnceSendARefusedLaneOneProbe(t *testing.T) {
+	const rounds, pickers = 100, 8
+	for r := range rounds {
+		s := addrSet(t, policy.Replicas{Refresh: 5 * time.Second}, "a", "b", "c")
+		c := s.view.Load().lanes[2]
+		s.Done(s.Take(t0, 0b011), t0, time.Millisecond, policy.Failure, Answer{Kind: Unreached})
+		at := t0.Add(downFor + time.Millisecond)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		on := 0
+		start := make(chan struct{})
+		for range pickers {
+			wg.Go(func() {
+				<-start
+				if s.Take(at, 0) == c {
+					mu.Lock()
+					on++
+					mu.Unlock()
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if on > 1 {
+			t.Fatalf("round %d: %d of %d picks at once sent the refused lane a probe, want at most 1", r, on, pickers)
+		}
+	}
 }

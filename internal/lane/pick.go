@@ -258,7 +258,9 @@ func decayed(dt int64) float64 {
 // until Done. used is the mask of lane indexes the attempt's call has
 // already sent on (bit Index); the pick is among the lanes neither used nor
 // blocked, else among those not blocked, else among those not used, else
-// any. It never returns nil, and never allocates.
+// any, a lane taken out for not answering whose one probe is in flight
+// counting as blocked (see take). It never returns nil, and never
+// allocates.
 func (s *Set[P]) Take(now time.Time, used uint64) *Lane[P] { return s.take(now, used, false) }
 
 // TakeOnce is Take for an attempt of a request that cannot be sent twice
@@ -277,8 +279,42 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 	if blocked != 0 && t >= s.blockedUntil.Load() {
 		blocked = s.unblock(t)
 	}
+	// A lane out (see outLocked) whose probe is in flight is passed over
+	// as a blocked one is while a lane neither blocked nor busy is left:
+	// its cost alone (probeCost) would not keep it from the pick of a
+	// call that used every other lane. Its probe is claimed by an atomic
+	// or, so that of picks at once (those that waited on unblock's mutex
+	// go on together) only one sends it: each reads its cost before any
+	// of them counts its attempt outstanding, and would send one. A pick
+	// that loses the claim picks again, without it.
+	busy := s.probing.Load() & s.outs.Load()
+	for {
+		l := s.pick(v, t, used, blocked, busy, once)
+		bit := uint64(1) << l.Index
+		if bit&busy == 0 && s.outs.Load()&bit != 0 {
+			if was := s.probing.Or(bit); was&bit != 0 {
+				busy |= bit
+				continue
+			}
+		}
+		l.outstanding.Add(1)
+		if t-s.lastSent.Load() >= sentGrain {
+			s.lastSent.Store(t) // within sentGrain: parallel picks seldom write the Set's line
+		}
+		return l
+	}
+}
+
+// pick is take's choice at t among v's lanes, the mask used of the call's
+// and those blocked and busy (see take): among the lanes neither used,
+// blocked nor busy, else neither blocked nor busy, else not blocked, else
+// not used, else any.
+func (s *Set[P]) pick(v *view[P], t int64, used, blocked, busy uint64, once bool) *Lane[P] {
 	all := v.mask
-	cand := all &^ used &^ blocked
+	cand := all &^ used &^ blocked &^ busy
+	if cand == 0 {
+		cand = all &^ blocked &^ busy
+	}
 	if cand == 0 {
 		cand = all &^ blocked
 	}
@@ -310,10 +346,6 @@ func (s *Set[P]) take(now time.Time, used uint64, once bool) *Lane[P] {
 		if s.reportAge != 0 && l.queues(t, s.reportAge) {
 			l = cheapest(v, cand, t, s.reportAge, s.ends.Load(), l)
 		}
-	}
-	l.outstanding.Add(1)
-	if t-s.lastSent.Load() >= sentGrain {
-		s.lastSent.Store(t) // within sentGrain: parallel picks seldom write the Set's line
 	}
 	return l
 }

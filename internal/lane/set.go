@@ -46,7 +46,10 @@ type view[P any] struct {
 // the same lanes), and it never lowers a cost. A lane nothing is known of (new in the
 // set, back from an ejection, a hold or a refused dial, dialed anew)
 // costs probeCost for each attempt in flight on it, so it gets one probe
-// at a time until it answers, then ramps up to its share over slowStart.
+// at a time until it answers, then ramps up to its share over slowStart;
+// for a lane taken out for not answering (a refused dial, a timeout with
+// no answer), the one probe is a claim that picks at once, and the legs
+// of a call that used every other lane, respect too (see take).
 // So does a lane whose last attempt ended with no answer staleAfter ago
 // and staleEnds attempts of the key ago: its estimate is only what that
 // silence said, and stale.
@@ -122,6 +125,8 @@ type Set[P any] struct {
 	blocked      atomic.Uint64 // slots blocked (ejected or held), as of blockedUntil
 	blockedUntil atomic.Int64  // the earliest end of a blocked slot's time, ns
 	silent       atomic.Uint64 // slots whose last attempt to end was Silent or Mute
+	outs         atomic.Uint64 // slots whose lane is out (health out), written with mu held
+	probing      atomic.Uint64 // of those, the slots a Take claimed for their one probe (see take)
 	refreshAt    atomic.Int64  // ns: a refresh is due from then; math.MaxInt64 while one runs, or with no Endpoints
 	lastSent     atomic.Int64  // ns: the latest Take, within sentGrain
 	ends         atomic.Int64  // attempts ended (Done), written with mu held
@@ -173,6 +178,8 @@ func (s *Set[P]) newLane(addr string, index int, est float64) *Lane[P] {
 	l := &Lane[P]{Addr: addr, Index: index, Pool: s.open(addr, index)}
 	l.est.Store(math.Float64bits(est))
 	s.silent.And(^(1 << index))
+	s.outs.And(^(1 << index))
+	s.probing.And(^(1 << index))
 	return l
 }
 
