@@ -109,6 +109,10 @@ type fleet struct {
 	// admission puts each server behind admission.Handler at its
 	// defaults, the server side resilix ships.
 	admission bool
+	// observer, when set, gives server i's admission.Config.Observer.
+	observer func(i int) *policy.Observer
+	// wrap, when set, wraps server i's handler, admission included.
+	wrap func(i int, h http.Handler) http.Handler
 }
 
 // runSimulated runs sc in virtual time on httptestutil's in-memory
@@ -127,11 +131,18 @@ func runSimulated(t *testing.T, sc scenario, f fleet, m metaClient) outcome {
 			servers[i] = newFIFOServer(sc, c)
 			handlers[i] = servers[i]
 			if f.admission {
-				h, err := admission.Handler(servers[i], admission.Config{})
+				var cfg admission.Config
+				if f.observer != nil {
+					cfg.Observer = f.observer(i)
+				}
+				h, err := admission.Handler(servers[i], cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
 				handlers[i] = h
+			}
+			if f.wrap != nil {
+				handlers[i] = f.wrap(i, handlers[i])
 			}
 		}
 		nw.Listen("back:80", handlers...)
